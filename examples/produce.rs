@@ -1,0 +1,159 @@
+//! Produces demo messages with keys `k-<i>` and values `message <i>`.
+//!
+//! ```text
+//! cargo run --example produce -- --brokers 127.0.0.1:9092 --topic demo --count 100 [--start 0]
+//! ```
+//!
+//! Prints one logfmt line per partition once every delivery is confirmed:
+//! `at=produced topic=demo partition=P first_offset=A last_offset=B count=N`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+
+const USAGE: &str = "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I]";
+
+struct Args {
+    brokers: String,
+    topic: String,
+    count: u64,
+    start: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut brokers = None;
+    let mut topic = None;
+    let mut count = None;
+    let mut start = 0;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        if name == "-h" || name == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match name.as_str() {
+            "--brokers" => brokers = Some(value()?),
+            "--topic" => topic = Some(value()?),
+            "--count" => {
+                let v = value()?;
+                count = Some(
+                    v.parse()
+                        .map_err(|_| format!("--count: not a number: {v}"))?,
+                );
+            }
+            "--start" => {
+                let v = value()?;
+                start = v
+                    .parse()
+                    .map_err(|_| format!("--start: not a number: {v}"))?;
+            }
+            other => return Err(format!("unknown argument: {other}")),
+        }
+    }
+    Ok(Args {
+        brokers: brokers.ok_or("--brokers is required")?,
+        topic: topic.ok_or("--topic is required")?,
+        count: count.ok_or("--count is required")?,
+        start,
+    })
+}
+
+fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &args.brokers)
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        // Fail (rather than hang) when the broker is unreachable.
+        .set("message.timeout.ms", "10000")
+        .create()
+        .map_err(|e| format!("create producer: {e}"))?;
+
+    let mut pending = Vec::new();
+    for i in args.start..args.start + args.count {
+        let key = format!("k-{i}");
+        let value = format!("message {i}");
+        let mut record = FutureRecord::to(&args.topic).key(&key).payload(&value);
+        loop {
+            match producer.send_result(record) {
+                Ok(f) => break pending.push(f),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(format!("enqueue message {i}: {e}")),
+            }
+        }
+    }
+
+    // partition -> (first offset, last offset, count)
+    let mut partitions: BTreeMap<i32, (i64, i64, u64)> = BTreeMap::new();
+    for f in pending {
+        match futures::executor::block_on(f) {
+            Ok(Ok(d)) => {
+                let e = partitions
+                    .entry(d.partition)
+                    .or_insert((d.offset, d.offset, 0));
+                e.0 = e.0.min(d.offset);
+                e.1 = e.1.max(d.offset);
+                e.2 += 1;
+            }
+            Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
+                return Err(format!(
+                    "no delivery to {} within 10 s: is a broker reachable at {}?",
+                    args.topic, args.brokers
+                ))
+            }
+            Ok(Err((e, _))) => {
+                return Err(format!(
+                    "delivery to {} at {} failed: {e}",
+                    args.topic, args.brokers
+                ))
+            }
+            Err(_) => return Err("delivery report lost".to_string()),
+        }
+    }
+    producer
+        .flush(Duration::from_secs(10))
+        .map_err(|e| format!("flush: {e}"))?;
+    Ok(partitions)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(partitions) => {
+            for (p, (first, last, count)) in partitions {
+                println!(
+                    "at=produced topic={} partition={p} first_offset={first} last_offset={last} count={count}",
+                    args.topic
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

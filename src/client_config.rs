@@ -1,0 +1,35 @@
+//! Settings → librdkafka configuration. ackd's own properties first, then the
+//! pass-through ones (which the settings already checked cannot override ackd's).
+
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::ClientConfig;
+
+use crate::settings::Settings;
+
+/// The consumer's configuration.
+pub fn consumer_config(settings: &Settings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", settings.brokers.bootstrap_servers())
+        .set("security.protocol", settings.brokers.security.protocol())
+        .set("group.id", &settings.group_id)
+        .set("auto.offset.reset", settings.start_from.as_str())
+        // ackd stores only acknowledged, contiguous offsets; librdkafka commits what is
+        // stored every commit interval (and ackd commits synchronously on revoke/stop).
+        .set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "true")
+        .set(
+            "auto.commit.interval.ms",
+            settings.commit_interval.as_millis().to_string(),
+        );
+    for (property, pass) in &settings.rdkafka {
+        config.set(property, &pass.value);
+    }
+    config.set_log_level(match settings.log_level.as_str() {
+        "error" => RDKafkaLogLevel::Error,
+        "warn" => RDKafkaLogLevel::Warning,
+        "info" => RDKafkaLogLevel::Notice,
+        _ => RDKafkaLogLevel::Debug,
+    });
+    config
+}

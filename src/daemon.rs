@@ -1,0 +1,255 @@
+//! The daemon: settings in, exit code out.
+//!
+//! It creates the consumer, hands it to the supervisor thread, drives the commit
+//! schedule, and turns signals into the shutdown sequence:
+//! - the first SIGTERM or SIGINT starts a graceful stop with a deadline of
+//!   `ACKD_SHUTDOWN_TIMEOUT_MS`;
+//! - more SIGTERMs are logged and ignored (Heroku may send several);
+//! - a second SIGINT (Ctrl-C twice) exits at once, saying what was not committed;
+//! - if the deadline passes, ackd exits non-zero with the same account.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_tokio::Signals;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::client_config::consumer_config;
+use crate::exit;
+use crate::group::{AckdConsumer, Group, GroupContext};
+use crate::processor::Processor;
+use crate::settings::{SettingError, Settings};
+use crate::supervisor::{self, Control};
+use crate::worker::WorkerConfig;
+
+/// The longest time an acknowledged offset waits before librdkafka may commit it.
+const STORE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Runs ackd until it is stopped; returns the process exit code.
+pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
+    let started = Instant::now();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ackd-worker")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(at = "start_failed", error = %e, "cannot start the async runtime");
+            return exit::SOFTWARE;
+        }
+    };
+    let code = runtime.block_on(run_async(settings, processor));
+    // Workers of an abandoned shutdown may still be parked; they must not hold up exit.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    tracing::info!(
+        at = "exit",
+        code,
+        duration_ms = started.elapsed().as_millis() as u64
+    );
+    code
+}
+
+async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
+    let rdkafka = settings
+        .rdkafka
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.shown(k)))
+        .collect::<Vec<_>>()
+        .join(",");
+    tracing::info!(
+        at = "start",
+        version = env!("CARGO_PKG_VERSION"),
+        brokers = settings.brokers.bootstrap_servers(),
+        security = settings.brokers.security.protocol(),
+        topics = settings.topics.join(","),
+        group = &settings.group_id,
+        processor = &settings.processor,
+        commit_interval_ms = settings.commit_interval.as_millis() as u64,
+        shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,
+        start_from = settings.start_from.as_str(),
+        log_messages = settings.log_messages,
+        rdkafka
+    );
+
+    // Signals first: a SIGTERM that arrives while we connect must not kill us.
+    let mut signals = match Signals::new([SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(at = "start_failed", error = %e, "cannot install signal handlers");
+            return exit::SOFTWARE;
+        }
+    };
+
+    let group = Arc::new(Mutex::new(Group::default()));
+    let context = GroupContext {
+        consumer: OnceLock::new(),
+        group: group.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        worker: WorkerConfig {
+            processor: Arc::new(processor),
+            log_messages: settings.log_messages,
+        },
+        drain_timeout: settings.shutdown_timeout,
+        start_from: settings.start_from,
+    };
+    let consumer: Arc<AckdConsumer<P>> =
+        match consumer_config(&settings).create_with_context(context) {
+            Ok(c) => Arc::new(c),
+            Err(e) => return report_client_error(&settings, e),
+        };
+    let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
+    let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
+    if let Err(e) = consumer.subscribe(&topics) {
+        tracing::error!(at = "config_error", setting = "ACKD_TOPICS", error = %e);
+        return exit::CONFIG;
+    }
+
+    let (tick_tx, store_ticks) = mpsc::channel(1);
+    let (shutdown_tx, shutdown) = watch::channel(None);
+    let (committed_tx, committed_rx) = oneshot::channel();
+    let (done_tx, mut done_rx) = oneshot::channel();
+    let control = Control {
+        store_ticks,
+        shutdown,
+        committed: committed_tx,
+    };
+    let timeout = settings.shutdown_timeout;
+    let spawned = std::thread::Builder::new()
+        .name("ackd-supervisor".into())
+        .spawn(move || {
+            let code = supervisor::run(consumer, control, timeout);
+            let _ = done_tx.send(code);
+        });
+    if let Err(e) = spawned {
+        tracing::error!(at = "start_failed", error = %e, "cannot start the supervisor thread");
+        return exit::SOFTWARE;
+    }
+
+    // Stores are cheap and local; doing them often keeps what librdkafka commits at
+    // each commit interval close to what was acknowledged.
+    let interval = settings.commit_interval.min(STORE_INTERVAL);
+    let ticker = tokio::spawn(async move {
+        let mut every = tokio::time::interval(interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            // A full channel means a store is already due: skipping the tick is right.
+            if let Err(mpsc::error::TrySendError::Closed(_)) = tick_tx.try_send(()) {
+                break;
+            }
+        }
+    });
+
+    // Running: until a signal, or the supervisor stops on its own (a fatal error).
+    let signal = tokio::select! {
+        s = signals.next() => s,
+        code = &mut done_rx => {
+            ticker.abort();
+            return code.unwrap_or(exit::SOFTWARE);
+        }
+    };
+    let begun = Instant::now();
+    let deadline = begun + settings.shutdown_timeout;
+    tracing::info!(
+        at = "signal",
+        signal = signal_name(signal),
+        deadline_ms = settings.shutdown_timeout.as_millis() as u64,
+        "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
+    );
+    let _ = shutdown_tx.send(Some(deadline));
+    ticker.abort();
+
+    let mut committed_rx = committed_rx;
+    let mut committed_code = None;
+    loop {
+        tokio::select! {
+            code = &mut done_rx => return code.unwrap_or(exit::SOFTWARE),
+            code = &mut committed_rx, if committed_code.is_none() => {
+                committed_code = Some(code.unwrap_or(exit::SOFTWARE));
+            }
+            s = signals.next() => match s {
+                Some(SIGINT) => {
+                    tracing::warn!(at = "signal", signal = "SIGINT", "second SIGINT: exiting now");
+                    log_uncommitted(&group);
+                    return exit::FORCED;
+                }
+                s => {
+                    tracing::info!(at = "signal", signal = signal_name(s), "already stopping; ignored");
+                }
+            },
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                return match committed_code {
+                    // Committed; only the close (leaving the group) is slow. The group
+                    // notices after session.timeout.ms instead.
+                    Some(code) => {
+                        tracing::warn!(at = "close_timeout", "leaving the group did not finish before the deadline; offsets are committed");
+                        code
+                    }
+                    None => {
+                        tracing::error!(at = "shutdown_timeout", "the deadline passed before the final commit");
+                        log_uncommitted(&group);
+                        exit::INCOMPLETE
+                    }
+                };
+            }
+        }
+    }
+}
+
+fn signal_name(signal: Option<i32>) -> &'static str {
+    match signal {
+        Some(SIGTERM) => "SIGTERM",
+        Some(SIGINT) => "SIGINT",
+        _ => "unknown",
+    }
+}
+
+/// Says, per partition, what was acknowledged and not committed: what will be redelivered.
+fn log_uncommitted(group: &Mutex<Group>) {
+    let Ok(group) = group.try_lock() else {
+        tracing::error!(
+            at = "uncommitted",
+            "partition state is busy; see the lines above for the last commits"
+        );
+        return;
+    };
+    for ((topic, partition), p) in &group.owned {
+        tracing::error!(
+            at = "uncommitted",
+            topic = &**topic,
+            partition = *partition,
+            acked_offset = p.worker.shared.committable(),
+            committed_offset = p.committed,
+            "redelivery starts at the committed offset"
+        );
+    }
+}
+
+/// librdkafka refused the configuration: name the setting it came from.
+fn report_client_error(settings: &Settings, error: KafkaError) -> i32 {
+    if let KafkaError::ClientConfig(_, description, property, _) = &error {
+        let setting = settings
+            .rdkafka
+            .get(property)
+            .map(|p| p.origin.clone())
+            .unwrap_or_else(|| property.clone());
+        let e = SettingError {
+            setting,
+            value: settings
+                .rdkafka
+                .get(property)
+                .map(|p| p.shown(property).to_string()),
+            problem: format!("librdkafka refused `{property}`: {description}"),
+        };
+        crate::report_setting_error(&e);
+        return exit::CONFIG;
+    }
+    tracing::error!(at = "start_failed", error = %error, "cannot create the Kafka consumer");
+    exit::SOFTWARE
+}

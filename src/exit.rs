@@ -1,0 +1,16 @@
+//! Exit codes, after sysexits.h where one fits. The README's table is made from these.
+
+/// Everything acknowledged was committed; the group was left.
+pub const OK: i32 = 0;
+/// Stopped, but not cleanly: a drain or the final commit missed the deadline or failed,
+/// or a processor failure halted a partition. The log says which offsets were not
+/// committed; they will be redelivered.
+pub const INCOMPLETE: i32 = 1;
+/// An internal invariant broke (EX_SOFTWARE); ackd stopped without committing past it.
+pub const SOFTWARE: i32 = 70;
+/// librdkafka reported a fatal error (EX_UNAVAILABLE), e.g. this member was fenced.
+pub const UNAVAILABLE: i32 = 69;
+/// A setting is missing or invalid (EX_CONFIG).
+pub const CONFIG: i32 = 78;
+/// A second SIGINT forced an immediate exit (128 + SIGINT).
+pub const FORCED: i32 = 130;

@@ -1,0 +1,96 @@
+//! ackd: a Kafka consumer daemon with at-least-once delivery and zero redelivery on a
+//! graceful stop.
+//!
+//! The binary is a thin shell over this library: embed ackd with your own
+//! [`Processor`] by calling [`main_with`] from your `main`, exactly as `ackd` does with
+//! its built-in processors. See `examples/custom_processor.rs`.
+//!
+//! The pieces, one concept each: [`settings`] (every setting, validated),
+//! `client_config` (settings → librdkafka), `daemon` (signals, schedule, exit code),
+//! `supervisor` (the thread that owns the consumer), `group` (assignment, revoke,
+//! commit), `worker` (one task per partition), [`tracker`] (the committable offset),
+//! [`processor`] (the trait), [`processors`] (built-ins), `output` and [`logfmt`]
+//! (every line written).
+
+mod client_config;
+mod daemon;
+pub mod exit;
+mod group;
+pub mod kafka_url;
+pub mod logfmt;
+mod output;
+pub mod processor;
+pub mod processors;
+pub mod rdkafka_env;
+pub mod settings;
+mod supervisor;
+pub mod tracker;
+mod worker;
+
+use std::process::ExitCode;
+
+pub use processor::{FailureKind, Header, Message, OwnedMessage, ProcessError, Processor};
+pub use settings::{SettingError, Settings};
+
+/// Runs ackd with settings from the environment and the processor `make` builds from
+/// them; returns the exit code for `main` to return. Logging, the panic hook and
+/// configuration errors (exit 78) are handled here.
+pub fn main_with<P: Processor>(make: impl FnOnce(&Settings) -> P) -> ExitCode {
+    let settings = Settings::from_env();
+    let (level, prefix) = match &settings {
+        Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
+        Err(_) => ("info".to_string(), "ackd".to_string()),
+    };
+    let (guard, rust_log_error) = output::init(&level, &prefix);
+    install_panic_hook();
+    if let Some(e) = rust_log_error {
+        tracing::warn!(
+            at = "config_warning",
+            setting = "RUST_LOG",
+            "{e}; using ACKD_LOG_LEVEL"
+        );
+    }
+    let code = match settings {
+        Ok(settings) => {
+            let processor = make(&settings);
+            daemon::run(settings, processor)
+        }
+        Err(e) => {
+            report_setting_error(&e);
+            tracing::info!(at = "exit", code = exit::CONFIG);
+            exit::CONFIG
+        }
+    };
+    // Flushes every queued line before the process ends.
+    drop(guard);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// The one line a configuration error gets.
+pub(crate) fn report_setting_error(e: &SettingError) {
+    tracing::error!(
+        at = "config_error",
+        setting = &e.setting,
+        value = e.value.as_deref(),
+        problem = &e.problem,
+        "invalid configuration; fix the setting and start again"
+    );
+}
+
+/// Panics become one logfmt line (no backtrace on the log drain). A processor's panic is
+/// caught and fails only its message; anything else ends the process non-zero.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".to_string());
+        tracing::error!(at = "panic", location, "{message}");
+    }));
+}

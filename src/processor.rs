@@ -1,0 +1,193 @@
+//! The processor: the user's logic, behind one trait.
+//!
+//! ackd hands a processor one message at a time per partition, in offset order, and
+//! commits the message's offset only after `process` returned `Ok`. The message borrows
+//! librdkafka's buffer (no copy on the hot path); call [`Message::to_owned`] to keep it.
+
+use std::future::Future;
+
+/// One Kafka message, borrowed for the duration of [`Processor::process`].
+#[derive(Clone, Copy)]
+pub struct Message<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) payload: Option<&'a [u8]>,
+    pub(crate) timestamp_ms: Option<i64>,
+    pub(crate) headers: Option<&'a rdkafka::message::BorrowedHeaders>,
+}
+
+/// One message header. Kafka allows repeated names and null values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header<'a> {
+    pub name: &'a str,
+    pub value: Option<&'a [u8]>,
+}
+
+impl<'a> Message<'a> {
+    /// Builds a message from parts; for tests of processors and for embedding.
+    pub fn new(
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+        key: Option<&'a [u8]>,
+        payload: Option<&'a [u8]>,
+        timestamp_ms: Option<i64>,
+    ) -> Self {
+        Message {
+            topic,
+            partition,
+            offset,
+            key,
+            payload,
+            timestamp_ms,
+            headers: None,
+        }
+    }
+
+    pub(crate) fn from_kafka(m: &'a rdkafka::message::BorrowedMessage<'_>, topic: &'a str) -> Self {
+        use rdkafka::Message as _;
+        Message {
+            topic,
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            payload: m.payload(),
+            timestamp_ms: m.timestamp().to_millis(),
+            headers: m.headers(),
+        }
+    }
+
+    pub fn topic(&self) -> &'a str {
+        self.topic
+    }
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+    pub fn offset(&self) -> i64 {
+        self.offset
+    }
+    /// The key; `None` for a null key.
+    pub fn key(&self) -> Option<&'a [u8]> {
+        self.key
+    }
+    /// The value; `None` for a null value (a tombstone).
+    pub fn payload(&self) -> Option<&'a [u8]> {
+        self.payload
+    }
+    /// The message timestamp in milliseconds since the epoch, when the broker has one.
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        self.timestamp_ms
+    }
+    /// The headers, in the order they were produced.
+    pub fn headers(&self) -> impl Iterator<Item = Header<'a>> + 'a {
+        use rdkafka::message::Headers as _;
+        self.headers
+            .into_iter()
+            .flat_map(|h| h.iter())
+            .map(|h| Header {
+                name: h.key,
+                value: h.value,
+            })
+    }
+
+    /// A copy that outlives the call, for processors that batch or hand messages on.
+    pub fn to_owned(&self) -> OwnedMessage {
+        OwnedMessage {
+            topic: self.topic.to_string(),
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key.map(<[u8]>::to_vec),
+            payload: self.payload.map(<[u8]>::to_vec),
+            timestamp_ms: self.timestamp_ms,
+            headers: self
+                .headers()
+                .map(|h| (h.name.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Message<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Payloads can be large and private: Debug names the message, not its contents.
+        f.debug_struct("Message")
+            .field("topic", &self.topic)
+            .field("partition", &self.partition)
+            .field("offset", &self.offset)
+            .field("key_len", &self.key.map(<[u8]>::len))
+            .field("payload_len", &self.payload.map(<[u8]>::len))
+            .finish()
+    }
+}
+
+/// A message copied out of librdkafka's buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedMessage {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub timestamp_ms: Option<i64>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// Whether a failed message may succeed if tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// A passing condition (a timeout, a 503): try the same message again.
+    Retryable,
+    /// The message itself is the problem (bad input): trying again cannot help.
+    Permanent,
+}
+
+/// Why a processor did not acknowledge a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessError {
+    pub kind: FailureKind,
+    pub reason: String,
+}
+
+impl ProcessError {
+    pub fn retryable(reason: impl std::fmt::Display) -> Self {
+        ProcessError {
+            kind: FailureKind::Retryable,
+            reason: reason.to_string(),
+        }
+    }
+
+    pub fn permanent(reason: impl std::fmt::Display) -> Self {
+        ProcessError {
+            kind: FailureKind::Permanent,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for ProcessError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            FailureKind::Retryable => "retryable",
+            FailureKind::Permanent => "permanent",
+        };
+        write!(f, "{kind}: {}", self.reason)
+    }
+}
+
+impl std::error::Error for ProcessError {}
+
+/// The user's logic. One call per message; calls for one partition never overlap and
+/// come in offset order; calls for different partitions run concurrently.
+///
+/// Return `Ok(())` to acknowledge: the offset becomes committable. A message is never
+/// committed before its call returned `Ok`, so work that must not be lost has to be done
+/// (or durably handed off) before returning. A panic counts as a permanent failure of
+/// that message, not of the daemon.
+pub trait Processor: Send + Sync + 'static {
+    fn process(
+        &self,
+        message: &Message<'_>,
+    ) -> impl Future<Output = Result<(), ProcessError>> + Send;
+}

@@ -1,0 +1,49 @@
+//! The built-in processors, chosen with `ACKD_PROCESSOR` by people who deploy ackd
+//! without writing Rust.
+
+use crate::processor::{Message, ProcessError, Processor};
+use crate::settings::Settings;
+
+/// Names `ACKD_PROCESSOR` accepts.
+#[cfg(not(feature = "testkit"))]
+pub const NAMES: &[&str] = &["log"];
+/// Names `ACKD_PROCESSOR` accepts, with the testkit's.
+#[cfg(feature = "testkit")]
+pub const NAMES: &[&str] = &["log", "slow"];
+
+/// A built-in processor.
+#[derive(Debug, Clone)]
+pub enum Builtin {
+    /// Acknowledges every message. With `ACKD_LOG_MESSAGES=true` (the default) each one
+    /// shows as its `count#…messages.processed=1` line: a sink for trying ackd out and
+    /// for watching a topic.
+    Log,
+    /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message, then acknowledges, so tests
+    /// can have messages in flight when a signal arrives.
+    #[cfg(feature = "testkit")]
+    Slow(std::time::Duration),
+}
+
+impl Builtin {
+    /// The processor that `settings.processor` names (validated by the settings).
+    pub fn from_settings(settings: &Settings) -> Builtin {
+        match settings.processor.as_str() {
+            #[cfg(feature = "testkit")]
+            "slow" => Builtin::Slow(settings.test_delay),
+            _ => Builtin::Log,
+        }
+    }
+}
+
+impl Processor for Builtin {
+    async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
+        match self {
+            Builtin::Log => Ok(()),
+            #[cfg(feature = "testkit")]
+            Builtin::Slow(delay) => {
+                tokio::time::sleep(*delay).await;
+                Ok(())
+            }
+        }
+    }
+}

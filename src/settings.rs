@@ -1,0 +1,663 @@
+//! Every setting, typed and validated once at start.
+//!
+//! Layers, later wins: `config/default.toml` (compiled in), the TOML file named by
+//! `ACKD_CONFIG_FILE`, then the environment. Errors name the environment variable, show
+//! the bad value (never a secret) and say what is allowed; the binary turns them into
+//! exit code 78 (EX_CONFIG).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat};
+
+use crate::kafka_url::{self, Brokers};
+use crate::processors;
+use crate::rdkafka_env;
+
+/// The defaults, compiled in so the binary behaves the same from any directory.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// librdkafka properties ackd sets itself, and the setting to use instead.
+pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "KAFKA_URL"),
+    ("metadata.broker.list", "KAFKA_URL"),
+    (
+        "security.protocol",
+        "the KAFKA_URL scheme (kafka:// or kafka+ssl://)",
+    ),
+    ("group.id", "ACKD_GROUP_ID"),
+    ("auto.offset.reset", "ACKD_START_FROM"),
+    (
+        "enable.auto.commit",
+        "nothing: ackd commits only acknowledged offsets",
+    ),
+    (
+        "enable.auto.offset.store",
+        "nothing: ackd stores only acknowledged offsets",
+    ),
+    ("auto.commit.interval.ms", "ACKD_COMMIT_INTERVAL_MS"),
+];
+
+/// Keys of the layered configuration (the env name is `ACKD_` + upper case), except
+/// `kafka_url`, which comes from `KAFKA_URL`.
+const KEYS: &[&str] = &[
+    "kafka_url",
+    "topics",
+    "group_id",
+    "processor",
+    "commit_interval_ms",
+    "shutdown_timeout_ms",
+    "start_from",
+    "metric_prefix",
+    "log_messages",
+    "log_level",
+    "config_file",
+    #[cfg(feature = "testkit")]
+    "test_delay_ms",
+];
+
+/// Where a group without a committed offset starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFrom {
+    Earliest,
+    Latest,
+}
+
+impl StartFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartFrom::Earliest => "earliest",
+            StartFrom::Latest => "latest",
+        }
+    }
+}
+
+/// A librdkafka property passed through, with the setting it came from.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PassThrough {
+    pub value: String,
+    /// `ACKD_RDKAFKA_…` or `[rdkafka] "…"` in a file: named in errors.
+    pub origin: String,
+}
+
+impl PassThrough {
+    /// The value as it may appear on a log line.
+    pub fn shown(&self, property: &str) -> &str {
+        if is_secret_property(property) {
+            "[redacted]"
+        } else {
+            &self.value
+        }
+    }
+}
+
+impl fmt::Debug for PassThrough {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The property name is not known here, so a Debug print never shows a value.
+        f.debug_struct("PassThrough")
+            .field("value", &"[redacted]")
+            .field("origin", &self.origin)
+            .finish()
+    }
+}
+
+/// Whether a librdkafka property holds a credential and must never be logged.
+pub fn is_secret_property(property: &str) -> bool {
+    let p = property.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "key.pem",
+        "ssl.key",
+        "jaas",
+        "oauthbearer.config",
+        "token",
+    ]
+    .iter()
+    .any(|s| p.contains(s))
+}
+
+/// ackd's settings. `Debug` shows no secret.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub brokers: Brokers,
+    pub topics: Vec<String>,
+    pub group_id: String,
+    pub processor: String,
+    pub commit_interval: Duration,
+    pub shutdown_timeout: Duration,
+    pub start_from: StartFrom,
+    pub metric_prefix: String,
+    pub log_messages: bool,
+    pub log_level: String,
+    /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
+    /// librdkafka itself when the consumer is created.
+    pub rdkafka: BTreeMap<String, PassThrough>,
+    /// Per-message delay of the testkit's `slow` processor.
+    #[cfg(feature = "testkit")]
+    pub test_delay: Duration,
+}
+
+/// A setting that is missing or invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingError {
+    /// The environment variable (or file key) to fix.
+    pub setting: String,
+    /// The value given, when it may be shown; `None` when missing or secret.
+    pub value: Option<String>,
+    /// What is wrong and what is allowed.
+    pub problem: String,
+}
+
+impl SettingError {
+    fn new(setting: impl Into<String>, value: Option<&str>, problem: impl Into<String>) -> Self {
+        SettingError {
+            setting: setting.into(),
+            value: value.map(str::to_string),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for SettingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={:?}: {}", self.setting, v, self.problem),
+            None => write!(f, "{}: {}", self.setting, self.problem),
+        }
+    }
+}
+
+impl std::error::Error for SettingError {}
+
+/// The environment variable for a configuration key.
+fn env_name(key: &str) -> String {
+    if key == "kafka_url" {
+        "KAFKA_URL".into()
+    } else {
+        format!("ACKD_{}", key.to_ascii_uppercase())
+    }
+}
+
+impl Settings {
+    /// Loads settings from the process environment.
+    pub fn from_env() -> Result<Settings, SettingError> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Loads settings from the given variables (the environment, or a test's map).
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, SettingError> {
+        let vars: HashMap<String, String> = vars.into_iter().collect();
+        let raw = RawSettings::layer(&vars)?;
+        raw.validate()
+    }
+
+    /// One line's worth of what ackd runs with, for the `at=start` line. No secrets.
+    pub fn summary(&self) -> Vec<(&'static str, String)> {
+        let rdkafka = self
+            .rdkafka
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.shown(k)))
+            .collect::<Vec<_>>()
+            .join(",");
+        vec![
+            ("brokers", self.brokers.bootstrap_servers()),
+            ("security", self.brokers.security.protocol().to_string()),
+            ("topics", self.topics.join(",")),
+            ("group", self.group_id.clone()),
+            ("processor", self.processor.clone()),
+            (
+                "commit_interval_ms",
+                self.commit_interval.as_millis().to_string(),
+            ),
+            (
+                "shutdown_timeout_ms",
+                self.shutdown_timeout.as_millis().to_string(),
+            ),
+            ("start_from", self.start_from.as_str().to_string()),
+            ("log_messages", self.log_messages.to_string()),
+            ("rdkafka", rdkafka),
+        ]
+    }
+}
+
+/// Settings as strings, layered, before validation.
+struct RawSettings {
+    values: HashMap<&'static str, String>,
+    /// Keys that the environment set (errors name the variable either way, but a value
+    /// from a file says which file).
+    file: Option<String>,
+    from_env: Vec<&'static str>,
+    rdkafka: BTreeMap<String, PassThrough>,
+}
+
+impl RawSettings {
+    fn layer(vars: &HashMap<String, String>) -> Result<RawSettings, SettingError> {
+        let mut ackd_vars: HashMap<String, String> = HashMap::new();
+        let mut rdkafka_vars: Vec<(String, String)> = Vec::new();
+        for (name, value) in vars {
+            if let Some(suffix) = name.strip_prefix(rdkafka_env::PREFIX) {
+                rdkafka_vars.push((suffix.to_string(), value.clone()));
+            } else if let Some(key) = name.strip_prefix("ACKD_") {
+                let key = key.to_ascii_lowercase();
+                if key == "kafka_url" || !KEYS.contains(&key.as_str()) {
+                    return Err(SettingError::new(
+                        name,
+                        None,
+                        format!("is not a setting of ackd; known settings: KAFKA_URL, {}, and ACKD_RDKAFKA_<property>",
+                            KEYS.iter().filter(|k| **k != "kafka_url").map(|k| env_name(k)).collect::<Vec<_>>().join(", ")),
+                    ));
+                }
+                ackd_vars.insert(key, value.clone());
+            }
+        }
+        if let Some(url) = vars.get("KAFKA_URL") {
+            ackd_vars.insert("kafka_url".into(), url.clone());
+        }
+
+        let file = ackd_vars.get("config_file").cloned();
+        let mut builder =
+            Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
+        if let Some(path) = &file {
+            if !std::path::Path::new(path).is_file() {
+                return Err(SettingError::new(
+                    "ACKD_CONFIG_FILE",
+                    Some(path),
+                    "names no readable file: give the path of a TOML file",
+                ));
+            }
+            builder = builder.add_source(File::new(path, FileFormat::Toml));
+        }
+        let env_map: config::Map<String, String> = ackd_vars.clone().into_iter().collect();
+        builder = builder.add_source(Environment::default().source(Some(env_map)));
+        let config = builder.build().map_err(|e| {
+            SettingError::new(
+                "ACKD_CONFIG_FILE",
+                file.as_deref(),
+                format!("cannot be read as TOML: {e}"),
+            )
+        })?;
+
+        let table = config
+            .clone()
+            .try_deserialize::<HashMap<String, config::Value>>()
+            .unwrap_or_default();
+        for key in table.keys() {
+            if key != "rdkafka" && !KEYS.contains(&key.as_str()) {
+                return Err(SettingError::new(
+                    format!(
+                        "`{key}` in {}",
+                        file.as_deref().unwrap_or("config/default.toml")
+                    ),
+                    None,
+                    "is not a setting of ackd (see config/default.toml for the keys)",
+                ));
+            }
+        }
+
+        let mut values = HashMap::new();
+        for key in KEYS {
+            if let Ok(v) = config.get_string(key) {
+                values.insert(*key, v);
+            }
+        }
+        let from_env = KEYS
+            .iter()
+            .copied()
+            .filter(|k| ackd_vars.contains_key(*k))
+            .collect();
+
+        let mut rdkafka = BTreeMap::new();
+        if let Ok(props) = config.get_table("rdkafka") {
+            for (property, value) in props {
+                let origin = format!(
+                    "[rdkafka] \"{property}\" in {}",
+                    file.as_deref().unwrap_or("config/default.toml")
+                );
+                let value = value.into_string().map_err(|_| {
+                    SettingError::new(&origin, None, "must be a string, number or boolean")
+                })?;
+                rdkafka.insert(property, PassThrough { value, origin });
+            }
+        }
+        for (suffix, value) in rdkafka_vars {
+            let origin = format!("{}{suffix}", rdkafka_env::PREFIX);
+            let property = rdkafka_env::property_from_env(&suffix).map_err(|problem| {
+                SettingError::new(
+                    &origin,
+                    None,
+                    format!("{problem} (librdkafka property upper-cased, `.` -> `_`, `_` -> `__`, `-` -> `___`)"),
+                )
+            })?;
+            rdkafka.insert(property, PassThrough { value, origin });
+        }
+        for (property, pass) in &rdkafka {
+            if let Some((_, instead)) = OWNED_PROPERTIES.iter().find(|(p, _)| p == property) {
+                return Err(SettingError::new(
+                    &pass.origin,
+                    None,
+                    format!("sets `{property}`, which ackd owns: use {instead}"),
+                ));
+            }
+        }
+
+        Ok(RawSettings {
+            values,
+            file,
+            from_env,
+            rdkafka,
+        })
+    }
+
+    /// The error for `key`, naming its variable and, if it came from a file, the file.
+    fn error(&self, key: &'static str, problem: impl Into<String>) -> SettingError {
+        let mut setting = env_name(key);
+        if !self.from_env.contains(&key) {
+            if let Some(file) = &self.file {
+                setting = format!("{setting} (`{key}` in {file})");
+            }
+        }
+        SettingError::new(setting, self.values.get(key).map(String::as_str), problem)
+    }
+
+    fn required(&self, key: &'static str, what: &str) -> Result<&str, SettingError> {
+        match self.values.get(key).map(|v| v.trim()) {
+            Some(v) if !v.is_empty() => Ok(v),
+            _ => Err(SettingError::new(
+                env_name(key),
+                None,
+                format!("is required: {what}"),
+            )),
+        }
+    }
+
+    fn get(&self, key: &'static str) -> &str {
+        self.values.get(key).map(|v| v.trim()).unwrap_or("")
+    }
+
+    fn millis(&self, key: &'static str, min: u64, max: u64) -> Result<Duration, SettingError> {
+        let problem = || format!("expected a whole number of milliseconds from {min} to {max}");
+        match self.get(key).parse::<u64>() {
+            Ok(ms) if (min..=max).contains(&ms) => Ok(Duration::from_millis(ms)),
+            _ => Err(self.error(key, problem())),
+        }
+    }
+
+    fn boolean(&self, key: &'static str) -> Result<bool, SettingError> {
+        match self.get(key).to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(self.error(key, "expected true or false")),
+        }
+    }
+
+    fn validate(self) -> Result<Settings, SettingError> {
+        let url = self.required("kafka_url", kafka_url::ALLOWED)?;
+        let brokers = kafka_url::parse(url).map_err(|problem| {
+            // A URL may carry credentials: show it only when it cannot.
+            let mut e = self.error(
+                "kafka_url",
+                format!("{problem}; expected {}", kafka_url::ALLOWED),
+            );
+            if url.contains('@') {
+                e.value = None;
+            }
+            e
+        })?;
+
+        let topics_raw = self.required("topics", "comma-separated topic names")?;
+        let topics: Vec<String> = topics_raw
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect();
+        if topics.is_empty() {
+            return Err(self.error("topics", "names no topic: give comma-separated topic names"));
+        }
+        for t in &topics {
+            let valid = t.len() <= 249
+                && t != "."
+                && t != ".."
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !valid {
+                return Err(self.error(
+                    "topics",
+                    format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ -"),
+                ));
+            }
+        }
+
+        let group_id = self
+            .required(
+                "group_id",
+                "the consumer group that this app's consumers share",
+            )?
+            .to_string();
+
+        let processor = self.get("processor").to_ascii_lowercase();
+        if !processors::NAMES.contains(&processor.as_str()) {
+            return Err(self.error(
+                "processor",
+                format!(
+                    "unknown processor; expected one of: {}",
+                    processors::NAMES.join(", ")
+                ),
+            ));
+        }
+
+        let start_from = match self.get("start_from").to_ascii_lowercase().as_str() {
+            "earliest" => StartFrom::Earliest,
+            "latest" => StartFrom::Latest,
+            _ => return Err(self.error("start_from", "expected earliest or latest")),
+        };
+
+        let metric_prefix = self.get("metric_prefix").to_string();
+        let prefix_ok = !metric_prefix.is_empty()
+            && metric_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !prefix_ok {
+            return Err(self.error(
+                "metric_prefix",
+                "expected a non-empty name of A-Z a-z 0-9 . _ - (l2met metric names)",
+            ));
+        }
+
+        let log_level = self.get("log_level").to_ascii_lowercase();
+        if !LOG_LEVELS.contains(&log_level.as_str()) {
+            return Err(self.error(
+                "log_level",
+                format!("expected one of: {}", LOG_LEVELS.join(", ")),
+            ));
+        }
+
+        Ok(Settings {
+            brokers,
+            topics,
+            group_id,
+            processor,
+            commit_interval: self.millis("commit_interval_ms", 1, 3_600_000)?,
+            shutdown_timeout: self.millis("shutdown_timeout_ms", 1, 3_600_000)?,
+            start_from,
+            metric_prefix,
+            log_messages: self.boolean("log_messages")?,
+            log_level,
+            #[cfg(feature = "testkit")]
+            test_delay: if self.values.contains_key("test_delay_ms") {
+                self.millis("test_delay_ms", 0, 3_600_000)?
+            } else {
+                Duration::ZERO
+            },
+            rdkafka: self.rdkafka,
+        })
+    }
+}
+
+/// Levels `ACKD_LOG_LEVEL` takes.
+pub const LOG_LEVELS: &[&str] = &["error", "warn", "info", "debug", "trace"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = [
+            ("KAFKA_URL", "kafka://127.0.0.1:9092"),
+            ("ACKD_TOPICS", "orders, payments"),
+            ("ACKD_GROUP_ID", "billing"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, val) in extra {
+            v.retain(|(name, _)| name != k);
+            v.push((k.to_string(), val.to_string()));
+        }
+        v
+    }
+
+    fn err(extra: &[(&str, &str)]) -> SettingError {
+        Settings::from_vars(vars(extra)).expect_err("accepted")
+    }
+
+    #[test]
+    fn defaults_come_from_default_toml() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.topics, vec!["orders", "payments"]);
+        assert_eq!(s.group_id, "billing");
+        assert_eq!(s.processor, "log");
+        assert_eq!(s.commit_interval, Duration::from_millis(5000));
+        assert_eq!(s.shutdown_timeout, Duration::from_millis(25000));
+        assert_eq!(s.start_from, StartFrom::Earliest);
+        assert_eq!(s.metric_prefix, "ackd");
+        assert!(s.log_messages);
+        assert_eq!(s.log_level, "info");
+        assert_eq!(
+            s.rdkafka["partition.assignment.strategy"].value,
+            "cooperative-sticky"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_defaults() {
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_COMMIT_INTERVAL_MS", "250"),
+            ("ACKD_START_FROM", "latest"),
+            ("ACKD_LOG_MESSAGES", "false"),
+            ("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000"),
+            ("ACKD_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY", "range"),
+        ]))
+        .unwrap();
+        assert_eq!(s.commit_interval, Duration::from_millis(250));
+        assert_eq!(s.start_from, StartFrom::Latest);
+        assert!(!s.log_messages);
+        assert_eq!(s.rdkafka["session.timeout.ms"].value, "6000");
+        assert_eq!(
+            s.rdkafka["session.timeout.ms"].origin,
+            "ACKD_RDKAFKA_SESSION_TIMEOUT_MS"
+        );
+        assert_eq!(s.rdkafka["partition.assignment.strategy"].value, "range");
+    }
+
+    #[test]
+    fn missing_required_settings_are_named() {
+        for name in ["KAFKA_URL", "ACKD_TOPICS", "ACKD_GROUP_ID"] {
+            let mut v = vars(&[]);
+            v.retain(|(k, _)| k != name);
+            let e = Settings::from_vars(v).unwrap_err();
+            assert_eq!(e.setting, name);
+            assert!(e.problem.contains("required"), "{e}");
+        }
+        assert_eq!(err(&[("ACKD_TOPICS", " , ")]).setting, "ACKD_TOPICS");
+    }
+
+    #[test]
+    fn invalid_values_name_the_setting_and_what_is_allowed() {
+        for (name, value, allowed) in [
+            ("ACKD_COMMIT_INTERVAL_MS", "5s", "milliseconds"),
+            ("ACKD_COMMIT_INTERVAL_MS", "0", "from 1"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "-1", "milliseconds"),
+            ("ACKD_START_FROM", "beginning", "earliest or latest"),
+            ("ACKD_LOG_MESSAGES", "maybe", "true or false"),
+            ("ACKD_PROCESSOR", "nope", "log"),
+            ("ACKD_LOG_LEVEL", "loud", "info"),
+            ("ACKD_METRIC_PREFIX", "my app", "l2met"),
+            ("ACKD_TOPICS", "ok,bad topic", "valid topic name"),
+            ("KAFKA_URL", "localhost", "no port"),
+        ] {
+            let e = err(&[(name, value)]);
+            assert_eq!(e.setting, name, "{e}");
+            assert_eq!(e.value.as_deref(), Some(value), "{e}");
+            assert!(e.problem.contains(allowed), "{e}");
+        }
+    }
+
+    #[test]
+    fn unknown_ackd_variables_are_refused() {
+        let e = err(&[("ACKD_COMMIT_INTERVAL", "100")]);
+        assert_eq!(e.setting, "ACKD_COMMIT_INTERVAL");
+        assert!(e.problem.contains("ACKD_COMMIT_INTERVAL_MS"), "{e}");
+    }
+
+    #[test]
+    fn owned_properties_cannot_be_passed_through() {
+        let e = err(&[("ACKD_RDKAFKA_ENABLE_AUTO_COMMIT", "true")]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_ENABLE_AUTO_COMMIT");
+        assert!(e.problem.contains("ackd owns"), "{e}");
+        let e = err(&[("ACKD_RDKAFKA_GROUP_ID", "x")]);
+        assert!(e.problem.contains("ACKD_GROUP_ID"), "{e}");
+        let e = err(&[("ACKD_RDKAFKA_SESSION____TIMEOUT", "1")]);
+        assert!(e.problem.contains("underscores"), "{e}");
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let s = Settings::from_vars(vars(&[("ACKD_RDKAFKA_SASL_PASSWORD", "hunter2")])).unwrap();
+        let summary = format!("{:?}", s.summary());
+        let debug = format!("{s:?}");
+        assert!(!summary.contains("hunter2"), "{summary}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(summary.contains("sasl.password=[redacted]"));
+    }
+
+    #[test]
+    fn a_config_file_is_layered_between_defaults_and_environment() {
+        let dir = std::env::temp_dir().join(format!("ackd-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ackd.toml");
+        std::fs::write(
+            &path,
+            "commit_interval_ms = 1000\nstart_from = \"latest\"\n[rdkafka]\n\"fetch.min.bytes\" = 10\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_CONFIG_FILE", p),
+            ("ACKD_START_FROM", "earliest"),
+        ]))
+        .unwrap();
+        assert_eq!(s.commit_interval, Duration::from_millis(1000));
+        assert_eq!(s.start_from, StartFrom::Earliest);
+        assert_eq!(s.rdkafka["fetch.min.bytes"].value, "10");
+        // The defaults' table is kept where the file's table does not say otherwise.
+        assert_eq!(s.rdkafka["client.id"].value, "ackd");
+
+        std::fs::write(&path, "commit_interval_ms = \"soon\"\n").unwrap();
+        let e = err(&[("ACKD_CONFIG_FILE", p)]);
+        assert!(
+            e.setting
+                .starts_with("ACKD_COMMIT_INTERVAL_MS (`commit_interval_ms` in"),
+            "{e}"
+        );
+        std::fs::write(&path, "comit_interval_ms = 5\n").unwrap();
+        assert!(err(&[("ACKD_CONFIG_FILE", p)])
+            .setting
+            .contains("comit_interval_ms"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,162 @@
+//! The supervisor: the one thread that owns the consumer.
+//!
+//! It polls librdkafka's main queue (which serves rebalances, commit results and errors;
+//! messages never arrive there, each partition has its own queue), stores acknowledged
+//! offsets for librdkafka's periodic commit, and on shutdown runs the stop sequence: stop fetching, drain, commit
+//! synchronously, close (leave the group). It is a plain thread, not a tokio worker,
+//! because the rebalance callbacks it serves block while partitions drain.
+//!
+//! Storing and the drains run on this thread, so a store can never race a revoke and
+//! resurrect an offset for a partition that has already moved to another member.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::Message as _;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::exit;
+use crate::group::{self, AckdConsumer, Tp};
+use crate::processor::Processor;
+
+/// What the daemon tells the supervisor.
+pub struct Control {
+    /// A tick per store interval: hand acknowledged offsets to librdkafka.
+    pub store_ticks: mpsc::Receiver<()>,
+    /// Set to the deadline when a graceful stop begins.
+    pub shutdown: watch::Receiver<Option<Instant>>,
+    /// Told the exit code once the final commit is done, before the (possibly slow) close.
+    pub committed: oneshot::Sender<i32>,
+}
+
+/// Why the poll loop ended.
+enum Stop {
+    Shutdown(Instant),
+    /// ackd cannot go on (a fatal librdkafka error, an invariant broken): stop gracefully
+    /// with this exit code.
+    Fatal(i32),
+}
+
+/// Runs the supervisor to the end; returns the exit code.
+pub fn run<P: Processor>(
+    consumer: Arc<AckdConsumer<P>>,
+    mut control: Control,
+    shutdown_timeout: Duration,
+) -> i32 {
+    let stop = futures::executor::block_on(poll_loop(&consumer, &mut control));
+    let (deadline, mut code) = match stop {
+        Stop::Shutdown(deadline) => (deadline, exit::OK),
+        Stop::Fatal(code) => (Instant::now() + shutdown_timeout, code),
+    };
+    let started = Instant::now();
+    let ctx = consumer.context();
+    let tps: Vec<Tp> = ctx.lock().owned.keys().cloned().collect();
+    let halted: Vec<Tp> = ctx
+        .lock()
+        .owned
+        .iter()
+        .filter(|(_, p)| p.worker.shared.halted())
+        .map(|(tp, _)| tp.clone())
+        .collect();
+    tracing::info!(
+        at = "shutdown_begun",
+        partitions = tps.len(),
+        halted = halted.len()
+    );
+
+    // Stop fetching: nothing new is handed out, what is prefetched stays unprocessed.
+    if let Ok(assignment) = consumer.assignment() {
+        if assignment.count() > 0 {
+            if let Err(e) = consumer.pause(&assignment) {
+                tracing::warn!(at = "pause_failed", error = %e);
+            }
+        }
+    }
+
+    // Keep a share of the budget for the commit and the close.
+    let reserve = (deadline.saturating_duration_since(started) / 5).min(Duration::from_secs(5));
+    let drain_deadline = deadline - reserve;
+    let drained = group::drain_and_commit(ctx, &*consumer, &tps, drain_deadline, true);
+    tracing::info!(
+        at = "drained",
+        partitions = tps.len(),
+        complete = drained.complete,
+        duration_ms = started.elapsed().as_millis() as u64
+    );
+    for (tp, offset) in &drained.committed {
+        tracing::info!(
+            at = "final_commit",
+            topic = &*tp.0,
+            partition = tp.1,
+            offset
+        );
+    }
+    for tp in &drained.without_commit {
+        tracing::info!(
+            at = "final_commit",
+            topic = &*tp.0,
+            partition = tp.1,
+            "nothing acknowledged, nothing committed"
+        );
+    }
+    for tp in &halted {
+        tracing::error!(
+            at = "halted",
+            topic = &*tp.0,
+            partition = tp.1,
+            "a processor failure stopped this partition"
+        );
+    }
+    if code == exit::OK && (!drained.complete || !halted.is_empty()) {
+        code = exit::INCOMPLETE;
+    }
+    let _ = control.committed.send(code);
+
+    // Close: leaves the group, so the partitions move at once, not after the session
+    // timeout. librdkafka's final revoke finds nothing left to drain.
+    let closing = Instant::now();
+    drop(consumer);
+    tracing::info!(
+        at = "closed",
+        duration_ms = closing.elapsed().as_millis() as u64
+    );
+    code
+}
+
+async fn poll_loop<P: Processor>(consumer: &AckdConsumer<P>, control: &mut Control) -> Stop {
+    loop {
+        tokio::select! {
+            biased;
+            changed = control.shutdown.changed() => {
+                let deadline = *control.shutdown.borrow();
+                match (changed, deadline) {
+                    (_, Some(deadline)) => return Stop::Shutdown(deadline),
+                    (Err(_), None) => return Stop::Shutdown(Instant::now()),
+                    (Ok(()), None) => {}
+                }
+            }
+            Some(()) = control.store_ticks.recv() => group::store_acked(consumer.context(), consumer),
+            event = consumer.recv() => match event {
+                Ok(message) => {
+                    // Impossible while every partition's queue is split before it is
+                    // assigned. Never commit past it, and restart from the committed offset.
+                    let tp: Tp = (Arc::from(message.topic()), message.partition());
+                    let offset = message.offset();
+                    tracing::error!(at = "unexpected_message", topic = &*tp.0, partition = tp.1, offset,
+                        "message arrived on the main queue; not processed, not committed past; stopping");
+                    if let Some(p) = consumer.context().lock().owned.get_mut(&tp) {
+                        p.cap = Some(p.cap.map_or(offset, |c| c.min(offset)));
+                    }
+                    return Stop::Fatal(exit::SOFTWARE);
+                }
+                Err(KafkaError::MessageConsumptionFatal(code)) => {
+                    tracing::error!(at = "kafka_fatal", error = %code, "librdkafka reported a fatal error; stopping");
+                    return Stop::Fatal(exit::UNAVAILABLE);
+                }
+                Err(e) => tracing::warn!(at = "kafka_error", error = %e),
+            },
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The partition worker: one tokio task per assigned partition.
+//!
+//! It reads its partition's own librdkafka queue (so a slow processor stops only that
+//! partition's fetching: librdkafka stops prefetching once the queue holds
+//! `queued.max.messages.kbytes`), hands each message to the processor in offset order,
+//! and publishes the committable offset after every ack. When told to stop it finishes
+//! the message in hand and returns; it never starts a new one.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use futures::{FutureExt, StreamExt};
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::Message as _;
+use tokio::sync::watch;
+
+use crate::processor::{Message, Processor};
+use crate::tracker::OffsetTracker;
+
+const NONE: i64 = -1;
+
+/// What a worker shares with the supervisor: lock-free, read at commit time.
+#[derive(Debug)]
+pub struct WorkerShared {
+    /// Next offset to commit, or -1 before the first ack.
+    committable: AtomicI64,
+    /// The offset being processed right now, or -1.
+    in_flight: AtomicI64,
+    /// Set when the processor failed and the partition stopped.
+    halted: AtomicBool,
+    done: Latch,
+}
+
+impl WorkerShared {
+    fn new() -> Self {
+        WorkerShared {
+            committable: AtomicI64::new(NONE),
+            in_flight: AtomicI64::new(NONE),
+            halted: AtomicBool::new(false),
+            done: Latch::default(),
+        }
+    }
+
+    pub fn committable(&self) -> Option<i64> {
+        some(self.committable.load(Ordering::Acquire))
+    }
+
+    pub fn in_flight(&self) -> Option<i64> {
+        some(self.in_flight.load(Ordering::Acquire))
+    }
+
+    pub fn halted(&self) -> bool {
+        self.halted.load(Ordering::Acquire)
+    }
+
+    /// Waits until the worker has returned, or `deadline` passed. True if it returned.
+    pub fn wait_done(&self, deadline: Instant) -> bool {
+        self.done.wait_until(deadline)
+    }
+}
+
+fn some(v: i64) -> Option<i64> {
+    (v != NONE).then_some(v)
+}
+
+/// A one-way flag that threads can wait on with a deadline (the rebalance callback
+/// waits on plain threads, outside any async runtime).
+#[derive(Debug, Default)]
+struct Latch {
+    set: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Latch {
+    fn set(&self) {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cond.notify_all();
+    }
+
+    fn wait_until(&self, deadline: Instant) -> bool {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        while !*set {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            set = self
+                .cond
+                .wait_timeout(set, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Sets the latch however the worker ends, panics and aborts included.
+struct SetOnDrop(Arc<WorkerShared>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.done.set();
+    }
+}
+
+/// The supervisor's handle on a running worker.
+pub struct WorkerHandle {
+    pub shared: Arc<WorkerShared>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WorkerHandle {
+    /// Asks the worker to finish the message in hand and return.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Ends a worker that did not stop in time. Its later acks go nowhere: the
+    /// supervisor no longer reads its offsets.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+}
+
+/// What a worker needs besides its queue.
+pub struct WorkerConfig<P> {
+    pub processor: Arc<P>,
+    pub log_messages: bool,
+}
+
+impl<P> Clone for WorkerConfig<P> {
+    fn clone(&self) -> Self {
+        WorkerConfig {
+            processor: self.processor.clone(),
+            log_messages: self.log_messages,
+        }
+    }
+}
+
+/// Starts the worker for one partition on `runtime`.
+pub fn spawn<C, P>(
+    runtime: &tokio::runtime::Handle,
+    queue: StreamPartitionQueue<C>,
+    topic: Arc<str>,
+    partition: i32,
+    config: WorkerConfig<P>,
+) -> WorkerHandle
+where
+    C: ConsumerContext + 'static,
+    P: Processor,
+{
+    let shared = Arc::new(WorkerShared::new());
+    let (stop, stop_rx) = watch::channel(false);
+    let task = runtime.spawn(run(
+        queue,
+        topic,
+        partition,
+        config,
+        shared.clone(),
+        stop_rx,
+    ));
+    WorkerHandle { shared, stop, task }
+}
+
+async fn run<C, P>(
+    queue: StreamPartitionQueue<C>,
+    topic: Arc<str>,
+    partition: i32,
+    config: WorkerConfig<P>,
+    shared: Arc<WorkerShared>,
+    mut stop: watch::Receiver<bool>,
+) where
+    C: ConsumerContext + 'static,
+    P: Processor,
+{
+    // Declared first, dropped last: the latch is set only once the queue (and with it
+    // this worker's hold on the consumer) is gone, aborts included.
+    let _done = SetOnDrop(shared.clone());
+    let queue = queue;
+    let mut tracker = OffsetTracker::new();
+    let mut stream = queue.stream();
+    let mut first = true;
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            next = stream.next() => next,
+        };
+        let message = match next {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                tracing::warn!(at = "fetch_error", topic = &*topic, partition, error = %e);
+                continue;
+            }
+            None => break,
+        };
+        let offset = message.offset();
+        if first {
+            first = false;
+            tracing::info!(at = "resumed", topic = &*topic, partition, offset);
+        }
+        if let Err(e) = tracker.dispatch(offset) {
+            // Never commit past a message we could not account for.
+            tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e);
+            halt(&shared, &mut stop).await;
+            break;
+        }
+        shared.in_flight.store(offset, Ordering::Release);
+        let view = Message::from_kafka(&message, &topic);
+        let outcome = AssertUnwindSafe(config.processor.process(&view))
+            .catch_unwind()
+            .await;
+        shared.in_flight.store(NONE, Ordering::Release);
+        match outcome {
+            Ok(Ok(())) => {
+                match tracker.ack(offset) {
+                    Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e)
+                    }
+                }
+                if config.log_messages {
+                    tracing::info!(
+                        "count#messages.processed" = 1,
+                        source = &*topic,
+                        topic = &*topic,
+                        partition,
+                        offset,
+                        key = view.key()
+                    );
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::error!(
+                    at = "process_failed",
+                    topic = &*topic,
+                    partition,
+                    offset,
+                    key = view.key(),
+                    error = %e,
+                    "partition halted: its offset is not committed past this message"
+                );
+                drop(message);
+                halt(&shared, &mut stop).await;
+                break;
+            }
+            Err(panic) => {
+                let reason = panic_reason(&panic);
+                tracing::error!(
+                    at = "process_failed",
+                    topic = &*topic,
+                    partition,
+                    offset,
+                    key = view.key(),
+                    error = reason,
+                    "processor panicked; partition halted: its offset is not committed past this message"
+                );
+                drop(message);
+                halt(&shared, &mut stop).await;
+                break;
+            }
+        }
+    }
+}
+
+/// Keeps the partition (and its queue) owned but idle until told to stop: dropping the
+/// queue would silently stop the partition, and committing past the failed message
+/// would lose it.
+async fn halt(shared: &WorkerShared, stop: &mut watch::Receiver<bool>) {
+    shared.halted.store(true, Ordering::Release);
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+fn panic_reason(panic: &Box<dyn std::any::Any + Send>) -> &str {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "panic"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn latch_waits_until_set_or_deadline() {
+        let shared = Arc::new(WorkerShared::new());
+        assert!(!shared.wait_done(Instant::now() + Duration::from_millis(20)));
+        let s2 = shared.clone();
+        let t = std::thread::spawn(move || drop(SetOnDrop(s2)));
+        assert!(shared.wait_done(Instant::now() + Duration::from_secs(10)));
+        t.join().unwrap();
+    }
+}

