@@ -14,13 +14,12 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
         .set("security.protocol", settings.brokers.security.protocol())
         .set("group.id", &settings.group_id)
         .set("auto.offset.reset", settings.start_from.as_str())
-        // ackd stores only acknowledged, contiguous offsets; librdkafka commits what is
-        // stored every commit interval (and ackd commits synchronously on revoke/stop).
+        // ackd commits only acknowledged, contiguous offsets, itself (src/committer.rs).
         .set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "true")
+        .set("enable.auto.commit", "false")
         .set(
-            "auto.commit.interval.ms",
-            settings.commit_interval.as_millis().to_string(),
+            "statistics.interval.ms",
+            settings.metrics_interval.as_millis().to_string(),
         );
     for (property, pass) in &settings.rdkafka {
         config.set(property, &pass.value);

@@ -8,6 +8,7 @@
 //! - a second SIGINT (Ctrl-C twice) exits at once, saying what was not committed;
 //! - if the deadline passes, ackd exits non-zero with the same account.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -19,15 +20,14 @@ use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::client_config::consumer_config;
+use crate::committer::Committer;
 use crate::exit;
 use crate::group::{AckdConsumer, Group, GroupContext};
+use crate::metrics::{self, CommitMetrics};
 use crate::processor::Processor;
 use crate::settings::{SettingError, Settings};
 use crate::supervisor::{self, Control};
 use crate::worker::WorkerConfig;
-
-/// The longest time an acknowledged offset waits before librdkafka may commit it.
-const STORE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Runs ackd until it is stopped; returns the process exit code.
 pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
@@ -68,7 +68,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         security = settings.brokers.security.protocol(),
         topics = settings.topics.join(","),
         group = &settings.group_id,
-        processor = &settings.processor,
+        processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
         shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,
         start_from = settings.start_from.as_str(),
@@ -86,13 +86,20 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     };
 
     let group = Arc::new(Mutex::new(Group::default()));
+    let commit_metrics = Arc::new(CommitMetrics::default());
     let context = GroupContext {
         consumer: OnceLock::new(),
+        committer: OnceLock::new(),
+        commit_metrics: commit_metrics.clone(),
+        source: metrics::process_source(settings.metric_source.as_deref()),
+        metrics_interval: settings.metrics_interval,
+        summaries_done: AtomicBool::new(false),
         group: group.clone(),
         runtime: tokio::runtime::Handle::current(),
         worker: WorkerConfig {
             processor: Arc::new(processor),
             log_messages: settings.log_messages,
+            message_source: settings.metric_source.as_deref().map(Arc::from),
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
@@ -103,18 +110,27 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             Err(e) => return report_client_error(&settings, e),
         };
     let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
+    match Committer::start(Arc::downgrade(&consumer), group.clone(), commit_metrics) {
+        Ok(c) => {
+            let _ = consumer.context().committer.set(c);
+        }
+        Err(e) => {
+            tracing::error!(at = "start_failed", error = %e, "cannot start the committer thread");
+            return exit::SOFTWARE;
+        }
+    }
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     if let Err(e) = consumer.subscribe(&topics) {
         tracing::error!(at = "config_error", setting = "ACKD_TOPICS", error = %e);
         return exit::CONFIG;
     }
 
-    let (tick_tx, store_ticks) = mpsc::channel(1);
+    let (tick_tx, commit_ticks) = mpsc::channel(1);
     let (shutdown_tx, shutdown) = watch::channel(None);
     let (committed_tx, committed_rx) = oneshot::channel();
     let (done_tx, mut done_rx) = oneshot::channel();
     let control = Control {
-        store_ticks,
+        commit_ticks,
         shutdown,
         committed: committed_tx,
     };
@@ -130,16 +146,14 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         return exit::SOFTWARE;
     }
 
-    // Stores are cheap and local; doing them often keeps what librdkafka commits at
-    // each commit interval close to what was acknowledged.
-    let interval = settings.commit_interval.min(STORE_INTERVAL);
+    let interval = settings.commit_interval;
     let ticker = tokio::spawn(async move {
         let mut every = tokio::time::interval(interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
         loop {
             every.tick().await;
-            // A full channel means a store is already due: skipping the tick is right.
+            // A full channel means a commit is already due: skipping the tick is right.
             if let Err(mpsc::error::TrySendError::Closed(_)) = tick_tx.try_send(()) {
                 break;
             }

@@ -10,23 +10,23 @@
 //!   synchronously, and only then does the rebalance go on. A lost assignment (session
 //!   timed out, fenced) commits nothing: the partitions may already be someone else's.
 //!
-//! Offsets reach the broker two ways, both here: [`store_acked`] hands acknowledged
-//! offsets to librdkafka, whose auto-commit sends them every commit interval; a drain
-//! (revoke, shutdown) commits them synchronously. The rule "store and commit only what
-//! was acknowledged, only for partitions we own" lives in this one place.
+//! What may be committed is decided here ([`Group::uncommitted`]: acknowledged, for
+//! partitions we own); the [`Committer`] sends it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
-};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::committer::{self, CommitOffset, Committer, Reason};
+use crate::metrics::{self, CommitMetrics, Interval};
 use crate::processor::Processor;
 use crate::settings::StartFrom;
 use crate::worker::{self, WorkerConfig, WorkerHandle};
@@ -42,18 +42,30 @@ pub struct Owned {
     pub worker: WorkerHandle,
     /// The offset the group has committed, as far as this process knows.
     pub committed: Option<i64>,
-    /// The offset last stored in librdkafka (which auto-commits stored offsets).
-    pub stored: Option<i64>,
     /// Never commit beyond this offset (set when a message could not be accounted for).
     pub cap: Option<i64>,
+    /// The partition's high watermark, from librdkafka's statistics.
+    pub high_watermark: i64,
 }
 
 impl Owned {
-    /// The acknowledged offset, if it moved past `since`.
-    fn acked_past(&self, since: Option<i64>) -> Option<i64> {
+    /// What to commit, if the acknowledged offset moved past the committed one.
+    fn to_commit(&self, tp: &Tp) -> Option<CommitOffset> {
         let acked = self.worker.shared.committable()?;
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
-        since.is_none_or(|c| acked > c).then_some(acked)
+        self.committed
+            .is_none_or(|c| acked > c)
+            .then(|| CommitOffset {
+                tp: tp.clone(),
+                offset: acked,
+                processed: self.worker.shared.highest_acked(),
+            })
+    }
+
+    /// The next offset this partition will process: the acknowledged one, else where
+    /// it resumed.
+    fn next_to_process(&self) -> Option<i64> {
+        self.worker.shared.committable().or(self.committed)
     }
 }
 
@@ -61,88 +73,96 @@ impl Owned {
 #[derive(Default)]
 pub struct Group {
     pub owned: BTreeMap<Tp, Owned>,
+    /// Counts of workers that ended during the current metrics interval.
+    retired: Interval,
 }
 
 impl Group {
-    /// Acknowledged offsets not yet committed, for the given partitions.
-    pub fn uncommitted(&self, only: &[Tp]) -> Vec<(Tp, i64)> {
-        only.iter()
-            .filter_map(|tp| {
-                let p = self.owned.get(tp)?;
-                p.acked_past(p.committed).map(|o| (tp.clone(), o))
-            })
+    /// Acknowledged offsets not yet committed, for `only` (all owned if `None`).
+    pub fn uncommitted(&self, only: Option<&[Tp]>) -> Vec<CommitOffset> {
+        self.owned
+            .iter()
+            .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
+            .filter_map(|(tp, p)| p.to_commit(tp))
             .collect()
     }
-
-    /// Acknowledged offsets not yet stored, for every partition; marks them stored.
-    fn take_unstored(&mut self) -> Vec<(Tp, i64)> {
-        let mut out = Vec::new();
-        for (tp, p) in &mut self.owned {
-            if let Some(o) = p.acked_past(p.stored) {
-                p.stored = Some(o);
-                out.push((tp.clone(), o));
-            }
-        }
-        out
-    }
-}
-
-/// Builds the list of offsets. Kept short-lived: a TPL alive at consumer drop can hang
-/// it (rust-rdkafka #453).
-fn tpl_of(offsets: &[(Tp, i64)]) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::with_capacity(offsets.len());
-    for ((topic, partition), offset) in offsets {
-        // Offsets come from the tracker: always >= 0, so this cannot fail.
-        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
-    }
-    tpl
-}
-
-/// Hands the acknowledged offsets to librdkafka, which commits stored offsets every
-/// `auto.commit.interval.ms` (= `ACKD_COMMIT_INTERVAL_MS`) and reports each commit
-/// through [`GroupContext::commit_callback`]. Only acknowledged offsets are ever stored.
-pub fn store_acked<P: Processor, X: Consumer<GroupContext<P>>>(
-    ctx: &GroupContext<P>,
-    consumer: &X,
-) {
-    let offsets = ctx.lock().take_unstored();
-    if offsets.is_empty() {
-        return;
-    }
-    if let Err(e) = consumer.store_offsets(&tpl_of(&offsets)) {
-        // __STATE: a partition is no longer assigned; its acks are dropped on purpose.
-        tracing::debug!(at = "store_failed", error = %e, partitions = offsets.len());
-    }
-}
-
-/// Stores and synchronously commits `offsets` (already "next offset to read"). Storing
-/// first keeps librdkafka's own commit-on-revoke from sending an older offset after ours.
-fn commit_sync<X: Consumer<C>, C: ConsumerContext>(
-    consumer: &X,
-    offsets: &[(Tp, i64)],
-) -> KafkaResult<()> {
-    if offsets.is_empty() {
-        return Ok(());
-    }
-    let tpl = tpl_of(offsets);
-    let _ = consumer.store_offsets(&tpl);
-    consumer.commit(&tpl, CommitMode::Sync)
 }
 
 /// The rdkafka context: owns the group state and reacts to rebalances.
 pub struct GroupContext<P: Processor> {
     /// Set right after the consumer is created; partitions' queues need the `Arc`.
     pub consumer: OnceLock<Weak<AckdConsumer<P>>>,
+    /// Set right after the consumer is created, too: it sends every commit.
+    pub committer: OnceLock<Committer>,
+    pub commit_metrics: Arc<CommitMetrics>,
     pub group: Arc<Mutex<Group>>,
     pub runtime: tokio::runtime::Handle,
     pub worker: WorkerConfig<P>,
     pub drain_timeout: Duration,
     pub start_from: StartFrom,
+    /// `source=` of process-wide metric lines.
+    pub source: String,
+    pub metrics_interval: Duration,
+    /// Set once the last summary is written: statistics during the close write none.
+    pub summaries_done: AtomicBool,
 }
 
 impl<P: Processor> GroupContext<P> {
     pub fn lock(&self) -> MutexGuard<'_, Group> {
         self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the summary of the interval that ends now, and each partition's lag.
+    pub fn summarize(&self, last: bool) {
+        if self.summaries_done.load(Ordering::Acquire) {
+            return;
+        }
+        if last {
+            self.summaries_done.store(true, Ordering::Release);
+        }
+        let mut group = self.lock();
+        let mut interval = std::mem::take(&mut group.retired);
+        let mut in_flight = 0;
+        let mut lag_total = None;
+        let mut lags = Vec::new();
+        let mut halted = Vec::new();
+        for (tp, p) in &group.owned {
+            p.worker.shared.metrics.take_into(&mut interval);
+            if let Some(offset) = p.worker.shared.halted_at() {
+                halted.push((tp.clone(), offset));
+            }
+            in_flight += usize::from(p.worker.shared.in_flight().is_some());
+            if let Some(lag) = metrics::lag(p.high_watermark, p.next_to_process()) {
+                *lag_total.get_or_insert(0) += lag;
+                lags.push((tp.clone(), lag));
+            }
+        }
+        let partitions = group.owned.len();
+        drop(group);
+        metrics::emit_summary(
+            &mut interval,
+            &self.commit_metrics,
+            &self.source,
+            self.metrics_interval.as_millis() as u64,
+            partitions,
+            in_flight,
+            halted.len(),
+            lag_total,
+            last,
+        );
+        // Repeated every interval: a stopped partition must not look like a quiet one.
+        for ((topic, partition), offset) in halted {
+            tracing::error!(
+                at = "halted",
+                topic = &*topic,
+                partition,
+                offset,
+                "partition stopped on a processor failure; nothing past this offset is processed or committed"
+            );
+        }
+        for ((topic, partition), lag) in lags {
+            metrics::emit_lag(&topic, partition, lag, &self.source);
+        }
     }
 }
 
@@ -170,6 +190,25 @@ impl<P: Processor> ClientContext for GroupContext<P> {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::error!(at = "kafka_error", error = %error, reason);
     }
+
+    /// librdkafka's statistics arrive every `ACKD_METRICS_INTERVAL_MS`: they carry the
+    /// high watermarks of fetch responses (lag), and they pace the summary.
+    fn stats(&self, statistics: Statistics) {
+        {
+            let mut group = self.lock();
+            for (topic, t) in &statistics.topics {
+                for (partition, p) in &t.partitions {
+                    if let Some(owned) = group
+                        .owned
+                        .get_mut(&(Arc::from(topic.as_str()), *partition))
+                    {
+                        owned.high_watermark = p.hi_offset;
+                    }
+                }
+            }
+        }
+        self.summarize(false);
+    }
 }
 
 impl<P: Processor> ConsumerContext for GroupContext<P> {
@@ -178,36 +217,6 @@ impl<P: Processor> ConsumerContext for GroupContext<P> {
             Rebalance::Assign(tpl) => self.assign(base, tpl),
             Rebalance::Revoke(tpl) => self.revoke(base, tpl),
             Rebalance::Error(e) => tracing::error!(at = "rebalance_error", error = %e),
-        }
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        let mut group = self.lock();
-        for e in offsets.elements() {
-            let Offset::Offset(offset) = e.offset() else {
-                continue;
-            };
-            let partition = e.partition();
-            let outcome = result.clone().and(e.error());
-            match outcome {
-                Ok(()) => {
-                    tracing::info!(at = "committed", topic = e.topic(), partition, offset);
-                    let tp: Tp = (Arc::from(e.topic()), partition);
-                    if let Some(p) = group.owned.get_mut(&tp) {
-                        p.committed = Some(p.committed.map_or(offset, |c| c.max(offset)));
-                    }
-                }
-                Err(err) => {
-                    tracing::error!(
-                        at = "commit_failed",
-                        topic = e.topic(),
-                        partition,
-                        offset,
-                        error = %err,
-                        "not committed; retried at the next commit, redelivered from the last committed offset if the process stops first"
-                    );
-                }
-            }
         }
     }
 }
@@ -223,29 +232,38 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
+        let resume: HashMap<Tp, (Offset, Option<i64>)> = committed
+            .iter()
+            .flat_map(|c| c.elements())
+            .map(|e| {
+                let tp = (Arc::from(e.topic()), e.partition());
+                (tp, (e.offset(), committer::parse_metadata(e.metadata())))
+            })
+            .collect();
         let mut group = self.lock();
         for e in tpl.elements() {
-            let topic: Arc<str> = Arc::from(e.topic());
-            let partition = e.partition();
-            let resume = committed
-                .as_ref()
-                .and_then(|c| c.find_partition(e.topic(), partition))
-                .map(|c| c.offset());
-            let committed_offset = match resume {
-                Some(Offset::Offset(o)) => {
+            let tp: Tp = (Arc::from(e.topic()), e.partition());
+            let (topic, partition) = (&*tp.0, tp.1);
+            let committed_offset = match resume.get(&tp) {
+                Some((Offset::Offset(o), processed)) => {
+                    // Redelivery is visible: the previous owner had processed through
+                    // `processed`, so everything from the resume offset to it comes again.
+                    let redelivery = processed.map(|h| (h + 1 - o).max(0));
                     tracing::info!(
                         at = "assigned",
-                        topic = &*topic,
+                        topic,
                         partition,
                         offset = o,
-                        from = "committed"
+                        from = "committed",
+                        highest_processed = *processed,
+                        redelivery
                     );
-                    Some(o)
+                    Some(*o)
                 }
                 Some(_) => {
                     tracing::info!(
                         at = "assigned",
-                        topic = &*topic,
+                        topic,
                         partition,
                         from = self.start_from.as_str(),
                         "no committed offset: the start policy applies"
@@ -253,19 +271,14 @@ impl<P: Processor> GroupContext<P> {
                     None
                 }
                 None => {
-                    tracing::info!(
-                        at = "assigned",
-                        topic = &*topic,
-                        partition,
-                        from = "unknown"
-                    );
+                    tracing::info!(at = "assigned", topic, partition, from = "unknown");
                     None
                 }
             };
-            let Some(queue) = consumer.split_partition_queue(&topic, partition) else {
+            let Some(queue) = consumer.split_partition_queue(topic, partition) else {
                 tracing::error!(
                     at = "assign_error",
-                    topic = &*topic,
+                    topic,
                     partition,
                     "librdkafka gave no queue for this partition"
                 );
@@ -274,17 +287,17 @@ impl<P: Processor> GroupContext<P> {
             let worker = worker::spawn(
                 &self.runtime,
                 queue,
-                topic.clone(),
+                tp.0.clone(),
                 partition,
                 self.worker.clone(),
             );
             let previous = group.owned.insert(
-                (topic, partition),
+                tp,
                 Owned {
                     worker,
                     committed: committed_offset,
-                    stored: committed_offset,
                     cap: None,
+                    high_watermark: -1,
                 },
             );
             if let Some(old) = previous {
@@ -303,22 +316,144 @@ impl<P: Processor> GroupContext<P> {
             .iter()
             .map(|e| (Arc::from(e.topic()), e.partition()))
             .collect();
-        let deadline = Instant::now() + self.drain_timeout;
-        let outcome = drain_and_commit(self, base, &tps, deadline, !lost);
+        let started = Instant::now();
+        let deadline = started + self.drain_timeout;
+        let outcome = self.drain_and_commit(
+            &tps,
+            deadline,
+            deadline + COMMIT_BUDGET,
+            (!lost).then_some(Reason::Revoke),
+        );
+        let duration_ms = committer::millis(started.elapsed());
         for (tp, offset) in outcome.committed {
             tracing::info!(
                 at = "revoked",
                 topic = &*tp.0,
                 partition = tp.1,
                 offset,
-                lost
+                lost,
+                duration_ms
             );
         }
         for tp in outcome.without_commit {
-            tracing::info!(at = "revoked", topic = &*tp.0, partition = tp.1, lost);
+            tracing::info!(
+                at = "revoked",
+                topic = &*tp.0,
+                partition = tp.1,
+                lost,
+                duration_ms
+            );
+        }
+    }
+
+    /// Stops the workers of `tps`, waits for them until `drain_deadline`, commits what
+    /// they acknowledged (unless `commit` is `None`: a lost assignment) until
+    /// `commit_deadline`, and forgets the partitions. Used by revokes and by the
+    /// shutdown: one drain, one rule.
+    pub fn drain_and_commit(
+        &self,
+        tps: &[Tp],
+        drain_deadline: Instant,
+        commit_deadline: Instant,
+        commit: Option<Reason>,
+    ) -> Drained {
+        let mut complete = true;
+        // Wait without holding the lock: the committer needs it meanwhile.
+        let shared: Vec<(Tp, Arc<worker::WorkerShared>)> = {
+            let group = self.lock();
+            tps.iter()
+                .filter_map(|tp| group.owned.get(tp).map(|p| (tp.clone(), p)))
+                .map(|(tp, p)| {
+                    p.worker.stop();
+                    (tp, p.worker.shared.clone())
+                })
+                .collect()
+        };
+        for (tp, s) in &shared {
+            if !s.wait_done(drain_deadline) {
+                complete = false;
+                tracing::error!(
+                    at = "drain_timeout",
+                    topic = &*tp.0,
+                    partition = tp.1,
+                    in_flight_offset = s.in_flight(),
+                    "in-flight message did not finish before the deadline; it is not committed and will be redelivered"
+                );
+            }
+        }
+        let (pending, removed) = {
+            let mut group = self.lock();
+            let pending = group.uncommitted(Some(tps));
+            let removed: Vec<(Tp, Owned)> = tps
+                .iter()
+                .filter_map(|tp| group.owned.remove(tp).map(|p| (tp.clone(), p)))
+                .collect();
+            for (_, p) in &removed {
+                p.worker.shared.metrics.take_into(&mut group.retired);
+            }
+            (pending, removed)
+        };
+        for (_, p) in &removed {
+            p.worker.abort();
+        }
+        // An aborted worker lets go of its queue at its next await; wait for that, so no
+        // queue outlives the partition (or keeps the consumer alive past its close).
+        let grace = Instant::now() + Duration::from_secs(1);
+        for (tp, p) in &removed {
+            if !p.worker.shared.wait_done(grace) {
+                tracing::error!(
+                    at = "worker_stuck",
+                    topic = &*tp.0,
+                    partition = tp.1,
+                    "worker did not end after abort"
+                );
+            }
+        }
+        let Some(reason) = commit else {
+            return Drained {
+                committed: Vec::new(),
+                without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
+                complete,
+            };
+        };
+        let commit_ok = match self.committer.get() {
+            Some(c) => match c.commit(pending.clone(), reason, commit_deadline) {
+                Ok(()) => true,
+                Err(e) => {
+                    // The committer logged a refusal per partition; a timeout is ours to say.
+                    if !matches!(e, committer::CommitError::Refused(_)) {
+                        for c in &pending {
+                            tracing::error!(at = "commit_failed", topic = &*c.tp.0, partition = c.tp.1, offset = c.offset, error = %e,
+                                "not committed; messages from the last committed offset will be redelivered");
+                        }
+                    }
+                    false
+                }
+            },
+            None => pending.is_empty(),
+        };
+        complete &= commit_ok;
+        let mut committed = Vec::new();
+        let mut without_commit = Vec::new();
+        for (tp, p) in removed {
+            match pending.iter().find(|c| c.tp == tp) {
+                Some(c) if commit_ok => committed.push((tp, c.offset)),
+                _ => match p.committed {
+                    Some(o) => committed.push((tp, o)),
+                    None => without_commit.push(tp),
+                },
+            }
+        }
+        Drained {
+            committed,
+            without_commit,
+            complete,
         }
     }
 }
+
+/// How long a revoke's commit may take once the drain is done.
+const COMMIT_BUDGET: Duration = Duration::from_secs(10);
 
 /// What a drain achieved.
 pub struct Drained {
@@ -328,111 +463,4 @@ pub struct Drained {
     pub without_commit: Vec<Tp>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
-}
-
-/// Stops the workers of `tps`, waits for them until `deadline`, commits what they acked
-/// (unless `commit` is false: a lost assignment), and forgets the partitions. Used by
-/// revokes and by the shutdown: one drain, one rule.
-pub fn drain_and_commit<P: Processor, X: Consumer<GroupContext<P>>>(
-    ctx: &GroupContext<P>,
-    base: &X,
-    tps: &[Tp],
-    deadline: Instant,
-    commit_acked: bool,
-) -> Drained {
-    let mut complete = true;
-    {
-        let group = ctx.lock();
-        for tp in tps {
-            if let Some(p) = group.owned.get(tp) {
-                p.worker.stop();
-            }
-        }
-    }
-    // Wait without holding the lock: the commit callback may need it meanwhile.
-    let shared: Vec<(Tp, Arc<worker::WorkerShared>)> = {
-        let group = ctx.lock();
-        tps.iter()
-            .filter_map(|tp| {
-                group
-                    .owned
-                    .get(tp)
-                    .map(|p| (tp.clone(), p.worker.shared.clone()))
-            })
-            .collect()
-    };
-    for (tp, s) in &shared {
-        if !s.wait_done(deadline) {
-            complete = false;
-            tracing::error!(
-                at = "drain_timeout",
-                topic = &*tp.0,
-                partition = tp.1,
-                in_flight_offset = s.in_flight(),
-                "in-flight message did not finish before the deadline; it is not committed and will be redelivered"
-            );
-        }
-    }
-    let (pending, mut removed) = {
-        let mut group = ctx.lock();
-        let pending = group.uncommitted(tps);
-        let removed: Vec<(Tp, Owned)> = tps
-            .iter()
-            .filter_map(|tp| group.owned.remove(tp).map(|p| (tp.clone(), p)))
-            .collect();
-        (pending, removed)
-    };
-    for (_, p) in &removed {
-        p.worker.abort();
-    }
-    // An aborted worker lets go of its queue at its next await; wait for that, so no
-    // queue outlives the partition (or keeps the consumer alive past its close).
-    let grace = Instant::now() + Duration::from_secs(1);
-    for (tp, p) in &removed {
-        if !p.worker.shared.wait_done(grace) {
-            tracing::error!(
-                at = "worker_stuck",
-                topic = &*tp.0,
-                partition = tp.1,
-                "worker did not end after abort"
-            );
-        }
-    }
-    let mut committed = Vec::new();
-    let mut without_commit = Vec::new();
-    if commit_acked {
-        let commit_ok = match commit_sync(base, &pending) {
-            Ok(()) => true,
-            Err(e) => {
-                complete = false;
-                for (tp, offset) in &pending {
-                    tracing::error!(
-                        at = "commit_failed",
-                        topic = &*tp.0,
-                        partition = tp.1,
-                        offset,
-                        error = %e,
-                        "not committed; messages from the last committed offset will be redelivered"
-                    );
-                }
-                false
-            }
-        };
-        for (tp, p) in removed.drain(..) {
-            match pending.iter().find(|(t, _)| *t == tp) {
-                Some((_, o)) if commit_ok => committed.push((tp, *o)),
-                _ => match p.committed {
-                    Some(c) => committed.push((tp, c)),
-                    None => without_commit.push(tp),
-                },
-            }
-        }
-    } else {
-        without_commit.extend(removed.drain(..).map(|(tp, _)| tp));
-    }
-    Drained {
-        committed,
-        without_commit,
-        complete,
-    }
 }

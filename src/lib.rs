@@ -13,11 +13,13 @@
 //! (every line written).
 
 mod client_config;
+mod committer;
 mod daemon;
 pub mod exit;
 mod group;
 pub mod kafka_url;
 pub mod logfmt;
+mod metrics;
 mod output;
 pub mod processor;
 pub mod processors;
@@ -34,8 +36,10 @@ pub use settings::{SettingError, Settings};
 
 /// Runs ackd with settings from the environment and the processor `make` builds from
 /// them; returns the exit code for `main` to return. Logging, the panic hook and
-/// configuration errors (exit 78) are handled here.
-pub fn main_with<P: Processor>(make: impl FnOnce(&Settings) -> P) -> ExitCode {
+/// configuration errors (exit 78, also for an `Err` from `make`) are handled here.
+pub fn main_with<P: Processor>(
+    make: impl FnOnce(&Settings) -> Result<P, SettingError>,
+) -> ExitCode {
     let settings = Settings::from_env();
     let (level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
@@ -50,11 +54,8 @@ pub fn main_with<P: Processor>(make: impl FnOnce(&Settings) -> P) -> ExitCode {
             "{e}; using ACKD_LOG_LEVEL"
         );
     }
-    let code = match settings {
-        Ok(settings) => {
-            let processor = make(&settings);
-            daemon::run(settings, processor)
-        }
+    let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
+        Ok((settings, processor)) => daemon::run(settings, processor),
         Err(e) => {
             report_setting_error(&e);
             tracing::info!(at = "exit", code = exit::CONFIG);

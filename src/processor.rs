@@ -186,6 +186,11 @@ impl std::error::Error for ProcessError {}
 /// (or durably handed off) before returning. A panic counts as a permanent failure of
 /// that message, not of the daemon.
 pub trait Processor: Send + Sync + 'static {
+    /// The name on the `at=start` line.
+    fn name(&self) -> &str {
+        "custom"
+    }
+
     fn process(
         &self,
         message: &Message<'_>,

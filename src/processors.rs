@@ -2,7 +2,7 @@
 //! without writing Rust.
 
 use crate::processor::{Message, ProcessError, Processor};
-use crate::settings::Settings;
+use crate::settings::{SettingError, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
@@ -25,17 +25,30 @@ pub enum Builtin {
 }
 
 impl Builtin {
-    /// The processor that `settings.processor` names (validated by the settings).
-    pub fn from_settings(settings: &Settings) -> Builtin {
+    /// The processor `ACKD_PROCESSOR` names.
+    pub fn from_settings(settings: &Settings) -> Result<Builtin, SettingError> {
         match settings.processor.as_str() {
+            "log" => Ok(Builtin::Log),
             #[cfg(feature = "testkit")]
-            "slow" => Builtin::Slow(settings.test_delay),
-            _ => Builtin::Log,
+            "slow" => Ok(Builtin::Slow(settings.test_delay)),
+            other => Err(SettingError {
+                setting: "ACKD_PROCESSOR".into(),
+                value: Some(other.to_string()),
+                problem: format!("unknown processor; expected one of: {}", NAMES.join(", ")),
+            }),
         }
     }
 }
 
 impl Processor for Builtin {
+    fn name(&self) -> &str {
+        match self {
+            Builtin::Log => "log",
+            #[cfg(feature = "testkit")]
+            Builtin::Slow(_) => "slow",
+        }
+    }
+
     async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
         match self {
             Builtin::Log => Ok(()),

@@ -12,7 +12,6 @@ use std::time::Duration;
 use config::{Config, Environment, File, FileFormat};
 
 use crate::kafka_url::{self, Brokers};
-use crate::processors;
 use crate::rdkafka_env;
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
@@ -37,6 +36,7 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "nothing: ackd stores only acknowledged offsets",
     ),
     ("auto.commit.interval.ms", "ACKD_COMMIT_INTERVAL_MS"),
+    ("statistics.interval.ms", "ACKD_METRICS_INTERVAL_MS"),
 ];
 
 /// Keys of the layered configuration (the env name is `ACKD_` + upper case), except
@@ -50,6 +50,8 @@ const KEYS: &[&str] = &[
     "shutdown_timeout_ms",
     "start_from",
     "metric_prefix",
+    "metric_source",
+    "metrics_interval_ms",
     "log_messages",
     "log_level",
     "config_file",
@@ -129,6 +131,10 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     pub start_from: StartFrom,
     pub metric_prefix: String,
+    /// `source=` on metric lines; `None`: the topic, or `DYNO`/host for process lines.
+    pub metric_source: Option<String>,
+    /// Summary period; zero turns summaries (and librdkafka's statistics) off.
+    pub metrics_interval: Duration,
     pub log_messages: bool,
     pub log_level: String,
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
@@ -439,16 +445,8 @@ impl RawSettings {
             )?
             .to_string();
 
+        // Which names are valid is the processors' business (an embedding app has its own).
         let processor = self.get("processor").to_ascii_lowercase();
-        if !processors::NAMES.contains(&processor.as_str()) {
-            return Err(self.error(
-                "processor",
-                format!(
-                    "unknown processor; expected one of: {}",
-                    processors::NAMES.join(", ")
-                ),
-            ));
-        }
 
         let start_from = match self.get("start_from").to_ascii_lowercase().as_str() {
             "earliest" => StartFrom::Earliest,
@@ -476,8 +474,26 @@ impl RawSettings {
             ));
         }
 
+        let metric_source = match self.get("metric_source") {
+            "" => None,
+            s if s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
+            {
+                Some(s.to_string())
+            }
+            _ => {
+                return Err(self.error(
+                    "metric_source",
+                    "expected a name of A-Z a-z 0-9 . _ - (an l2met source)",
+                ))
+            }
+        };
+
         Ok(Settings {
             brokers,
+            metric_source,
+            metrics_interval: self.millis("metrics_interval_ms", 0, 3_600_000)?,
             topics,
             group_id,
             processor,
@@ -584,7 +600,6 @@ mod tests {
             ("ACKD_SHUTDOWN_TIMEOUT_MS", "-1", "milliseconds"),
             ("ACKD_START_FROM", "beginning", "earliest or latest"),
             ("ACKD_LOG_MESSAGES", "maybe", "true or false"),
-            ("ACKD_PROCESSOR", "nope", "log"),
             ("ACKD_LOG_LEVEL", "loud", "info"),
             ("ACKD_METRIC_PREFIX", "my app", "l2met"),
             ("ACKD_TOPICS", "ok,bad topic", "valid topic name"),

@@ -1,13 +1,14 @@
 //! The supervisor: the one thread that owns the consumer.
 //!
-//! It polls librdkafka's main queue (which serves rebalances, commit results and errors;
-//! messages never arrive there, each partition has its own queue), stores acknowledged
-//! offsets for librdkafka's periodic commit, and on shutdown runs the stop sequence: stop fetching, drain, commit
+//! It polls librdkafka's main queue (which serves rebalances, statistics and errors;
+//! messages never arrive there, each partition has its own queue), queues the periodic
+//! commit, and on shutdown runs the stop sequence: stop fetching, drain, commit
 //! synchronously, close (leave the group). It is a plain thread, not a tokio worker,
 //! because the rebalance callbacks it serves block while partitions drain.
 //!
-//! Storing and the drains run on this thread, so a store can never race a revoke and
-//! resurrect an offset for a partition that has already moved to another member.
+//! Periodic commits are queued from this thread and revokes run on it, and the committer
+//! sends in order, so a periodic commit can never follow a revoke's commit and send an
+//! older offset for a partition that has already moved to another member.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,14 +18,15 @@ use rdkafka::error::KafkaError;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::committer::{millis, Reason};
 use crate::exit;
-use crate::group::{self, AckdConsumer, Tp};
+use crate::group::{AckdConsumer, Tp};
 use crate::processor::Processor;
 
 /// What the daemon tells the supervisor.
 pub struct Control {
-    /// A tick per store interval: hand acknowledged offsets to librdkafka.
-    pub store_ticks: mpsc::Receiver<()>,
+    /// A tick per commit interval.
+    pub commit_ticks: mpsc::Receiver<()>,
     /// Set to the deadline when a graceful stop begins.
     pub shutdown: watch::Receiver<Option<Instant>>,
     /// Told the exit code once the final commit is done, before the (possibly slow) close.
@@ -57,7 +59,7 @@ pub fn run<P: Processor>(
         .lock()
         .owned
         .iter()
-        .filter(|(_, p)| p.worker.shared.halted())
+        .filter(|(_, p)| p.worker.shared.halted_at().is_some())
         .map(|(tp, _)| tp.clone())
         .collect();
     tracing::info!(
@@ -78,12 +80,12 @@ pub fn run<P: Processor>(
     // Keep a share of the budget for the commit and the close.
     let reserve = (deadline.saturating_duration_since(started) / 5).min(Duration::from_secs(5));
     let drain_deadline = deadline - reserve;
-    let drained = group::drain_and_commit(ctx, &*consumer, &tps, drain_deadline, true);
+    let drained = ctx.drain_and_commit(&tps, drain_deadline, deadline, Some(Reason::Shutdown));
     tracing::info!(
         at = "drained",
         partitions = tps.len(),
         complete = drained.complete,
-        duration_ms = started.elapsed().as_millis() as u64
+        duration_ms = millis(started.elapsed())
     );
     for (tp, offset) in &drained.committed {
         tracing::info!(
@@ -112,16 +114,16 @@ pub fn run<P: Processor>(
     if code == exit::OK && (!drained.complete || !halted.is_empty()) {
         code = exit::INCOMPLETE;
     }
+    if !ctx.metrics_interval.is_zero() {
+        ctx.summarize(true);
+    }
     let _ = control.committed.send(code);
 
     // Close: leaves the group, so the partitions move at once, not after the session
     // timeout. librdkafka's final revoke finds nothing left to drain.
     let closing = Instant::now();
     drop(consumer);
-    tracing::info!(
-        at = "closed",
-        duration_ms = closing.elapsed().as_millis() as u64
-    );
+    tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
     code
 }
 
@@ -137,7 +139,12 @@ async fn poll_loop<P: Processor>(consumer: &AckdConsumer<P>, control: &mut Contr
                     (Ok(()), None) => {}
                 }
             }
-            Some(()) = control.store_ticks.recv() => group::store_acked(consumer.context(), consumer),
+            Some(()) = control.commit_ticks.recv() => {
+                let ctx = consumer.context();
+                if let Some(committer) = ctx.committer.get() {
+                    committer.periodic(ctx.lock().uncommitted(None));
+                }
+            }
             event = consumer.recv() => match event {
                 Ok(message) => {
                     // Impossible while every partition's queue is split before it is

@@ -7,7 +7,7 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -17,6 +17,7 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::Message as _;
 use tokio::sync::watch;
 
+use crate::metrics::{self, PartitionMetrics};
 use crate::processor::{Message, Processor};
 use crate::tracker::OffsetTracker;
 
@@ -29,9 +30,13 @@ pub struct WorkerShared {
     committable: AtomicI64,
     /// The offset being processed right now, or -1.
     in_flight: AtomicI64,
+    /// The highest offset acknowledged (for commit metadata), or -1.
+    highest_acked: AtomicI64,
     /// Set when the processor failed and the partition stopped.
-    halted: AtomicBool,
+    /// The offset the processor failed on (the partition stopped there), or -1.
+    halted_at: AtomicI64,
     done: Latch,
+    pub metrics: PartitionMetrics,
 }
 
 impl WorkerShared {
@@ -39,8 +44,10 @@ impl WorkerShared {
         WorkerShared {
             committable: AtomicI64::new(NONE),
             in_flight: AtomicI64::new(NONE),
-            halted: AtomicBool::new(false),
+            highest_acked: AtomicI64::new(NONE),
+            halted_at: AtomicI64::new(NONE),
             done: Latch::default(),
+            metrics: PartitionMetrics::default(),
         }
     }
 
@@ -52,8 +59,12 @@ impl WorkerShared {
         some(self.in_flight.load(Ordering::Acquire))
     }
 
-    pub fn halted(&self) -> bool {
-        self.halted.load(Ordering::Acquire)
+    pub fn highest_acked(&self) -> Option<i64> {
+        some(self.highest_acked.load(Ordering::Acquire))
+    }
+
+    pub fn halted_at(&self) -> Option<i64> {
+        some(self.halted_at.load(Ordering::Acquire))
     }
 
     /// Waits until the worker has returned, or `deadline` passed. True if it returned.
@@ -130,6 +141,8 @@ impl WorkerHandle {
 pub struct WorkerConfig<P> {
     pub processor: Arc<P>,
     pub log_messages: bool,
+    /// `source=` of per-message lines: `ACKD_METRIC_SOURCE`, or the topic when unset.
+    pub message_source: Option<Arc<str>>,
 }
 
 impl<P> Clone for WorkerConfig<P> {
@@ -137,6 +150,7 @@ impl<P> Clone for WorkerConfig<P> {
         WorkerConfig {
             processor: self.processor.clone(),
             log_messages: self.log_messages,
+            message_source: self.message_source.clone(),
         }
     }
 }
@@ -184,6 +198,10 @@ async fn run<C, P>(
     let mut tracker = OffsetTracker::new();
     let mut stream = queue.stream();
     let mut first = true;
+    let source = config
+        .message_source
+        .clone()
+        .unwrap_or_else(|| topic.clone());
     loop {
         let next = tokio::select! {
             biased;
@@ -206,17 +224,22 @@ async fn run<C, P>(
         if let Err(e) = tracker.dispatch(offset) {
             // Never commit past a message we could not account for.
             tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e);
-            halt(&shared, &mut stop).await;
+            halt(&shared, offset, &mut stop).await;
             break;
         }
         shared.in_flight.store(offset, Ordering::Release);
+        shared.metrics.received();
         let view = Message::from_kafka(&message, &topic);
+        let started = Instant::now();
         let outcome = AssertUnwindSafe(config.processor.process(&view))
             .catch_unwind()
             .await;
+        let took = started.elapsed();
         shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
             Ok(Ok(())) => {
+                shared.metrics.processed(took);
+                shared.highest_acked.fetch_max(offset, Ordering::AcqRel);
                 match tracker.ack(offset) {
                     Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
                     Ok(None) => {}
@@ -225,17 +248,11 @@ async fn run<C, P>(
                     }
                 }
                 if config.log_messages {
-                    tracing::info!(
-                        "count#messages.processed" = 1,
-                        source = &*topic,
-                        topic = &*topic,
-                        partition,
-                        offset,
-                        key = view.key()
-                    );
+                    metrics::message_processed(&source, &topic, partition, offset, view.key());
                 }
             }
             Ok(Err(e)) => {
+                shared.metrics.failed(took);
                 tracing::error!(
                     at = "process_failed",
                     topic = &*topic,
@@ -246,10 +263,11 @@ async fn run<C, P>(
                     "partition halted: its offset is not committed past this message"
                 );
                 drop(message);
-                halt(&shared, &mut stop).await;
+                halt(&shared, offset, &mut stop).await;
                 break;
             }
             Err(panic) => {
+                shared.metrics.failed(took);
                 let reason = panic_reason(&panic);
                 tracing::error!(
                     at = "process_failed",
@@ -261,7 +279,7 @@ async fn run<C, P>(
                     "processor panicked; partition halted: its offset is not committed past this message"
                 );
                 drop(message);
-                halt(&shared, &mut stop).await;
+                halt(&shared, offset, &mut stop).await;
                 break;
             }
         }
@@ -271,8 +289,8 @@ async fn run<C, P>(
 /// Keeps the partition (and its queue) owned but idle until told to stop: dropping the
 /// queue would silently stop the partition, and committing past the failed message
 /// would lose it.
-async fn halt(shared: &WorkerShared, stop: &mut watch::Receiver<bool>) {
-    shared.halted.store(true, Ordering::Release);
+async fn halt(shared: &WorkerShared, offset: i64, stop: &mut watch::Receiver<bool>) {
+    shared.halted_at.store(offset, Ordering::Release);
     let _ = stop.wait_for(|s| *s).await;
 }
 

@@ -819,7 +819,12 @@ pub fn logfmt(line: &str) -> Vec<(String, String)> {
                             Some('n') => value.push('\n'),
                             Some('t') => value.push('\t'),
                             Some('r') => value.push('\r'),
-                            Some(other) => value.push(other),
+                            Some(q @ ('"' | '\\')) => value.push(q),
+                            // Other escapes (\xNN, \u{..}) are kept as written.
+                            Some(other) => {
+                                value.push('\\');
+                                value.push(other);
+                            }
                             None => value.push('\\'),
                         },
                         c => value.push(c),

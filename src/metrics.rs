@@ -1,0 +1,303 @@
+//! The metrics vocabulary and the periodic summary.
+//!
+//! Every metric ackd writes is named here, once, without the prefix: the formatter
+//! (`output.rs`) turns a field `count#x` into `count#<ACKD_METRIC_PREFIX>.x`, which is
+//! l2met's vocabulary: `count#` values are summed, `measure#` values (with a unit) are
+//! distributions, `sample#` values keep the last one. Counters live next to what they
+//! count (each partition worker has its own, so the hot path shares no cache line) and
+//! are taken, and reset, once per `ACKD_METRICS_INTERVAL_MS`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// The per-message line (when `ACKD_LOG_MESSAGES` is on): one per acknowledged message.
+/// The same count is in the summary as `count#processed`: chart one of the two.
+pub fn message_processed(
+    source: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    key: Option<&[u8]>,
+) {
+    tracing::info!(
+        "count#messages.processed" = 1,
+        source,
+        topic,
+        partition,
+        offset,
+        key
+    );
+}
+
+/// Durations are recorded in microseconds, 1 µs to 1 hour, 3 significant digits.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static histogram bounds are valid")
+}
+
+/// Counters of one partition worker.
+#[derive(Debug)]
+pub struct PartitionMetrics {
+    received: AtomicU64,
+    processed: AtomicU64,
+    failed: AtomicU64,
+    durations: Mutex<Histogram<u64>>,
+}
+
+impl Default for PartitionMetrics {
+    fn default() -> Self {
+        PartitionMetrics {
+            received: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            durations: Mutex::new(histogram()),
+        }
+    }
+}
+
+impl PartitionMetrics {
+    pub fn received(&self) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn processed(&self, took: Duration) {
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.record(took);
+    }
+
+    pub fn failed(&self, took: Duration) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.record(took);
+    }
+
+    fn record(&self, took: Duration) {
+        let micros = (took.as_micros() as u64).clamp(1, 3_600_000_000);
+        if let Ok(mut h) = self.durations.lock() {
+            h.saturating_record(micros);
+        }
+    }
+
+    /// Moves this interval's counts into `into` and starts a new interval.
+    pub fn take_into(&self, into: &mut Interval) {
+        into.received += self.received.swap(0, Ordering::Relaxed);
+        into.processed += self.processed.swap(0, Ordering::Relaxed);
+        into.failed += self.failed.swap(0, Ordering::Relaxed);
+        if let Ok(mut h) = self.durations.lock() {
+            let _ = into.durations.add(&*h);
+            h.reset();
+        }
+    }
+}
+
+/// Counters of the committer.
+#[derive(Debug)]
+pub struct CommitMetrics {
+    state: Mutex<(u64, u64, Histogram<u64>)>,
+}
+
+impl Default for CommitMetrics {
+    fn default() -> Self {
+        CommitMetrics {
+            state: Mutex::new((0, 0, histogram())),
+        }
+    }
+}
+
+impl CommitMetrics {
+    pub fn record(&self, took: Duration, ok: bool) {
+        if let Ok(mut s) = self.state.lock() {
+            if ok {
+                s.0 += 1;
+            } else {
+                s.1 += 1;
+            }
+            s.2.saturating_record((took.as_micros() as u64).clamp(1, 3_600_000_000));
+        }
+    }
+
+    fn take_into(&self, into: &mut Interval) {
+        if let Ok(mut s) = self.state.lock() {
+            into.commits += std::mem::take(&mut s.0);
+            into.commit_failures += std::mem::take(&mut s.1);
+            let _ = into.commit_durations.add(&s.2);
+            s.2.reset();
+        }
+    }
+}
+
+/// One interval's totals, summed over partitions.
+pub struct Interval {
+    pub received: u64,
+    pub processed: u64,
+    pub failed: u64,
+    pub durations: Histogram<u64>,
+    pub commits: u64,
+    pub commit_failures: u64,
+    pub commit_durations: Histogram<u64>,
+}
+
+impl Default for Interval {
+    fn default() -> Self {
+        Interval {
+            received: 0,
+            processed: 0,
+            failed: 0,
+            durations: histogram(),
+            commits: 0,
+            commit_failures: 0,
+            commit_durations: histogram(),
+        }
+    }
+}
+
+/// `3.214ms` from microseconds: l2met's number-with-unit form.
+fn ms(micros: f64) -> String {
+    format!("{:.3}ms", micros / 1000.0)
+}
+
+fn mean_p99(h: &Histogram<u64>) -> (Option<String>, Option<String>) {
+    if h.is_empty() {
+        return (None, None);
+    }
+    (
+        Some(ms(h.mean())),
+        Some(ms(h.value_at_quantile(0.99) as f64)),
+    )
+}
+
+/// The summary of one interval, as one line.
+#[allow(clippy::too_many_arguments)]
+pub fn emit_summary(
+    interval: &mut Interval,
+    commits: &CommitMetrics,
+    source: &str,
+    interval_ms: u64,
+    partitions: usize,
+    in_flight: usize,
+    halted: usize,
+    lag_total: Option<i64>,
+    last: bool,
+) {
+    commits.take_into(interval);
+    let (process_mean, process_p99) = mean_p99(&interval.durations);
+    let (commit_mean, commit_p99) = mean_p99(&interval.commit_durations);
+    tracing::info!(
+        at = "summary",
+        "count#received" = interval.received,
+        "count#processed" = interval.processed,
+        "count#failed" = interval.failed,
+        // Retries, skips and dead letters are the failure policies' (0 until they exist).
+        "count#retried" = 0u64,
+        "count#skipped" = 0u64,
+        "count#dead_lettered" = 0u64,
+        "measure#process.duration.mean" = process_mean.as_deref(),
+        "measure#process.duration.p99" = process_p99.as_deref(),
+        "count#commits" = interval.commits,
+        "count#commit_failures" = interval.commit_failures,
+        "measure#commit.duration.mean" = commit_mean.as_deref(),
+        "measure#commit.duration.p99" = commit_p99.as_deref(),
+        "sample#in_flight" = in_flight as u64,
+        "sample#partitions" = partitions as u64,
+        "sample#partitions.halted" = halted as u64,
+        "sample#lag.total" = lag_total.map(|l| l.max(0) as u64),
+        source,
+        interval_ms,
+        last
+    );
+    *interval = Interval::default();
+}
+
+/// One partition's lag: messages in the log after the next one to process.
+pub fn emit_lag(topic: &str, partition: i32, lag: i64, source: &str) {
+    tracing::info!(
+        at = "lag",
+        "sample#lag" = lag.max(0) as u64,
+        source,
+        topic,
+        partition
+    );
+}
+
+/// Lag from the high watermark (librdkafka's statistics, fed by fetch responses) and
+/// the next offset to process; never negative, `None` while either is unknown.
+pub fn lag(high_watermark: i64, next_to_process: Option<i64>) -> Option<i64> {
+    if high_watermark < 0 {
+        return None;
+    }
+    next_to_process.map(|n| (high_watermark - n).max(0))
+}
+
+/// The `source=` of process-wide lines: `ACKD_METRIC_SOURCE`, else Heroku's `DYNO`, else
+/// the host name.
+pub fn process_source(configured: Option<&str>) -> String {
+    if let Some(s) = configured.filter(|s| !s.is_empty()) {
+        return s.to_string();
+    }
+    if let Ok(dyno) = std::env::var("DYNO") {
+        if !dyno.is_empty() {
+            return dyno;
+        }
+    }
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "ackd".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_never_negative_and_unknown_when_it_cannot_be_known() {
+        assert_eq!(lag(100, Some(40)), Some(60));
+        assert_eq!(lag(100, Some(100)), Some(0));
+        assert_eq!(lag(90, Some(100)), Some(0));
+        assert_eq!(lag(-1, Some(3)), None);
+        assert_eq!(lag(10, None), None);
+    }
+
+    #[test]
+    fn intervals_take_and_reset() {
+        let m = PartitionMetrics::default();
+        m.received();
+        m.received();
+        m.processed(Duration::from_millis(2));
+        m.failed(Duration::from_millis(4));
+        let mut i = Interval::default();
+        m.take_into(&mut i);
+        assert_eq!((i.received, i.processed, i.failed), (2, 1, 1));
+        assert_eq!(i.durations.len(), 2);
+        let (mean, p99) = mean_p99(&i.durations);
+        // HdrHistogram keeps 3 significant digits: 2 ms and 4 ms within 0.1%.
+        let value = |s: Option<String>| {
+            s.unwrap()
+                .strip_suffix("ms")
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert!((value(mean) - 3.0).abs() < 0.01);
+        assert!((value(p99) - 4.0).abs() < 0.01);
+        let mut again = Interval::default();
+        m.take_into(&mut again);
+        assert_eq!(
+            (again.received, again.processed, again.durations.len()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn source_prefers_the_setting() {
+        assert_eq!(process_source(Some("worker.1")), "worker.1");
+        assert!(!process_source(None).is_empty());
+    }
+}

@@ -1,0 +1,94 @@
+//! Commit metadata carries the highest offset ackd processed, and the next owner reads it
+//! back to say how much it redelivers. Tansu drops commit metadata (TANSU.md), so this
+//! runs against librdkafka's in-process mock cluster, whose brokers listen on loopback
+//! ports the real `ackd` binary connects to.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{field, is_processed, AckdBuilder};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn committed(bootstrap: &str, group: &str, topic: &str) -> (Offset, String) {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    let e = got.find_partition(topic, 0).unwrap();
+    (e.offset(), e.metadata().to_string())
+}
+
+#[test]
+fn a_resume_says_how_far_it_is_behind_what_was_processed() {
+    let mock = MockCluster::new(1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let (topic, group) = ("meta", "g-meta");
+    mock.create_topic(topic, 1, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for i in 0..10 {
+        let key = format!("k-{i}");
+        producer
+            .send(BaseRecord::to(topic).key(&key).payload("v").partition(0))
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    // A previous owner that processed through offset 7 but got only offset 4 committed
+    // (it crashed between commits): its metadata says so.
+    let previous: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    let mut e = tpl.add_partition(topic, 0);
+    e.set_offset(Offset::Offset(4)).unwrap();
+    e.set_metadata("ackd:processed=7");
+    previous.commit(&tpl, CommitMode::Sync).unwrap();
+    drop(previous);
+
+    let ackd = AckdBuilder::new(topic, group)
+        .env("KAFKA_URL", &bootstrap)
+        .env("ACKD_COMMIT_INTERVAL_MS", "60000")
+        // The mock coordinator, like Kafka, refuses sessions under 6 s.
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
+        .spawn();
+    let assigned = ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("assigned"), WAIT);
+    assert_eq!(
+        field(&assigned, "offset").as_deref(),
+        Some("4"),
+        "{assigned}"
+    );
+    assert_eq!(
+        field(&assigned, "highest_processed").as_deref(),
+        Some("7"),
+        "{assigned}"
+    );
+    // Offsets 4..=7 are processed a second time.
+    assert_eq!(
+        field(&assigned, "redelivery").as_deref(),
+        Some("4"),
+        "{assigned}"
+    );
+    ackd.wait_for_count(is_processed, 6, WAIT);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+
+    // ackd's own final commit writes the metadata for the next owner.
+    let (offset, metadata) = committed(&bootstrap, group, topic);
+    assert_eq!(offset, Offset::Offset(10));
+    assert_eq!(metadata, "ackd:processed=9");
+}

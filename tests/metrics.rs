@@ -1,0 +1,226 @@
+//! The log drain as an operator reads it: every line is logfmt (read with an independent
+//! parser, the `logfmt` crate), every metric token follows l2met's rules, the summaries'
+//! counts add up to what was produced, and lag is > 0 with a backlog and 0 when caught up.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn at(line: &str, what: &str) -> bool {
+    field(line, "at").as_deref() == Some(what)
+}
+
+/// l2met: `count#`/`measure#`/`sample#` + a name of `[A-Za-z0-9._-]` under the prefix;
+/// the value a non-negative decimal number with an optional letters-only unit.
+fn assert_l2met(line: &str, key: &str, value: &str) {
+    let (kind, name) = key.split_once('#').unwrap();
+    assert!(
+        matches!(kind, "count" | "measure" | "sample"),
+        "{line}: {key}"
+    );
+    assert!(name.starts_with("ackd."), "{line}: {key} lacks the prefix");
+    assert!(
+        name.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+        "{line}: bad metric name {key}"
+    );
+    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &value[digits.len()..];
+    let number_ok = !digits.is_empty()
+        && digits.split('.').count() <= 2
+        && digits
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()));
+    assert!(
+        number_ok,
+        "{line}: {key}={value} is not a non-negative decimal"
+    );
+    if kind == "measure" {
+        assert_eq!(unit, "ms", "{line}: durations carry their unit");
+    }
+}
+
+/// Every line parses as logfmt, the two parsers agree, and metric tokens are l2met's.
+fn assert_all_lines_are_logfmt(lines: &[String]) {
+    assert!(!lines.is_empty());
+    for line in lines {
+        let pairs = logfmt::parse(line);
+        assert!(!pairs.is_empty(), "not logfmt: {line}");
+        let ours = common::logfmt(line);
+        assert_eq!(pairs.len(), ours.len(), "parsers disagree on {line}");
+        for (pair, (key, value)) in pairs.iter().zip(&ours) {
+            assert_eq!(&pair.key, key, "{line}");
+            // The crate mishandles `\\` (it drops one), so values are compared where
+            // no escape is involved.
+            if !line.contains('\\') {
+                assert_eq!(pair.val.as_deref().unwrap_or(""), value, "{line}");
+            }
+            assert!(
+                key.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '#')),
+                "{line}: bad key {key}"
+            );
+            if key.contains('#') {
+                assert_l2met(line, key, value);
+            }
+        }
+        assert!(!line.contains('\u{1b}'), "ANSI escape in {line}");
+    }
+}
+
+fn sum(lines: &[String], key: &str) -> u64 {
+    lines
+        .iter()
+        .filter(|l| at(l, "summary"))
+        .filter_map(|l| field(l, key))
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn every_line_is_logfmt_and_the_summaries_add_up() {
+    let topic = unique_name("metrics");
+    let group = unique_name("g-metrics");
+    create_topic(&topic, 3);
+    let delivered = produce_keyed(&topic, 500, 0);
+    // A key that needs quoting and one that is not UTF-8 must not break a line.
+    let mut odd = produce(
+        &topic,
+        &[
+            (
+                Some(b"a key with spaces=\"quoted\"".to_vec()),
+                b"x".to_vec(),
+            ),
+            (Some(vec![0xff, 0xfe, b'k']), b"y".to_vec()),
+            (None, b"null key".to_vec()),
+        ],
+    );
+    odd.extend(delivered);
+    let delivered = odd;
+
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_METRICS_INTERVAL_MS", "300")
+        .env("ACKD_COMMIT_INTERVAL_MS", "200")
+        .spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    // Caught up: a later summary reports no lag on any partition.
+    let from = ackd.line_count();
+    ackd.wait_for_line_from(
+        from,
+        |l| at(l, "summary") && field(l, "sample#ackd.lag.total").as_deref() == Some("0"),
+        WAIT,
+    );
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+    let lines = ackd.lines();
+
+    assert_all_lines_are_logfmt(&lines);
+    let n = delivered.len() as u64;
+    assert_eq!(sum(&lines, "count#ackd.received"), n, "received");
+    assert_eq!(sum(&lines, "count#ackd.processed"), n, "processed");
+    assert_eq!(sum(&lines, "count#ackd.failed"), 0);
+    assert!(
+        sum(&lines, "count#ackd.commits") >= 1,
+        "periodic commits are counted"
+    );
+    let last: Vec<_> = lines
+        .iter()
+        .filter(|l| at(l, "summary") && field(l, "last").as_deref() == Some("true"))
+        .collect();
+    assert_eq!(last.len(), 1, "one final summary");
+    // The last lag line of every partition says 0.
+    let mut lag: BTreeMap<String, String> = BTreeMap::new();
+    for l in lines.iter().filter(|l| at(l, "lag")) {
+        lag.insert(
+            field(l, "partition").unwrap(),
+            field(l, "sample#ackd.lag").unwrap(),
+        );
+    }
+    assert_eq!(lag.len(), 3, "a lag line per partition");
+    assert!(lag.values().all(|v| v == "0"), "{lag:?}");
+    // Each periodic commit's lines carry offsets and a duration.
+    let commit = lines
+        .iter()
+        .find(|l| at(l, "committed"))
+        .expect("an at=committed line");
+    assert!(
+        field(commit, "offset").is_some() && field(commit, "duration_ms").is_some(),
+        "{commit}"
+    );
+    // Odd keys: quoted, escaped, or left out, and read back intact.
+    assert!(lines
+        .iter()
+        .any(|l| is_processed(l)
+            && field(l, "key").as_deref() == Some("a key with spaces=\"quoted\"")));
+    assert!(lines
+        .iter()
+        .any(|l| is_processed(l) && field(l, "key").as_deref() == Some("\\xff\\xfek")));
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| is_processed(l) && field(l, "key").is_none())
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn lag_is_positive_while_a_backlog_is_processed() {
+    let topic = unique_name("lag");
+    let group = unique_name("g-lag");
+    create_topic(&topic, 1);
+    let delivered = produce_keyed(&topic, 200, 0);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "20")
+        .env("ACKD_METRICS_INTERVAL_MS", "300")
+        .spawn();
+    let line = ackd.wait_for_line(
+        |l| at(l, "lag") && field(l, "sample#ackd.lag").is_some_and(|v| v != "0"),
+        WAIT,
+    );
+    let lag: i64 = field(&line, "sample#ackd.lag").unwrap().parse().unwrap();
+    assert!(lag > 0 && lag <= delivered.len() as i64, "{line}");
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+    let lines = ackd.lines();
+    assert_all_lines_are_logfmt(&lines);
+    // The summary's in-flight sample saw the slow processor at work.
+    assert!(lines
+        .iter()
+        .any(|l| at(l, "summary") && field(l, "sample#ackd.in_flight").as_deref() == Some("1")));
+}
+
+#[test]
+fn the_source_of_metric_lines_can_be_set() {
+    let topic = unique_name("source");
+    let group = unique_name("g-source");
+    create_topic(&topic, 1);
+    produce_keyed(&topic, 5, 0);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_METRICS_INTERVAL_MS", "300")
+        .env("ACKD_METRIC_SOURCE", "consumer.3")
+        .env("ACKD_METRIC_PREFIX", "billing")
+        .spawn();
+    ackd.wait_for_count(
+        |l| l.contains("count#billing.messages.processed=1"),
+        5,
+        WAIT,
+    );
+    ackd.wait_for_line(
+        |l| at(l, "summary") && l.contains("count#billing.processed="),
+        WAIT,
+    );
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+    let lines = ackd.lines();
+    for l in lines.iter().filter(|l| l.contains('#')) {
+        assert_eq!(field(l, "source").as_deref(), Some("consumer.3"), "{l}");
+        assert!(!l.contains("#ackd."), "{l}");
+    }
+}
