@@ -17,6 +17,7 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
         // ackd commits only acknowledged, contiguous offsets, itself (src/committer.rs).
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", settings.stop_at_end.to_string())
         .set(
             "statistics.interval.ms",
             settings.metrics_interval.as_millis().to_string(),

@@ -86,6 +86,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     };
 
     let group = Arc::new(Mutex::new(Group::default()));
+    let at_end = settings
+        .stop_at_end
+        .then(|| Arc::new(tokio::sync::Notify::new()));
     let commit_metrics = Arc::new(CommitMetrics::default());
     let context = GroupContext {
         consumer: OnceLock::new(),
@@ -100,6 +103,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             processor: Arc::new(processor),
             log_messages: settings.log_messages,
             message_source: settings.metric_source.as_deref().map(Arc::from),
+            at_end: at_end.clone(),
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
@@ -131,6 +135,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let (done_tx, mut done_rx) = oneshot::channel();
     let control = Control {
         commit_ticks,
+        at_end,
         shutdown,
         committed: committed_tx,
     };

@@ -6,10 +6,10 @@ use crate::settings::{SettingError, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
-pub const NAMES: &[&str] = &["log"];
+pub const NAMES: &[&str] = &["log", "noop"];
 /// Names `ACKD_PROCESSOR` accepts, with the testkit's.
 #[cfg(feature = "testkit")]
-pub const NAMES: &[&str] = &["log", "slow"];
+pub const NAMES: &[&str] = &["log", "noop", "slow"];
 
 /// A built-in processor.
 #[derive(Debug, Clone)]
@@ -18,6 +18,9 @@ pub enum Builtin {
     /// shows as its `count#…messages.processed=1` line: a sink for trying ackd out and
     /// for watching a topic.
     Log,
+    /// Acknowledges every message and does nothing else: what ackd itself costs, for
+    /// benchmarks and for draining a topic.
+    Noop,
     /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message, then acknowledges, so tests
     /// can have messages in flight when a signal arrives.
     #[cfg(feature = "testkit")]
@@ -29,6 +32,7 @@ impl Builtin {
     pub fn from_settings(settings: &Settings) -> Result<Builtin, SettingError> {
         match settings.processor.as_str() {
             "log" => Ok(Builtin::Log),
+            "noop" => Ok(Builtin::Noop),
             #[cfg(feature = "testkit")]
             "slow" => Ok(Builtin::Slow(settings.test_delay)),
             other => Err(SettingError {
@@ -44,6 +48,7 @@ impl Processor for Builtin {
     fn name(&self) -> &str {
         match self {
             Builtin::Log => "log",
+            Builtin::Noop => "noop",
             #[cfg(feature = "testkit")]
             Builtin::Slow(_) => "slow",
         }
@@ -51,7 +56,7 @@ impl Processor for Builtin {
 
     async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
         match self {
-            Builtin::Log => Ok(()),
+            Builtin::Log | Builtin::Noop => Ok(()),
             #[cfg(feature = "testkit")]
             Builtin::Slow(delay) => {
                 tokio::time::sleep(*delay).await;

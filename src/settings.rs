@@ -37,6 +37,7 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ),
     ("auto.commit.interval.ms", "ACKD_COMMIT_INTERVAL_MS"),
     ("statistics.interval.ms", "ACKD_METRICS_INTERVAL_MS"),
+    ("enable.partition.eof", "ACKD_STOP_AT_END"),
 ];
 
 /// Keys of the layered configuration (the env name is `ACKD_` + upper case), except
@@ -54,6 +55,7 @@ const KEYS: &[&str] = &[
     "metrics_interval_ms",
     "log_messages",
     "log_level",
+    "stop_at_end",
     "config_file",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
@@ -137,6 +139,8 @@ pub struct Settings {
     pub metrics_interval: Duration,
     pub log_messages: bool,
     pub log_level: String,
+    /// Stop (commit, leave, exit 0) once every assigned partition reached its end.
+    pub stop_at_end: bool,
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
@@ -502,6 +506,7 @@ impl RawSettings {
             start_from,
             metric_prefix,
             log_messages: self.boolean("log_messages")?,
+            stop_at_end: self.boolean("stop_at_end")?,
             log_level,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::Message as _;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::committer::{millis, Reason};
 use crate::exit;
@@ -29,6 +29,8 @@ pub struct Control {
     pub commit_ticks: mpsc::Receiver<()>,
     /// Set to the deadline when a graceful stop begins.
     pub shutdown: watch::Receiver<Option<Instant>>,
+    /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
+    pub at_end: Option<Arc<Notify>>,
     /// Told the exit code once the final commit is done, before the (possibly slow) close.
     pub committed: oneshot::Sender<i32>,
 }
@@ -47,7 +49,7 @@ pub fn run<P: Processor>(
     mut control: Control,
     shutdown_timeout: Duration,
 ) -> i32 {
-    let stop = futures::executor::block_on(poll_loop(&consumer, &mut control));
+    let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
     let (deadline, mut code) = match stop {
         Stop::Shutdown(deadline) => (deadline, exit::OK),
         Stop::Fatal(code) => (Instant::now() + shutdown_timeout, code),
@@ -127,7 +129,19 @@ pub fn run<P: Processor>(
     code
 }
 
-async fn poll_loop<P: Processor>(consumer: &AckdConsumer<P>, control: &mut Control) -> Stop {
+/// Resolves when a partition reports its end; never without `ACKD_STOP_AT_END`.
+async fn wait_at_end(at_end: Option<&Notify>) {
+    match at_end {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn poll_loop<P: Processor>(
+    consumer: &AckdConsumer<P>,
+    control: &mut Control,
+    shutdown_timeout: Duration,
+) -> Stop {
     loop {
         tokio::select! {
             biased;
@@ -137,6 +151,14 @@ async fn poll_loop<P: Processor>(consumer: &AckdConsumer<P>, control: &mut Contr
                     (_, Some(deadline)) => return Stop::Shutdown(deadline),
                     (Err(_), None) => return Stop::Shutdown(Instant::now()),
                     (Ok(()), None) => {}
+                }
+            }
+            _ = wait_at_end(control.at_end.as_deref()) => {
+                let group = consumer.context().lock();
+                if !group.owned.is_empty() && group.owned.values().all(|p| p.worker.shared.at_end()) {
+                    tracing::info!(at = "end_reached", partitions = group.owned.len(),
+                        "every assigned partition reached its end: stopping");
+                    return Stop::Shutdown(Instant::now() + shutdown_timeout);
                 }
             }
             Some(()) = control.commit_ticks.recv() => {

@@ -7,15 +7,16 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::KafkaError;
 use rdkafka::Message as _;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::metrics::{self, PartitionMetrics};
 use crate::processor::{Message, Processor};
@@ -37,6 +38,8 @@ pub struct WorkerShared {
     halted_at: AtomicI64,
     done: Latch,
     pub metrics: PartitionMetrics,
+    /// Set when the partition reached the end of its log (with `ACKD_STOP_AT_END`).
+    at_end: AtomicBool,
 }
 
 impl WorkerShared {
@@ -48,6 +51,7 @@ impl WorkerShared {
             halted_at: AtomicI64::new(NONE),
             done: Latch::default(),
             metrics: PartitionMetrics::default(),
+            at_end: AtomicBool::new(false),
         }
     }
 
@@ -61,6 +65,10 @@ impl WorkerShared {
 
     pub fn highest_acked(&self) -> Option<i64> {
         some(self.highest_acked.load(Ordering::Acquire))
+    }
+
+    pub fn at_end(&self) -> bool {
+        self.at_end.load(Ordering::Acquire)
     }
 
     pub fn halted_at(&self) -> Option<i64> {
@@ -143,6 +151,8 @@ pub struct WorkerConfig<P> {
     pub log_messages: bool,
     /// `source=` of per-message lines: `ACKD_METRIC_SOURCE`, or the topic when unset.
     pub message_source: Option<Arc<str>>,
+    /// With `ACKD_STOP_AT_END`: told when this partition reached its end.
+    pub at_end: Option<Arc<Notify>>,
 }
 
 impl<P> Clone for WorkerConfig<P> {
@@ -151,6 +161,7 @@ impl<P> Clone for WorkerConfig<P> {
             processor: self.processor.clone(),
             log_messages: self.log_messages,
             message_source: self.message_source.clone(),
+            at_end: self.at_end.clone(),
         }
     }
 }
@@ -210,6 +221,22 @@ async fn run<C, P>(
         };
         let message = match next {
             Some(Ok(m)) => m,
+            Some(Err(KafkaError::PartitionEOF(_))) if config.at_end.is_some() => {
+                // The end of the log as it is now: this partition is done. Later
+                // messages stay for the next run.
+                tracing::info!(
+                    at = "end_of_partition",
+                    topic = &*topic,
+                    partition,
+                    offset = shared.committable()
+                );
+                shared.at_end.store(true, Ordering::Release);
+                if let Some(n) = &config.at_end {
+                    n.notify_one();
+                }
+                let _ = stop.wait_for(|s| *s).await;
+                break;
+            }
             Some(Err(e)) => {
                 tracing::warn!(at = "fetch_error", topic = &*topic, partition, error = %e);
                 continue;

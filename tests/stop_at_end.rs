@@ -1,0 +1,56 @@
+//! `ACKD_STOP_AT_END=true`: consume to the end of every assigned partition, commit,
+//! leave, exit 0. Backfills and one-off jobs rely on it, and the benchmark times it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
+    let topic = unique_name("end");
+    let group = unique_name("g-end");
+    // More partitions than keys guarantee at least one empty partition.
+    create_topic(&topic, 6);
+    let delivered = produce_keyed(&topic, 3, 0);
+    let more = produce_keyed(&topic, 400, 3);
+    let delivered: Vec<_> = delivered.into_iter().chain(more).collect();
+
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_PROCESSOR", "noop")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let processed: Vec<_> = processed(&lines);
+    let expected: BTreeSet<_> = delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    assert_eq!(processed.len(), delivered.len(), "each message once");
+    assert_eq!(processed.iter().copied().collect::<BTreeSet<_>>(), expected);
+    let ends = log_ends(&delivered);
+    let committed = committed(&group, &topic, 6);
+    for p in 0..6 {
+        assert_eq!(committed[&p], ends.get(&p).copied(), "partition {p}");
+    }
+    let ended = lines
+        .iter()
+        .filter(|l| field(l, "at").as_deref() == Some("end_of_partition"))
+        .count();
+    assert_eq!(
+        ended, 6,
+        "every partition, the empty ones too, reports its end"
+    );
+    assert!(lines
+        .iter()
+        .any(|l| field(l, "at").as_deref() == Some("end_reached")));
+
+    // A second run finds nothing new: it ends at once, having processed nothing.
+    let again = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(again.wait_exit(WAIT), 0);
+    assert!(common::processed(&again.lines()).is_empty());
+}
