@@ -6,12 +6,32 @@ use rdkafka::ClientConfig;
 
 use crate::settings::Settings;
 
-/// The consumer's configuration.
-pub fn consumer_config(settings: &Settings) -> ClientConfig {
+/// What every client of ackd shares: brokers, security, logging.
+pub fn base_config(settings: &Settings) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", settings.brokers.bootstrap_servers())
-        .set("security.protocol", settings.brokers.security.protocol())
+        .set("security.protocol", settings.brokers.security.protocol());
+    if let Some(id) = settings.rdkafka.get("client.id") {
+        config.set("client.id", &id.value);
+    }
+    config.set_log_level(log_level(settings));
+    config
+}
+
+fn log_level(settings: &Settings) -> RDKafkaLogLevel {
+    match settings.log_level.as_str() {
+        "error" => RDKafkaLogLevel::Error,
+        "warn" => RDKafkaLogLevel::Warning,
+        "info" => RDKafkaLogLevel::Notice,
+        _ => RDKafkaLogLevel::Debug,
+    }
+}
+
+/// The consumer's configuration.
+pub fn consumer_config(settings: &Settings) -> ClientConfig {
+    let mut config = base_config(settings);
+    config
         .set("group.id", &settings.group_id)
         .set("auto.offset.reset", settings.start_from.as_str())
         // ackd commits only acknowledged, contiguous offsets, itself (src/committer.rs).
@@ -25,11 +45,5 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
     for (property, pass) in &settings.rdkafka {
         config.set(property, &pass.value);
     }
-    config.set_log_level(match settings.log_level.as_str() {
-        "error" => RDKafkaLogLevel::Error,
-        "warn" => RDKafkaLogLevel::Warning,
-        "info" => RDKafkaLogLevel::Notice,
-        _ => RDKafkaLogLevel::Debug,
-    });
     config
 }

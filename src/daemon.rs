@@ -19,9 +19,11 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::client_config::consumer_config;
+use crate::client_config::{base_config, consumer_config};
 use crate::committer::Committer;
+use crate::dead_letter::DeadLetter;
 use crate::exit;
+use crate::failure::OnFailure;
 use crate::group::{AckdConsumer, Group, GroupContext};
 use crate::metrics::{self, CommitMetrics};
 use crate::processor::Processor;
@@ -73,6 +75,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,
         start_from = settings.start_from.as_str(),
         log_messages = settings.log_messages,
+        on_failure = settings.on_failure.as_str(),
+        retry_max_attempts = settings.retry.max_attempts,
+        dead_letter_topic = settings.dead_letter_topic.as_deref(),
         rdkafka
     );
 
@@ -85,6 +90,15 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         }
     };
 
+    let dead_letter = match (&settings.dead_letter_topic, settings.on_failure) {
+        (Some(topic), OnFailure::DeadLetter) => {
+            match DeadLetter::new(base_config(&settings), topic.clone()) {
+                Ok(d) => Some(Arc::new(d)),
+                Err(e) => return report_client_error(&settings, e),
+            }
+        }
+        _ => None,
+    };
     let group = Arc::new(Mutex::new(Group::default()));
     let at_end = settings
         .stop_at_end
@@ -104,6 +118,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             log_messages: settings.log_messages,
             message_source: settings.metric_source.as_deref().map(Arc::from),
             at_end: at_end.clone(),
+            retry: settings.retry,
+            on_failure: settings.on_failure,
+            dead_letter,
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,

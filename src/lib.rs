@@ -15,7 +15,9 @@
 mod client_config;
 mod committer;
 mod daemon;
+mod dead_letter;
 pub mod exit;
+pub mod failure;
 mod group;
 pub mod kafka_url;
 pub mod logfmt;

@@ -43,6 +43,9 @@ pub struct PartitionMetrics {
     received: AtomicU64,
     processed: AtomicU64,
     failed: AtomicU64,
+    retried: AtomicU64,
+    skipped: AtomicU64,
+    dead_lettered: AtomicU64,
     durations: Mutex<Histogram<u64>>,
 }
 
@@ -52,6 +55,9 @@ impl Default for PartitionMetrics {
             received: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
             durations: Mutex::new(histogram()),
         }
     }
@@ -72,6 +78,18 @@ impl PartitionMetrics {
         self.record(took);
     }
 
+    pub fn retried(&self) {
+        self.retried.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn skipped(&self) {
+        self.skipped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dead_lettered(&self) {
+        self.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn record(&self, took: Duration) {
         let micros = (took.as_micros() as u64).clamp(1, 3_600_000_000);
         if let Ok(mut h) = self.durations.lock() {
@@ -84,6 +102,9 @@ impl PartitionMetrics {
         into.received += self.received.swap(0, Ordering::Relaxed);
         into.processed += self.processed.swap(0, Ordering::Relaxed);
         into.failed += self.failed.swap(0, Ordering::Relaxed);
+        into.retried += self.retried.swap(0, Ordering::Relaxed);
+        into.skipped += self.skipped.swap(0, Ordering::Relaxed);
+        into.dead_lettered += self.dead_lettered.swap(0, Ordering::Relaxed);
         if let Ok(mut h) = self.durations.lock() {
             let _ = into.durations.add(&*h);
             h.reset();
@@ -132,6 +153,9 @@ pub struct Interval {
     pub received: u64,
     pub processed: u64,
     pub failed: u64,
+    pub retried: u64,
+    pub skipped: u64,
+    pub dead_lettered: u64,
     pub durations: Histogram<u64>,
     pub commits: u64,
     pub commit_failures: u64,
@@ -144,6 +168,9 @@ impl Default for Interval {
             received: 0,
             processed: 0,
             failed: 0,
+            retried: 0,
+            skipped: 0,
+            dead_lettered: 0,
             durations: histogram(),
             commits: 0,
             commit_failures: 0,
@@ -188,10 +215,9 @@ pub fn emit_summary(
         "count#received" = interval.received,
         "count#processed" = interval.processed,
         "count#failed" = interval.failed,
-        // Retries, skips and dead letters are the failure policies' (0 until they exist).
-        "count#retried" = 0u64,
-        "count#skipped" = 0u64,
-        "count#dead_lettered" = 0u64,
+        "count#retried" = interval.retried,
+        "count#skipped" = interval.skipped,
+        "count#dead_lettered" = interval.dead_lettered,
         "measure#process.duration.mean" = process_mean.as_deref(),
         "measure#process.duration.p99" = process_p99.as_deref(),
         "count#commits" = interval.commits,

@@ -9,7 +9,7 @@ use crate::settings::{SettingError, Settings};
 pub const NAMES: &[&str] = &["log", "noop"];
 /// Names `ACKD_PROCESSOR` accepts, with the testkit's.
 #[cfg(feature = "testkit")]
-pub const NAMES: &[&str] = &["log", "noop", "slow"];
+pub const NAMES: &[&str] = &["log", "noop", "slow", "faulty"];
 
 /// A built-in processor.
 #[derive(Debug, Clone)]
@@ -25,6 +25,10 @@ pub enum Builtin {
     /// can have messages in flight when a signal arrives.
     #[cfg(feature = "testkit")]
     Slow(std::time::Duration),
+    /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
+    /// panics, `retry:N` fails retryably N times before it succeeds; anything else acks.
+    #[cfg(feature = "testkit")]
+    Faulty(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(i32, i64), u32>>>),
 }
 
 impl Builtin {
@@ -35,6 +39,8 @@ impl Builtin {
             "noop" => Ok(Builtin::Noop),
             #[cfg(feature = "testkit")]
             "slow" => Ok(Builtin::Slow(settings.test_delay)),
+            #[cfg(feature = "testkit")]
+            "faulty" => Ok(Builtin::Faulty(Default::default())),
             other => Err(SettingError {
                 setting: "ACKD_PROCESSOR".into(),
                 value: Some(other.to_string()),
@@ -51,6 +57,8 @@ impl Processor for Builtin {
             Builtin::Noop => "noop",
             #[cfg(feature = "testkit")]
             Builtin::Slow(_) => "slow",
+            #[cfg(feature = "testkit")]
+            Builtin::Faulty(_) => "faulty",
         }
     }
 
@@ -61,6 +69,33 @@ impl Processor for Builtin {
             Builtin::Slow(delay) => {
                 tokio::time::sleep(*delay).await;
                 Ok(())
+            }
+            #[cfg(feature = "testkit")]
+            Builtin::Faulty(attempts) => {
+                let payload = _message.payload().unwrap_or_default();
+                match payload {
+                    b"fail" => Err(ProcessError::permanent("the payload says fail")),
+                    b"panic" => panic!("the payload says panic"),
+                    p if p.starts_with(b"retry:") => {
+                        let wanted: u32 = std::str::from_utf8(&p[6..])
+                            .ok()
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(1);
+                        let mut seen = attempts.lock().unwrap_or_else(|e| e.into_inner());
+                        let n = seen
+                            .entry((_message.partition(), _message.offset()))
+                            .or_default();
+                        *n += 1;
+                        if *n <= wanted {
+                            Err(ProcessError::retryable(format!(
+                                "attempt {n} of {wanted} failing"
+                            )))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    _ => Ok(()),
+                }
             }
         }
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 
+use crate::failure::{OnFailure, Retry};
 use crate::kafka_url::{self, Brokers};
 use crate::rdkafka_env;
 
@@ -56,6 +57,11 @@ const KEYS: &[&str] = &[
     "log_messages",
     "log_level",
     "stop_at_end",
+    "retry_initial_ms",
+    "retry_max_ms",
+    "retry_max_attempts",
+    "on_failure",
+    "dead_letter_topic",
     "config_file",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
@@ -141,6 +147,10 @@ pub struct Settings {
     pub log_level: String,
     /// Stop (commit, leave, exit 0) once every assigned partition reached its end.
     pub stop_at_end: bool,
+    pub retry: Retry,
+    pub on_failure: OnFailure,
+    /// Where `ACKD_ON_FAILURE=dead-letter` sends messages.
+    pub dead_letter_topic: Option<String>,
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
@@ -429,12 +439,7 @@ impl RawSettings {
             return Err(self.error("topics", "names no topic: give comma-separated topic names"));
         }
         for t in &topics {
-            let valid = t.len() <= 249
-                && t != "."
-                && t != ".."
-                && t.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-            if !valid {
+            if !valid_topic(t) {
                 return Err(self.error(
                     "topics",
                     format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ -"),
@@ -494,8 +499,62 @@ impl RawSettings {
             }
         };
 
+        let retry = Retry {
+            initial: self.millis("retry_initial_ms", 1, 3_600_000)?,
+            max: self.millis("retry_max_ms", 1, 3_600_000)?,
+            max_attempts: match self.get("retry_max_attempts").parse::<u32>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(self.error(
+                        "retry_max_attempts",
+                        "expected a whole number of attempts, 1 or more (1: no retry)",
+                    ))
+                }
+            },
+        };
+        if retry.max < retry.initial {
+            return Err(self.error(
+                "retry_max_ms",
+                format!(
+                    "is below ACKD_RETRY_INITIAL_MS ({} ms): the longest wait cannot be shorter than the first",
+                    retry.initial.as_millis()
+                ),
+            ));
+        }
+        let on_failure = OnFailure::parse(&self.get("on_failure").to_ascii_lowercase())
+            .ok_or_else(|| self.error("on_failure", format!("expected {}", OnFailure::ALLOWED)))?;
+        let dead_letter_topic = match self.get("dead_letter_topic") {
+            "" => None,
+            t if valid_topic(t) => Some(t.to_string()),
+            t => {
+                return Err(self.error(
+                    "dead_letter_topic",
+                    format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ -"),
+                ))
+            }
+        };
+        if on_failure == OnFailure::DeadLetter && dead_letter_topic.is_none() {
+            return Err(SettingError::new(
+                "ACKD_DEAD_LETTER_TOPIC",
+                None,
+                "is required with ACKD_ON_FAILURE=dead-letter: the topic failed messages go to",
+            ));
+        }
+        if dead_letter_topic
+            .as_ref()
+            .is_some_and(|d| topics.contains(d))
+        {
+            return Err(self.error(
+                "dead_letter_topic",
+                "is also in ACKD_TOPICS: dead letters would be consumed again",
+            ));
+        }
+
         Ok(Settings {
             brokers,
+            retry,
+            on_failure,
+            dead_letter_topic,
             metric_source,
             metrics_interval: self.millis("metrics_interval_ms", 0, 3_600_000)?,
             topics,
@@ -517,6 +576,16 @@ impl RawSettings {
             rdkafka: self.rdkafka,
         })
     }
+}
+
+/// Kafka's rule for topic names.
+fn valid_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t != "."
+        && t != ".."
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// Levels `ACKD_LOG_LEVEL` takes.
@@ -615,6 +684,33 @@ mod tests {
             assert_eq!(e.value.as_deref(), Some(value), "{e}");
             assert!(e.problem.contains(allowed), "{e}");
         }
+    }
+
+    #[test]
+    fn failure_policy_settings_are_checked_together() {
+        let e = err(&[("ACKD_ON_FAILURE", "dead-letter")]);
+        assert_eq!(e.setting, "ACKD_DEAD_LETTER_TOPIC");
+        let e = err(&[("ACKD_ON_FAILURE", "drop")]);
+        assert!(e.problem.contains("halt, skip or dead-letter"), "{e}");
+        let e = err(&[
+            ("ACKD_RETRY_INITIAL_MS", "5000"),
+            ("ACKD_RETRY_MAX_MS", "100"),
+        ]);
+        assert_eq!(e.setting, "ACKD_RETRY_MAX_MS");
+        let e = err(&[("ACKD_RETRY_MAX_ATTEMPTS", "0")]);
+        assert_eq!(e.setting, "ACKD_RETRY_MAX_ATTEMPTS");
+        let e = err(&[
+            ("ACKD_ON_FAILURE", "dead-letter"),
+            ("ACKD_DEAD_LETTER_TOPIC", "orders"),
+        ]);
+        assert!(e.problem.contains("ACKD_TOPICS"), "{e}");
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_ON_FAILURE", "dead-letter"),
+            ("ACKD_DEAD_LETTER_TOPIC", "orders.dlq"),
+        ]))
+        .unwrap();
+        assert_eq!(s.dead_letter_topic.as_deref(), Some("orders.dlq"));
+        assert_eq!(s.retry.max_attempts, 5);
     }
 
     #[test]

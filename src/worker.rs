@@ -18,8 +18,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
+use crate::dead_letter::DeadLetter;
+use crate::failure::{OnFailure, Retry};
 use crate::metrics::{self, PartitionMetrics};
-use crate::processor::{Message, Processor};
+use crate::processor::{FailureKind, Message, ProcessError, Processor};
 use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
@@ -153,6 +155,9 @@ pub struct WorkerConfig<P> {
     pub message_source: Option<Arc<str>>,
     /// With `ACKD_STOP_AT_END`: told when this partition reached its end.
     pub at_end: Option<Arc<Notify>>,
+    pub retry: Retry,
+    pub on_failure: OnFailure,
+    pub dead_letter: Option<Arc<DeadLetter>>,
 }
 
 impl<P> Clone for WorkerConfig<P> {
@@ -162,6 +167,9 @@ impl<P> Clone for WorkerConfig<P> {
             log_messages: self.log_messages,
             message_source: self.message_source.clone(),
             at_end: self.at_end.clone(),
+            retry: self.retry,
+            on_failure: self.on_failure,
+            dead_letter: self.dead_letter.clone(),
         }
     }
 }
@@ -209,6 +217,7 @@ async fn run<C, P>(
     let mut tracker = OffsetTracker::new();
     let mut stream = queue.stream();
     let mut first = true;
+    let mut rng = fastrand::Rng::new();
     let source = config
         .message_source
         .clone()
@@ -257,15 +266,20 @@ async fn run<C, P>(
         shared.in_flight.store(offset, Ordering::Release);
         shared.metrics.received();
         let view = Message::from_kafka(&message, &topic);
-        let started = Instant::now();
-        let outcome = AssertUnwindSafe(config.processor.process(&view))
-            .catch_unwind()
-            .await;
-        let took = started.elapsed();
+        let outcome = handle(&view, &config, &shared, &mut stop, &mut rng).await;
         shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
-            Ok(Ok(())) => {
-                shared.metrics.processed(took);
+            Handled::Ack => {
+                shared.highest_acked.fetch_max(offset, Ordering::AcqRel);
+                match tracker.ack(offset) {
+                    Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e)
+                    }
+                }
+            }
+            Handled::Processed => {
                 shared.highest_acked.fetch_max(offset, Ordering::AcqRel);
                 match tracker.ack(offset) {
                     Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
@@ -278,36 +292,170 @@ async fn run<C, P>(
                     metrics::message_processed(&source, &topic, partition, offset, view.key());
                 }
             }
-            Ok(Err(e)) => {
-                shared.metrics.failed(took);
-                tracing::error!(
-                    at = "process_failed",
-                    topic = &*topic,
-                    partition,
-                    offset,
-                    key = view.key(),
-                    error = %e,
-                    "partition halted: its offset is not committed past this message"
-                );
+            // Told to stop while waiting to retry: the message stays unacknowledged and
+            // is redelivered to whoever owns the partition next.
+            Handled::Interrupted => break,
+            Handled::Halt => {
                 drop(message);
                 halt(&shared, offset, &mut stop).await;
                 break;
             }
+        }
+    }
+}
+
+/// How one message ended.
+enum Handled {
+    /// The processor acknowledged it.
+    Processed,
+    /// It failed, and the policy acknowledged it (skipped, or dead-lettered).
+    Ack,
+    /// It failed and the partition stops here.
+    Halt,
+    /// Stop was requested during a retry's wait.
+    Interrupted,
+}
+
+/// Runs the processor on one message, with retries and the failure policy.
+async fn handle<P: Processor>(
+    view: &Message<'_>,
+    config: &WorkerConfig<P>,
+    shared: &WorkerShared,
+    stop: &mut watch::Receiver<bool>,
+    rng: &mut fastrand::Rng,
+) -> Handled {
+    let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
+    let mut attempt = 1;
+    let error = loop {
+        let started = Instant::now();
+        let outcome = AssertUnwindSafe(config.processor.process(view))
+            .catch_unwind()
+            .await;
+        let took = started.elapsed();
+        let error = match outcome {
+            Ok(Ok(())) => {
+                shared.metrics.processed(took);
+                return Handled::Processed;
+            }
+            Ok(Err(e)) => e,
+            // A panic is a failure of this message, never of the daemon.
             Err(panic) => {
-                shared.metrics.failed(took);
-                let reason = panic_reason(&panic);
-                tracing::error!(
-                    at = "process_failed",
-                    topic = &*topic,
+                ProcessError::permanent(format!("processor panicked: {}", panic_reason(&panic)))
+            }
+        };
+        shared.metrics.failed(took);
+        if error.kind != FailureKind::Retryable || !config.retry.again(attempt) {
+            break error;
+        }
+        let delay = config.retry.delay(attempt, rng);
+        shared.metrics.retried();
+        tracing::warn!(
+            at = "retry",
+            topic,
+            partition,
+            offset,
+            attempt,
+            max_attempts = config.retry.max_attempts,
+            delay_ms = delay.as_millis() as u64,
+            error = %error
+        );
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return Handled::Interrupted,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        attempt += 1;
+    };
+    match config.on_failure {
+        OnFailure::Halt => {
+            tracing::error!(
+                at = "process_failed",
+                topic,
+                partition,
+                offset,
+                key = view.key(),
+                attempts = attempt,
+                error = %error,
+                "partition halted (ACKD_ON_FAILURE=halt): its offset is not committed past this message"
+            );
+            Handled::Halt
+        }
+        OnFailure::Skip => {
+            shared.metrics.skipped();
+            tracing::warn!(
+                at = "skipped",
+                topic,
+                partition,
+                offset,
+                key = view.key(),
+                attempts = attempt,
+                error = %error,
+                "acknowledged without processing (ACKD_ON_FAILURE=skip)"
+            );
+            Handled::Ack
+        }
+        OnFailure::DeadLetter => {
+            dead_letter(view, config, shared, stop, rng, &error, attempt).await
+        }
+    }
+}
+
+/// Hands the message to the dead-letter topic, retrying the produce like a processor
+/// failure; if it cannot be delivered, the partition halts: a message never goes nowhere.
+async fn dead_letter<P: Processor>(
+    view: &Message<'_>,
+    config: &WorkerConfig<P>,
+    shared: &WorkerShared,
+    stop: &mut watch::Receiver<bool>,
+    rng: &mut fastrand::Rng,
+    error: &ProcessError,
+    attempts: u32,
+) -> Handled {
+    let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
+    let Some(dlq) = &config.dead_letter else {
+        tracing::error!(at = "process_failed", topic, partition, offset, error = %error, "no dead-letter producer; partition halted");
+        return Handled::Halt;
+    };
+    let mut attempt = 1;
+    loop {
+        match dlq.send(view, error).await {
+            Ok((dl_partition, dl_offset)) => {
+                shared.metrics.dead_lettered();
+                tracing::warn!(
+                    at = "dead_lettered",
+                    topic,
                     partition,
                     offset,
                     key = view.key(),
-                    error = reason,
-                    "processor panicked; partition halted: its offset is not committed past this message"
+                    attempts,
+                    error = %error,
+                    dead_letter_topic = dlq.topic(),
+                    dead_letter_partition = dl_partition,
+                    dead_letter_offset = dl_offset
                 );
-                drop(message);
-                halt(&shared, offset, &mut stop).await;
-                break;
+                return Handled::Ack;
+            }
+            Err(e) if config.retry.again(attempt) => {
+                let delay = config.retry.delay(attempt, rng);
+                tracing::warn!(at = "dead_letter_retry", topic, partition, offset, attempt, delay_ms = delay.as_millis() as u64, error = %e);
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|s| *s) => return Handled::Interrupted,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                attempt += 1;
+            }
+            Err(e) => {
+                tracing::error!(
+                    at = "dead_letter_failed",
+                    topic,
+                    partition,
+                    offset,
+                    dead_letter_topic = dlq.topic(),
+                    error = %e,
+                    "could not dead-letter the message; partition halted, its offset is not committed past it"
+                );
+                return Handled::Halt;
             }
         }
     }
