@@ -203,7 +203,8 @@ fn send<X: Consumer<C>, C: ConsumerContext>(
                     duration_ms
                 );
                 if let Some(p) = group.owned.get_mut(&c.tp) {
-                    p.committed = Some(p.committed.map_or(c.offset, |o| o.max(c.offset)));
+                    // FIFO: the last commit sent is what the group has.
+                    p.committed = Some(c.offset);
                 }
             }
             Ok(())

@@ -42,6 +42,8 @@ pub struct Owned {
     pub worker: WorkerHandle,
     /// The offset the group has committed, as far as this process knows.
     pub committed: Option<i64>,
+    /// The committed offset at assignment, where the partition was meant to resume.
+    pub assigned_at: Option<i64>,
     /// Never commit beyond this offset (set when a message could not be accounted for).
     pub cap: Option<i64>,
     /// The partition's high watermark, from librdkafka's statistics.
@@ -53,13 +55,20 @@ impl Owned {
     fn to_commit(&self, tp: &Tp) -> Option<CommitOffset> {
         let acked = self.worker.shared.committable()?;
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
-        self.committed
-            .is_none_or(|c| acked > c)
-            .then(|| CommitOffset {
-                tp: tp.clone(),
-                offset: acked,
-                processed: self.worker.shared.highest_acked(),
-            })
+        // After a reset to before the committed offset (it was out of range), that
+        // offset is no baseline: what was acknowledged since is what must be committed.
+        let first = self.worker.shared.first_offset();
+        let reset_back = matches!((first, self.assigned_at), (Some(f), Some(a)) if f < a);
+        let baseline = if reset_back && self.committed == self.assigned_at {
+            None
+        } else {
+            self.committed
+        };
+        baseline.is_none_or(|c| acked > c).then(|| CommitOffset {
+            tp: tp.clone(),
+            offset: acked,
+            processed: self.worker.shared.highest_acked(),
+        })
     }
 
     /// The next offset this partition will process: the acknowledged one, else where
@@ -289,6 +298,7 @@ impl<P: Processor> GroupContext<P> {
                 queue,
                 tp.0.clone(),
                 partition,
+                committed_offset,
                 self.worker.clone(),
             );
             let previous = group.owned.insert(
@@ -296,6 +306,7 @@ impl<P: Processor> GroupContext<P> {
                 Owned {
                     worker,
                     committed: committed_offset,
+                    assigned_at: committed_offset,
                     cap: None,
                     high_watermark: -1,
                 },

@@ -35,6 +35,8 @@ pub struct WorkerShared {
     in_flight: AtomicI64,
     /// The highest offset acknowledged (for commit metadata), or -1.
     highest_acked: AtomicI64,
+    /// The first offset this worker received, or -1.
+    first_offset: AtomicI64,
     /// Set when the processor failed and the partition stopped.
     /// The offset the processor failed on (the partition stopped there), or -1.
     halted_at: AtomicI64,
@@ -50,6 +52,7 @@ impl WorkerShared {
             committable: AtomicI64::new(NONE),
             in_flight: AtomicI64::new(NONE),
             highest_acked: AtomicI64::new(NONE),
+            first_offset: AtomicI64::new(NONE),
             halted_at: AtomicI64::new(NONE),
             done: Latch::default(),
             metrics: PartitionMetrics::default(),
@@ -63,6 +66,10 @@ impl WorkerShared {
 
     pub fn in_flight(&self) -> Option<i64> {
         some(self.in_flight.load(Ordering::Acquire))
+    }
+
+    pub fn first_offset(&self) -> Option<i64> {
+        some(self.first_offset.load(Ordering::Acquire))
     }
 
     pub fn highest_acked(&self) -> Option<i64> {
@@ -180,6 +187,7 @@ pub fn spawn<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
+    resume: Option<i64>,
     config: WorkerConfig<P>,
 ) -> WorkerHandle
 where
@@ -192,6 +200,7 @@ where
         queue,
         topic,
         partition,
+        resume,
         config,
         shared.clone(),
         stop_rx,
@@ -203,6 +212,7 @@ async fn run<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
+    resume: Option<i64>,
     config: WorkerConfig<P>,
     shared: Arc<WorkerShared>,
     mut stop: watch::Receiver<bool>,
@@ -255,7 +265,31 @@ async fn run<C, P>(
         let offset = message.offset();
         if first {
             first = false;
+            shared.first_offset.store(offset, Ordering::Release);
             tracing::info!(at = "resumed", topic = &*topic, partition, offset);
+            match resume {
+                // Behind the committed offset: librdkafka found it out of range and
+                // applied auto.offset.reset (ACKD_START_FROM).
+                Some(committed) if offset < committed => tracing::warn!(
+                    at = "offset_reset",
+                    topic = &*topic,
+                    partition,
+                    from = committed,
+                    to = offset,
+                    "the committed offset was out of range; the start policy applied: messages from here are processed again"
+                ),
+                // Ahead of it: out of range and reset to the log end, or offsets that
+                // no longer exist (retention, compaction, transaction markers).
+                Some(committed) if offset > committed => tracing::warn!(
+                    at = "offset_reset",
+                    topic = &*topic,
+                    partition,
+                    from = committed,
+                    to = offset,
+                    "the first message is past the committed offset: the offsets between were deleted, compacted, transaction markers, or reset by the start policy"
+                ),
+                _ => {}
+            }
         }
         if let Err(e) = tracker.dispatch(offset) {
             // Never commit past a message we could not account for.

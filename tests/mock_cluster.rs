@@ -1,13 +1,16 @@
-//! Commit metadata carries the highest offset ackd processed, and the next owner reads it
-//! back to say how much it redelivers. Tansu drops commit metadata (TANSU.md), so this
-//! runs against librdkafka's in-process mock cluster, whose brokers listen on loopback
-//! ports the real `ackd` binary connects to.
+//! What Tansu cannot stage (TANSU.md: it drops commit metadata, and a committed offset
+//! beyond the log end stalls silently instead of being out of range), against
+//! librdkafka's in-process mock cluster, whose brokers listen on loopback ports the real
+//! `ackd` binary connects to:
+//! - commit metadata carries the highest offset ackd processed, and the next owner reads
+//!   it back to say how much it redelivers;
+//! - an out-of-range committed offset follows `ACKD_START_FROM`, and the reset is logged.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{field, is_processed, AckdBuilder};
+use common::{field, is_processed, AckdBuilder, AckdProcess};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -28,11 +31,16 @@ fn committed(bootstrap: &str, group: &str, topic: &str) -> (Offset, String) {
     (e.offset(), e.metadata().to_string())
 }
 
-#[test]
-fn a_resume_says_how_far_it_is_behind_what_was_processed() {
+/// A one-partition topic of 10 messages on a fresh mock cluster, and a commit for
+/// `group` made by a "previous owner".
+fn mock_with_commit(
+    topic: &str,
+    group: &str,
+    offset: i64,
+    metadata: &str,
+) -> MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
     let mock = MockCluster::new(1).unwrap();
     let bootstrap = mock.bootstrap_servers();
-    let (topic, group) = ("meta", "g-meta");
     mock.create_topic(topic, 1, 1).unwrap();
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -45,9 +53,6 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
             .unwrap();
     }
     producer.flush(Duration::from_secs(10)).unwrap();
-
-    // A previous owner that processed through offset 7 but got only offset 4 committed
-    // (it crashed between commits): its metadata says so.
     let previous: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("group.id", group)
@@ -55,17 +60,54 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
         .unwrap();
     let mut tpl = TopicPartitionList::new();
     let mut e = tpl.add_partition(topic, 0);
-    e.set_offset(Offset::Offset(4)).unwrap();
-    e.set_metadata("ackd:processed=7");
+    e.set_offset(Offset::Offset(offset)).unwrap();
+    e.set_metadata(metadata);
     previous.commit(&tpl, CommitMode::Sync).unwrap();
-    drop(previous);
+    mock
+}
 
-    let ackd = AckdBuilder::new(topic, group)
-        .env("KAFKA_URL", &bootstrap)
+fn ackd_on(
+    mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    group: &str,
+) -> AckdProcess {
+    AckdBuilder::new(topic, group)
+        .env("KAFKA_URL", mock.bootstrap_servers())
         .env("ACKD_COMMIT_INTERVAL_MS", "60000")
         // The mock coordinator, like Kafka, refuses sessions under 6 s.
         .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
-        .spawn();
+        .spawn()
+}
+
+#[test]
+fn an_out_of_range_offset_follows_the_start_policy_and_the_reset_is_logged() {
+    let (topic, group) = ("range", "g-range");
+    let mock = mock_with_commit(topic, group, 1000, "");
+    let ackd = ackd_on(&mock, topic, group);
+    let reset = ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("offset_reset"), WAIT);
+    assert_eq!(field(&reset, "from").as_deref(), Some("1000"), "{reset}");
+    assert_eq!(
+        field(&reset, "to").as_deref(),
+        Some("0"),
+        "earliest: {reset}"
+    );
+    ackd.wait_for_count(is_processed, 10, WAIT);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+    assert_eq!(
+        committed(&mock.bootstrap_servers(), group, topic).0,
+        Offset::Offset(10)
+    );
+}
+
+#[test]
+fn a_resume_says_how_far_it_is_behind_what_was_processed() {
+    let (topic, group) = ("meta", "g-meta");
+    // A previous owner that processed through offset 7 but got only offset 4 committed
+    // (it crashed between commits): its metadata says so.
+    let mock = mock_with_commit(topic, group, 4, "ackd:processed=7");
+    let bootstrap = mock.bootstrap_servers();
+    let ackd = ackd_on(&mock, topic, group);
     let assigned = ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("assigned"), WAIT);
     assert_eq!(
         field(&assigned, "offset").as_deref(),
