@@ -57,12 +57,7 @@ pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
 }
 
 async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
-    let rdkafka = settings
-        .rdkafka
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.shown(k)))
-        .collect::<Vec<_>>()
-        .join(",");
+    let rdkafka = settings.rdkafka_shown();
     tracing::info!(
         at = "start",
         version = env!("CARGO_PKG_VERSION"),

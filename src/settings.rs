@@ -215,32 +215,13 @@ impl Settings {
         raw.validate()
     }
 
-    /// One line's worth of what ackd runs with, for the `at=start` line. No secrets.
-    pub fn summary(&self) -> Vec<(&'static str, String)> {
-        let rdkafka = self
-            .rdkafka
+    /// The pass-through properties as `k=v,…`, secrets redacted, for the start line.
+    pub fn rdkafka_shown(&self) -> String {
+        self.rdkafka
             .iter()
             .map(|(k, v)| format!("{k}={}", v.shown(k)))
             .collect::<Vec<_>>()
-            .join(",");
-        vec![
-            ("brokers", self.brokers.bootstrap_servers()),
-            ("security", self.brokers.security.protocol().to_string()),
-            ("topics", self.topics.join(",")),
-            ("group", self.group_id.clone()),
-            ("processor", self.processor.clone()),
-            (
-                "commit_interval_ms",
-                self.commit_interval.as_millis().to_string(),
-            ),
-            (
-                "shutdown_timeout_ms",
-                self.shutdown_timeout.as_millis().to_string(),
-            ),
-            ("start_from", self.start_from.as_str().to_string()),
-            ("log_messages", self.log_messages.to_string()),
-            ("rdkafka", rdkafka),
-        ]
+            .join(",")
     }
 }
 
@@ -734,7 +715,7 @@ mod tests {
     #[test]
     fn secrets_never_show() {
         let s = Settings::from_vars(vars(&[("ACKD_RDKAFKA_SASL_PASSWORD", "hunter2")])).unwrap();
-        let summary = format!("{:?}", s.summary());
+        let summary = s.rdkafka_shown();
         let debug = format!("{s:?}");
         assert!(!summary.contains("hunter2"), "{summary}");
         assert!(!debug.contains("hunter2"), "{debug}");

@@ -303,7 +303,7 @@ async fn run<C, P>(
         let outcome = handle(&view, &config, &shared, &mut stop, &mut rng).await;
         shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
-            Handled::Ack => {
+            Handled::Processed | Handled::Ack => {
                 shared.highest_acked.fetch_max(offset, Ordering::AcqRel);
                 match tracker.ack(offset) {
                     Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
@@ -312,17 +312,8 @@ async fn run<C, P>(
                         tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e)
                     }
                 }
-            }
-            Handled::Processed => {
-                shared.highest_acked.fetch_max(offset, Ordering::AcqRel);
-                match tracker.ack(offset) {
-                    Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e)
-                    }
-                }
-                if config.log_messages {
+                // Skipped and dead-lettered messages have their own lines.
+                if config.log_messages && matches!(outcome, Handled::Processed) {
                     metrics::message_processed(&source, &topic, partition, offset, view.key());
                 }
             }
