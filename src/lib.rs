@@ -22,6 +22,8 @@ mod output;
 pub mod processor;
 pub mod processors;
 pub mod rdkafka_env;
+pub mod secret;
+pub mod security;
 pub mod settings;
 mod supervisor;
 pub mod tracker;
@@ -37,6 +39,10 @@ pub use settings::{SettingError, Settings};
 /// configuration errors (exit 78) are handled here.
 pub fn main_with<P: Processor>(make: impl FnOnce(&Settings) -> P) -> ExitCode {
     let settings = Settings::from_env();
+    if let Ok(s) = &settings {
+        // From here on no line carries a secret value, whatever path it takes.
+        secret::register(s.never_shown());
+    }
     let (level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
