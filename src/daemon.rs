@@ -100,6 +100,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
+        auth: Default::default(),
     };
     let consumer: Arc<AckdConsumer<P>> =
         match consumer_config(&settings).create_with_context(context) {

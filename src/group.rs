@@ -138,6 +138,8 @@ pub struct GroupContext<P: Processor> {
     pub worker: WorkerConfig<P>,
     pub drain_timeout: Duration,
     pub start_from: StartFrom,
+    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/auth.rs).
+    pub auth: crate::auth::AuthFailures,
 }
 
 impl<P: Processor> GroupContext<P> {
@@ -168,6 +170,10 @@ impl<P: Processor> ClientContext for GroupContext<P> {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        // An authentication failure gets its own line (once) and stops ackd.
+        if self.auth.observe(&error, reason) {
+            return;
+        }
         tracing::error!(at = "kafka_error", error = %error, reason);
     }
 }

@@ -12,6 +12,7 @@
 //! [`processor`] (the trait), [`processors`] (built-ins), `output` and [`logfmt`]
 //! (every line written).
 
+mod auth;
 mod client_config;
 mod daemon;
 pub mod exit;
