@@ -65,6 +65,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         security = settings.brokers.security.protocol(),
         topics = settings.topics.join(","),
         group = &settings.group_id,
+        // TLS, SASL and KAFKA_PREFIX (none of them shows a secret).
+        kafka_prefix = settings.kafka_prefix.as_deref(),
+        tls = crate::security::tls_summary(settings.tls.as_ref()),
+        sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
         processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
         shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,
@@ -119,6 +123,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
+        auth: Default::default(),
     };
     let consumer: Arc<AckdConsumer<P>> =
         match consumer_config(&settings).create_with_context(context) {
@@ -280,6 +285,13 @@ fn report_client_error(settings: &Settings, error: KafkaError) -> i32 {
         };
         crate::report_setting_error(&e);
         return exit::CONFIG;
+    }
+    // A PEM librdkafka refused (e.g. a key that is not the certificate's): name its variable.
+    if let KafkaError::ClientCreation(message) = &error {
+        if let Some(e) = crate::security::creation_error(message) {
+            crate::report_setting_error(&e);
+            return exit::CONFIG;
+        }
     }
     tracing::error!(at = "start_failed", error = %error, "cannot create the Kafka consumer");
     exit::SOFTWARE

@@ -10,6 +10,9 @@ pub const INCOMPLETE: i32 = 1;
 pub const SOFTWARE: i32 = 70;
 /// librdkafka reported a fatal error (EX_UNAVAILABLE), e.g. this member was fenced.
 pub const UNAVAILABLE: i32 = 69;
+/// A broker refused ackd's credentials or ackd refused the broker's certificate
+/// (EX_NOPERM): TLS or SASL authentication failed (see src/auth.rs).
+pub const NOPERM: i32 = 77;
 /// A setting is missing or invalid (EX_CONFIG).
 pub const CONFIG: i32 = 78;
 /// A second SIGINT forced an immediate exit (128 + SIGINT).

@@ -114,6 +114,8 @@ pub struct GroupContext<P: Processor> {
     pub metrics_interval: Duration,
     /// Set once the last summary is written: statistics during the close write none.
     pub summaries_done: AtomicBool,
+    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/auth.rs).
+    pub auth: crate::auth::AuthFailures,
 }
 
 impl<P: Processor> GroupContext<P> {
@@ -197,6 +199,10 @@ impl<P: Processor> ClientContext for GroupContext<P> {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        // An authentication failure gets its own line (once) and stops ackd.
+        if self.auth.observe(&error, reason) {
+            return;
+        }
         tracing::error!(at = "kafka_error", error = %error, reason);
     }
 

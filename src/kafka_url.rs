@@ -1,9 +1,15 @@
 //! `KAFKA_URL`: the broker list as Heroku and most platforms hand it out.
 //!
-//! Accepted: comma-separated `kafka://host:port`, `kafka+ssl://host:port` or bare
-//! `host:port`; whitespace around entries is ignored; IPv6 hosts in brackets
-//! (`[::1]:9092`). All brokers must share one security protocol, since librdkafka
-//! applies `security.protocol` to the whole client.
+//! Accepted: comma-separated `kafka://host:port`, `kafka+ssl://host:port`,
+//! `kafka+sasl-ssl://[user:password@]host:port` or bare `host:port`; whitespace around
+//! entries is ignored; IPv6 hosts in brackets (`[::1]:9092`). All brokers must share one
+//! security protocol, since librdkafka applies `security.protocol` to the whole client.
+//! User info (SASL credentials, percent-decoded) is only for `kafka+sasl-ssl://`, and is
+//! never echoed in an error.
+
+use std::fmt;
+
+use crate::secret::Secret;
 
 /// How ackd talks to the brokers, decided by the URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +18,8 @@ pub enum Security {
     Plaintext,
     /// `kafka+ssl://`.
     Ssl,
+    /// `kafka+sasl-ssl://`: SASL authentication over TLS.
+    SaslSsl,
 }
 
 impl Security {
@@ -20,7 +28,35 @@ impl Security {
         match self {
             Security::Plaintext => "plaintext",
             Security::Ssl => "ssl",
+            Security::SaslSsl => "sasl_ssl",
         }
+    }
+
+    /// Whether the connection is TLS.
+    pub fn tls(self) -> bool {
+        matches!(self, Security::Ssl | Security::SaslSsl)
+    }
+
+    /// The URL scheme, for messages.
+    pub fn scheme(self) -> &'static str {
+        match self {
+            Security::Plaintext => "kafka://",
+            Security::Ssl => "kafka+ssl://",
+            Security::SaslSsl => "kafka+sasl-ssl://",
+        }
+    }
+}
+
+/// SASL credentials given in the URL (`user:password@`), percent-decoded.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserInfo {
+    pub username: Secret,
+    pub password: Secret,
+}
+
+impl fmt::Debug for UserInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("UserInfo([redacted])")
     }
 }
 
@@ -30,6 +66,8 @@ pub struct Brokers {
     pub security: Security,
     /// `host:port` each, IPv6 hosts bracketed: librdkafka's `bootstrap.servers` form.
     pub addresses: Vec<String>,
+    /// Credentials from the URL (`kafka+sasl-ssl://user:password@host:port`).
+    pub user_info: Option<UserInfo>,
 }
 
 impl Brokers {
@@ -40,37 +78,104 @@ impl Brokers {
 }
 
 /// What `KAFKA_URL` allows, for error messages.
-pub const ALLOWED: &str = "comma-separated brokers, each kafka://host:port, kafka+ssl://host:port or host:port (IPv6 as [addr]:port)";
+pub const ALLOWED: &str = "comma-separated brokers, each kafka://host:port, kafka+ssl://host:port, kafka+sasl-ssl://[user:password@]host:port or host:port (IPv6 as [addr]:port)";
 
 /// Parses a `KAFKA_URL` value. The error says what is wrong with which entry, without
 /// echoing anything that could be a credential.
 pub fn parse(input: &str) -> Result<Brokers, String> {
     let mut security = None;
     let mut addresses = Vec::new();
+    let mut user_info: Option<UserInfo> = None;
     for entry in input.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (entry_security, rest) = split_scheme(entry)?;
         match security {
             None => security = Some(entry_security),
             Some(s) if s != entry_security => {
                 return Err(
-                    "mixes plaintext and TLS brokers; use one scheme for every broker".into(),
+                    "mixes schemes (kafka://, kafka+ssl://, kafka+sasl-ssl://); use one scheme for every broker".into(),
                 );
             }
             Some(_) => {}
         }
         let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if rest.contains('@') {
-            return Err("user info (user:password@) is not supported in KAFKA_URL".into());
-        }
+        let rest = match rest.rsplit_once('@') {
+            Some((info, hostport)) => {
+                if entry_security != Security::SaslSsl {
+                    return Err(
+                        "user info (user:password@) is only for kafka+sasl-ssl:// (SASL) brokers"
+                            .into(),
+                    );
+                }
+                let info = parse_user_info(info)?;
+                match &user_info {
+                    Some(seen) if *seen != info => {
+                        return Err("brokers carry different user info (user:password@); give the credentials once".into());
+                    }
+                    _ => user_info = Some(info),
+                }
+                hostport
+            }
+            None => rest,
+        };
         addresses.push(parse_host_port(rest)?);
     }
     match security {
         Some(security) => Ok(Brokers {
             security,
             addresses,
+            user_info,
         }),
         None => Err("is empty: name at least one broker".into()),
     }
+}
+
+/// `user:password`, each percent-decoded. Errors never show either part.
+fn parse_user_info(info: &str) -> Result<UserInfo, String> {
+    let Some((user, password)) = info.split_once(':') else {
+        return Err("user info has a user name but no password: write kafka+sasl-ssl://user:password@host:port".into());
+    };
+    let username = percent_decode(user)?;
+    let password = percent_decode(password)?;
+    if username.is_empty() || password.is_empty() {
+        return Err("user info has an empty user name or password".into());
+    }
+    Ok(UserInfo {
+        username: Secret::new(username),
+        password: Secret::new(password),
+    })
+}
+
+/// Decodes `%XX` escapes (RFC 3986). The result must be UTF-8 without NUL (librdkafka
+/// takes C strings).
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            match hex {
+                Some(b) => out.push(b),
+                None => {
+                    return Err(
+                        "user info has a `%` that does not start a %XX escape (write % as %25)"
+                            .into(),
+                    )
+                }
+            }
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if out.contains(&0) {
+        return Err("user info decodes to a NUL character".into());
+    }
+    String::from_utf8(out).map_err(|_| "user info does not decode to UTF-8".to_string())
 }
 
 fn split_scheme(entry: &str) -> Result<(Security, &str), String> {
@@ -80,8 +185,9 @@ fn split_scheme(entry: &str) -> Result<(Security, &str), String> {
     match scheme.to_ascii_lowercase().as_str() {
         "kafka" => Ok((Security::Plaintext, rest)),
         "kafka+ssl" => Ok((Security::Ssl, rest)),
+        "kafka+sasl-ssl" => Ok((Security::SaslSsl, rest)),
         _ => Err(format!(
-            "has an unsupported scheme `{scheme}://`; use kafka:// or kafka+ssl://"
+            "has an unsupported scheme `{scheme}://`; use kafka://, kafka+ssl:// or kafka+sasl-ssl://"
         )),
     }
 }
@@ -177,6 +283,17 @@ mod tests {
             ("kafka://a:1,kafka+ssl://b:2", "mixes"),
             ("bad host:1", "host name"),
             ("kafka://user:secret@h:1", "user info"),
+            ("kafka+ssl://user:secret@h:1", "only for kafka+sasl-ssl"),
+            ("kafka+sasl-ssl://secret@h:1", "no password"),
+            ("kafka+sasl-ssl://:secret@h:1", "empty"),
+            ("kafka+sasl-ssl://u:secret%zz@h:1", "%XX"),
+            ("kafka+sasl-ssl://u:secret%00@h:1", "NUL"),
+            ("kafka+sasl-ssl://u:secret%ff@h:1", "UTF-8"),
+            (
+                "kafka+sasl-ssl://u:secret@h:1,kafka+sasl-ssl://u:secret2@h:2",
+                "different",
+            ),
+            ("kafka+sasl-ssl://u:secret@h:1,kafka+ssl://h:2", "mixes"),
         ] {
             let err = parse(input).expect_err(input);
             assert!(err.contains(expect), "{input:?}: {err}");
@@ -185,6 +302,31 @@ mod tests {
                 "{input:?} leaked a credential: {err}"
             );
         }
+    }
+
+    #[test]
+    fn sasl_user_info_is_percent_decoded_and_never_debug_printed() {
+        let b = ok("kafka+sasl-ssl://api%2Bkey:p%40ss%3Aw%2Fo%25rd@b1.example.com:9092, kafka+sasl-ssl://b2.example.com:9092");
+        assert_eq!(b.security, Security::SaslSsl);
+        assert_eq!(b.security.protocol(), "sasl_ssl");
+        assert_eq!(
+            b.bootstrap_servers(),
+            "b1.example.com:9092,b2.example.com:9092"
+        );
+        let info = b.user_info.as_ref().unwrap();
+        assert_eq!(info.username.expose(), "api+key");
+        assert_eq!(info.password.expose(), "p@ss:w/o%rd");
+        let debug = format!("{b:?}");
+        assert!(!debug.contains("api"), "{debug}");
+        assert!(!debug.contains("p@ss"), "{debug}");
+        // An unencoded `@` in the password is taken as part of it.
+        let b = ok("kafka+sasl-ssl://u:a@b@h:1");
+        assert_eq!(b.user_info.unwrap().password.expose(), "a@b");
+        // The same credentials on every entry are fine.
+        assert!(ok("kafka+sasl-ssl://u:p@h:1,kafka+sasl-ssl://u:p@h:2")
+            .user_info
+            .is_some());
+        assert_eq!(ok("kafka+sasl-ssl://h:1").user_info, None);
     }
 
     proptest! {

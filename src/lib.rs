@@ -12,6 +12,7 @@
 //! [`processor`] (the trait), [`processors`] (built-ins), `output` and [`logfmt`]
 //! (every line written).
 
+mod auth;
 mod client_config;
 mod committer;
 mod daemon;
@@ -26,6 +27,8 @@ mod output;
 pub mod processor;
 pub mod processors;
 pub mod rdkafka_env;
+pub mod secret;
+pub mod security;
 pub mod settings;
 mod supervisor;
 pub mod tracker;
@@ -43,6 +46,10 @@ pub fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
     let settings = Settings::from_env();
+    if let Ok(s) = &settings {
+        // From here on no line carries a secret value, whatever path it takes.
+        secret::register(s.never_shown());
+    }
     let (level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),

@@ -132,6 +132,7 @@ where
             let (line, scratch) = &mut *b;
             line.clear();
             self.render(event, line, scratch);
+            crate::secret::scrub(line); // no registered secret reaches a line (src/secret.rs)
             line.push('\n');
             writer.write_str(line)
         })

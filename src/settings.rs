@@ -14,6 +14,7 @@ use config::{Config, Environment, File, FileFormat};
 use crate::failure::{OnFailure, Retry};
 use crate::kafka_url::{self, Brokers};
 use crate::rdkafka_env;
+use crate::security::{self, Sasl, Tls};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -24,7 +25,7 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ("metadata.broker.list", "KAFKA_URL"),
     (
         "security.protocol",
-        "the KAFKA_URL scheme (kafka:// or kafka+ssl://)",
+        "the KAFKA_URL scheme (kafka://, kafka+ssl:// or kafka+sasl-ssl://)",
     ),
     ("group.id", "ACKD_GROUP_ID"),
     ("auto.offset.reset", "ACKD_START_FROM"),
@@ -63,6 +64,9 @@ const KEYS: &[&str] = &[
     "on_failure",
     "dead_letter_topic",
     "config_file",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -123,17 +127,37 @@ pub fn is_secret_property(property: &str) -> bool {
         "jaas",
         "oauthbearer.config",
         "token",
+        // librdkafka counts the SASL user name as sensitive too; PEMs are never logged.
+        "sasl.username",
+        ".pem",
     ]
     .iter()
     .any(|s| p.contains(s))
 }
 
+/// The platform's variables read as they are (not layered: they come from the
+/// environment only, e.g. Heroku's Kafka add-on).
+const KAFKA_VARS: &[&str] = &[
+    security::TRUSTED_CERT,
+    security::CLIENT_CERT,
+    security::CLIENT_KEY,
+    "KAFKA_PREFIX",
+];
+
 /// ackd's settings. `Debug` shows no secret.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub brokers: Brokers,
+    /// Full topic names: `KAFKA_PREFIX` applied.
     pub topics: Vec<String>,
+    /// The full group name: `KAFKA_PREFIX` applied.
     pub group_id: String,
+    /// `KAFKA_PREFIX` (multi-tenant Heroku Kafka): in front of every topic and the group.
+    pub kafka_prefix: Option<String>,
+    /// TLS, for `kafka+ssl://` and `kafka+sasl-ssl://` brokers.
+    pub tls: Option<Tls>,
+    /// SASL, for `kafka+sasl-ssl://` brokers.
+    pub sasl: Option<Sasl>,
     pub processor: String,
     pub commit_interval: Duration,
     pub shutdown_timeout: Duration,
@@ -200,7 +224,43 @@ fn env_name(key: &str) -> String {
     }
 }
 
+/// `name` with `prefix` in front, unless it already starts with it (so a name given
+/// in full is not prefixed twice).
+pub fn with_prefix(prefix: Option<&str>, name: &str) -> String {
+    match prefix {
+        Some(p) if !name.starts_with(p) => format!("{p}{name}"),
+        _ => name.to_string(),
+    }
+}
+
 impl Settings {
+    /// The full broker-side name of a topic or group: `KAFKA_PREFIX` applied once.
+    /// Every topic and group name ackd uses goes through this (ACKD_DEAD_LETTER_TOPIC
+    /// will too).
+    pub fn prefixed(&self, name: &str) -> String {
+        with_prefix(self.kafka_prefix.as_deref(), name)
+    }
+
+    /// Every value no line may show, for [`crate::secret::register`]: credentials, the
+    /// private key, and the PEMs (public, but never printed).
+    pub fn never_shown(&self) -> Vec<String> {
+        let mut values: Vec<String> = Vec::new();
+        if let Some(sasl) = &self.sasl {
+            values.push(sasl.password.expose().to_string());
+            values.push(sasl.username.expose().to_string());
+        }
+        if let Some(tls) = &self.tls {
+            values.extend(security::pems(tls).into_iter().map(str::to_string));
+        }
+        values.extend(
+            self.rdkafka
+                .iter()
+                .filter(|(k, _)| is_secret_property(k))
+                .map(|(_, v)| v.value.clone()),
+        );
+        values
+    }
+
     /// Loads settings from the process environment.
     pub fn from_env() -> Result<Settings, SettingError> {
         Self::from_vars(std::env::vars())
@@ -233,6 +293,8 @@ struct RawSettings {
     file: Option<String>,
     from_env: Vec<&'static str>,
     rdkafka: BTreeMap<String, PassThrough>,
+    /// [`KAFKA_VARS`] as given.
+    kafka_vars: HashMap<&'static str, String>,
 }
 
 impl RawSettings {
@@ -345,11 +407,17 @@ impl RawSettings {
             }
         }
 
+        let kafka_vars = KAFKA_VARS
+            .iter()
+            .filter_map(|k| vars.get(*k).map(|v| (*k, v.clone())))
+            .collect();
+
         Ok(RawSettings {
             values,
             file,
             from_env,
             rdkafka,
+            kafka_vars,
         })
     }
 
@@ -409,12 +477,30 @@ impl RawSettings {
             e
         })?;
 
+        let kafka_prefix = match self.kafka_vars.get("KAFKA_PREFIX").map(|p| p.trim()) {
+            None | Some("") => None,
+            Some(p) => {
+                let valid = p.len() < 249
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+                if !valid {
+                    return Err(SettingError::new(
+                        "KAFKA_PREFIX",
+                        Some(p),
+                        "expected the start of a topic name: a-z A-Z 0-9 . _ - (Heroku's ends with `.`)",
+                    ));
+                }
+                Some(p.to_string())
+            }
+        };
+        let prefix = kafka_prefix.as_deref();
+
         let topics_raw = self.required("topics", "comma-separated topic names")?;
         let topics: Vec<String> = topics_raw
             .split(',')
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .map(str::to_string)
+            .map(|t| with_prefix(prefix, t))
             .collect();
         if topics.is_empty() {
             return Err(self.error("topics", "names no topic: give comma-separated topic names"));
@@ -423,17 +509,49 @@ impl RawSettings {
             if !valid_topic(t) {
                 return Err(self.error(
                     "topics",
-                    format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ -"),
+                    format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ - (KAFKA_PREFIX included)"),
                 ));
             }
         }
 
-        let group_id = self
-            .required(
+        let group_id = with_prefix(
+            prefix,
+            self.required(
                 "group_id",
                 "the consumer group that this app's consumers share",
-            )?
-            .to_string();
+            )?,
+        );
+
+        let value = |key: &'static str| self.values.get(key).map(String::as_str);
+        let (tls, sasl) = security::validate(
+            &brokers,
+            &security::Inputs {
+                trusted_cert: self
+                    .kafka_vars
+                    .get(security::TRUSTED_CERT)
+                    .map(String::as_str),
+                client_cert: self
+                    .kafka_vars
+                    .get(security::CLIENT_CERT)
+                    .map(String::as_str),
+                client_key: self
+                    .kafka_vars
+                    .get(security::CLIENT_KEY)
+                    .map(String::as_str),
+                sasl_mechanism: value("sasl_mechanism"),
+                sasl_username: value("sasl_username"),
+                sasl_password: value("sasl_password"),
+            },
+        )?;
+        for (property, setting) in security::claimed(tls.as_ref(), sasl.as_ref()) {
+            if let Some(pass) = self.rdkafka.get(property) {
+                return Err(SettingError::new(
+                    &pass.origin,
+                    None,
+                    format!("sets `{property}`, which ackd sets from {setting}: give it once"),
+                ));
+            }
+        }
 
         // Which names are valid is the processors' business (an embedding app has its own).
         let processor = self.get("processor").to_ascii_lowercase();
@@ -506,7 +624,7 @@ impl RawSettings {
             .ok_or_else(|| self.error("on_failure", format!("expected {}", OnFailure::ALLOWED)))?;
         let dead_letter_topic = match self.get("dead_letter_topic") {
             "" => None,
-            t if valid_topic(t) => Some(t.to_string()),
+            t if valid_topic(t) => Some(with_prefix(prefix, t)),
             t => {
                 return Err(self.error(
                     "dead_letter_topic",
@@ -540,6 +658,9 @@ impl RawSettings {
             metrics_interval: self.millis("metrics_interval_ms", 0, 3_600_000)?,
             topics,
             group_id,
+            kafka_prefix,
+            tls,
+            sasl,
             processor,
             commit_interval: self.millis("commit_interval_ms", 1, 3_600_000)?,
             shutdown_timeout: self.millis("shutdown_timeout_ms", 1, 3_600_000)?,
@@ -720,6 +841,140 @@ mod tests {
         assert!(!summary.contains("hunter2"), "{summary}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(summary.contains("sasl.password=[redacted]"));
+    }
+
+    #[test]
+    fn kafka_prefix_goes_in_front_of_every_topic_and_the_group_once() {
+        let s = Settings::from_vars(vars(&[
+            ("KAFKA_PREFIX", "tenant-x."),
+            ("ACKD_TOPICS", "orders, tenant-x.payments"),
+        ]))
+        .unwrap();
+        assert_eq!(s.kafka_prefix.as_deref(), Some("tenant-x."));
+        assert_eq!(s.topics, vec!["tenant-x.orders", "tenant-x.payments"]);
+        assert_eq!(s.group_id, "tenant-x.billing");
+        // Already prefixed: not prefixed twice (the dead-letter topic will use this too).
+        assert_eq!(s.prefixed("tenant-x.dlq"), "tenant-x.dlq");
+        assert_eq!(s.prefixed("dlq"), "tenant-x.dlq");
+        assert_eq!(s.prefixed(&s.prefixed("dlq")), "tenant-x.dlq");
+        assert_eq!(with_prefix(None, "dlq"), "dlq");
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_GROUP_ID", "tenant-x.billing"),
+            ("KAFKA_PREFIX", "tenant-x."),
+        ]))
+        .unwrap();
+        assert_eq!(s.group_id, "tenant-x.billing");
+        // Empty means none.
+        let s = Settings::from_vars(vars(&[("KAFKA_PREFIX", " ")])).unwrap();
+        assert_eq!(s.kafka_prefix, None);
+        assert_eq!(s.topics, vec!["orders", "payments"]);
+
+        let e = err(&[("KAFKA_PREFIX", "bad prefix.")]);
+        assert_eq!(e.setting, "KAFKA_PREFIX");
+        assert_eq!(e.value.as_deref(), Some("bad prefix."));
+        let long = "p".repeat(200);
+        let e = err(&[("KAFKA_PREFIX", &long), ("ACKD_TOPICS", &"t".repeat(60))]);
+        assert_eq!(e.setting, "ACKD_TOPICS");
+        assert!(e.problem.contains("KAFKA_PREFIX included"), "{e}");
+        let s = Settings::from_vars(vars(&[
+            ("KAFKA_PREFIX", "tenant-x."),
+            ("ACKD_ON_FAILURE", "dead-letter"),
+            ("ACKD_DEAD_LETTER_TOPIC", "orders.dlq"),
+        ]))
+        .unwrap();
+        assert_eq!(s.dead_letter_topic.as_deref(), Some("tenant-x.orders.dlq"));
+    }
+
+    #[test]
+    fn heroku_variables_configure_mutual_tls_without_showing_a_pem() {
+        use crate::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
+        let s = Settings::from_vars(vars(&[
+            ("KAFKA_URL", "kafka+ssl://ec2-1.compute.amazonaws.com:9096,kafka+ssl://ec2-2.compute.amazonaws.com:9096"),
+            ("KAFKA_TRUSTED_CERT", CA),
+            ("KAFKA_CLIENT_CERT", CLIENT),
+            ("KAFKA_CLIENT_CERT_KEY", CLIENT_KEY_PEM),
+        ]))
+        .unwrap();
+        let tls = s.tls.as_ref().unwrap();
+        assert_eq!(tls.trusted.as_ref().unwrap().count, 1);
+        assert!(tls.client.is_some());
+        assert_no_content(&format!("{s:?}"));
+        assert_no_content(&s.rdkafka_shown());
+        assert!(s.never_shown().iter().any(|v| v == CLIENT_KEY_PEM));
+        assert!(s.never_shown().iter().any(|v| v == CA));
+        assert_eq!(
+            security::tls_summary(s.tls.as_ref()).unwrap(),
+            "ca=KAFKA_TRUSTED_CERT(1),hostname_check=off,client_cert=on"
+        );
+    }
+
+    #[test]
+    fn sasl_settings_are_redacted_everywhere() {
+        let s = Settings::from_vars(vars(&[
+            ("KAFKA_URL", "kafka+sasl-ssl://b1.example.com:9092"),
+            ("ACKD_SASL_MECHANISM", "SCRAM-SHA-256"),
+            ("ACKD_SASL_USERNAME", "alice-user"),
+            ("ACKD_SASL_PASSWORD", "hunter2-pass"),
+        ]))
+        .unwrap();
+        assert_eq!(s.brokers.security.protocol(), "sasl_ssl");
+        let shown = format!(
+            "{s:?} {} {:?}",
+            s.rdkafka_shown(),
+            security::sasl_summary(s.sasl.as_ref())
+        );
+        assert!(
+            !shown.contains("hunter2-pass") && !shown.contains("alice-user"),
+            "{shown}"
+        );
+        assert!(shown.contains("mechanism=SCRAM-SHA-256"), "{shown}");
+        assert!(s.never_shown().contains(&"hunter2-pass".to_string()));
+        // A mismatch is an error that shows no secret.
+        let e = err(&[("ACKD_SASL_PASSWORD", "hunter2-pass")]);
+        assert_eq!(e.setting, "ACKD_SASL_PASSWORD");
+        assert_eq!(e.value, None);
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        // So is a URL with credentials that cannot be parsed.
+        let e = err(&[("KAFKA_URL", "kafka+sasl-ssl://u:hunter2-pass@b:x")]);
+        assert_eq!(e.setting, "KAFKA_URL");
+        assert_eq!(e.value, None);
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn pass_through_properties_cannot_contradict_the_security_settings() {
+        use crate::security::tests::CA;
+        let e = err(&[
+            ("KAFKA_URL", "kafka+ssl://b:1"),
+            ("KAFKA_TRUSTED_CERT", CA),
+            ("ACKD_RDKAFKA_SSL_CA_LOCATION", "/etc/ssl/certs"),
+        ]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_SSL_CA_LOCATION");
+        assert!(e.problem.contains("KAFKA_TRUSTED_CERT"), "{e}");
+        let e = err(&[
+            ("KAFKA_URL", "kafka+sasl-ssl://u:p@b:1"),
+            ("ACKD_SASL_MECHANISM", "PLAIN"),
+            ("ACKD_RDKAFKA_SASL_PASSWORD", "hunter2"),
+        ]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_SASL_PASSWORD");
+        assert_eq!(e.value, None);
+        // Without a pinned CA, ssl.ca.location is yours to set; the host-name check can be
+        // turned back on over a pinned CA.
+        let s = Settings::from_vars(vars(&[
+            ("KAFKA_URL", "kafka+ssl://b:1"),
+            ("ACKD_RDKAFKA_SSL_CA_LOCATION", "/etc/ssl/certs"),
+        ]))
+        .unwrap();
+        assert!(s.tls.unwrap().trusted.is_none());
+        Settings::from_vars(vars(&[
+            ("KAFKA_URL", "kafka+ssl://b:1"),
+            ("KAFKA_TRUSTED_CERT", CA),
+            (
+                "ACKD_RDKAFKA_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM",
+                "https",
+            ),
+        ]))
+        .unwrap();
     }
 
     #[test]

@@ -184,6 +184,8 @@ async fn poll_loop<P: Processor>(
                     tracing::error!(at = "kafka_fatal", error = %code, "librdkafka reported a fatal error; stopping");
                     return Stop::Fatal(exit::UNAVAILABLE);
                 }
+                // The error callback (GroupContext::error) saw this error just before.
+                Err(_) if consumer.context().auth.failed() => return Stop::Fatal(exit::NOPERM),
                 Err(e) => tracing::warn!(at = "kafka_error", error = %e),
             },
         }

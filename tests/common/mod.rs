@@ -1,6 +1,7 @@
 //! Shared harness for the integration tests (`mod common;` in each test binary).
 //!
-//! - [`broker`]: one Tansu broker per test binary, started lazily, killed with the process.
+//! - [`broker`]: one Tansu broker per test binary, started lazily, killed with the process;
+//!   [`broker_with`] starts it with [`BrokerOptions`] instead (e.g. behind a TLS proxy).
 //! - [`create_topic`], [`unique_name`], [`produce`], [`produce_keyed`], [`log_ends`],
 //!   [`committed`]: topic setup, ground truth from delivery reports, committed offsets.
 //! - [`AckdBuilder`] / [`AckdProcess`]: runs the real `ackd` binary and collects its output.
@@ -124,18 +125,51 @@ pub fn tansu_bin() -> PathBuf {
 /// One Tansu broker (memory storage) for the whole test binary.
 pub struct Broker {
     port: u16,
+    /// The port the broker tells clients to use (metadata): `port` unless a proxy is in front.
+    advertised_port: u16,
+    /// Extra properties for the harness's own clients (producer, committed offsets).
+    client_config: Vec<(String, String)>,
     log_path: PathBuf,
     child: Mutex<Child>,
 }
 
+/// How to start the test binary's broker. The default is a plain broker advertising
+/// its own port.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// Advertise `127.0.0.1:PORT` instead of the listener (TANSU.md: a TLS proxy on PORT
+    /// in front of the plain listener). Clients follow the advertised address, so the
+    /// harness's clients then go through the proxy too: see `client_config`.
+    pub advertised_port: Option<u16>,
+    /// librdkafka properties the harness's producer and committed-offsets consumer add
+    /// (e.g. TLS settings for that proxy).
+    pub client_config: Vec<(String, String)>,
+}
+
+static BROKER: OnceLock<Broker> = OnceLock::new();
+
 /// The test binary's broker, started on first use.
 pub fn broker() -> &'static Broker {
-    static BROKER: OnceLock<Broker> = OnceLock::new();
-    BROKER.get_or_init(Broker::start)
+    BROKER.get_or_init(|| Broker::start(BrokerOptions::default()))
+}
+
+/// Starts the test binary's broker with `options`. Must come before any use of
+/// [`broker`] (panics if the broker was already started).
+pub fn broker_with(options: BrokerOptions) -> &'static Broker {
+    let mut started_here = false;
+    let b = BROKER.get_or_init(|| {
+        started_here = true;
+        Broker::start(options)
+    });
+    assert!(
+        started_here,
+        "broker_with: the broker was already started; call it before anything uses broker()"
+    );
+    b
 }
 
 impl Broker {
-    fn start() -> Broker {
+    fn start(options: BrokerOptions) -> Broker {
         let bin = tansu_bin();
         let started = Instant::now();
         // The port is picked by binding :0 and releasing it, so another process could take it
@@ -147,13 +181,15 @@ impl Broker {
             let log = File::create(&log_path)
                 .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
             let url = format!("tcp://127.0.0.1:{port}");
+            let advertised_port = options.advertised_port.unwrap_or(port);
+            let advertised = format!("tcp://127.0.0.1:{advertised_port}");
             let mut cmd = Command::new(&bin);
             cmd.args([
                 "broker",
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
             .args(["--storage-engine", "memory://tansu/"])
             .env_clear()
@@ -183,6 +219,8 @@ impl Broker {
                     );
                     return Broker {
                         port,
+                        advertised_port,
+                        client_config: options.client_config,
                         log_path,
                         child: Mutex::new(child),
                     };
@@ -203,16 +241,23 @@ impl Broker {
         panic!("tansu broker failed to start:\n{}", failures.join("\n"));
     }
 
+    /// The broker's own (plain) listener port.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// `127.0.0.1:PORT`, for `bootstrap.servers` / `KAFKA_URL`.
+    /// `127.0.0.1:PORT` of the advertised listener (the broker's own unless a proxy is in
+    /// front), for `bootstrap.servers` / `KAFKA_URL`.
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("127.0.0.1:{}", self.advertised_port)
     }
 
-    /// `tcp://127.0.0.1:PORT`, for the `tansu` CLI.
+    /// The properties the harness's own clients add ([`BrokerOptions::client_config`]).
+    pub fn client_config(&self) -> &[(String, String)] {
+        &self.client_config
+    }
+
+    /// `tcp://127.0.0.1:PORT` of the broker's own listener, for the `tansu` CLI.
     pub fn url(&self) -> String {
         format!("tcp://127.0.0.1:{}", self.port)
     }
@@ -234,7 +279,8 @@ impl Broker {
     }
 }
 
-fn free_port() -> u16 {
+/// A port that was free a moment ago (bind :0, release).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
@@ -257,7 +303,7 @@ fn passthrough_env() -> Vec<(String, String)> {
         .collect()
 }
 
-fn read_lossy(path: &Path) -> String {
+pub fn read_lossy(path: &Path) -> String {
     let mut buf = Vec::new();
     match File::open(path).and_then(|mut f| f.read_to_end(&mut buf)) {
         Ok(_) => String::from_utf8_lossy(&buf).into_owned(),
@@ -311,15 +357,18 @@ pub struct Delivered {
 fn producer() -> &'static FutureProducer {
     static PRODUCER: OnceLock<FutureProducer> = OnceLock::new();
     PRODUCER.get_or_init(|| {
-        ClientConfig::new()
+        let mut config = ClientConfig::new();
+        config
             .set("bootstrap.servers", broker().bootstrap())
             .set("acks", "all")
             .set("linger.ms", "5")
             .set("message.timeout.ms", "30000")
             .set("queue.buffering.max.messages", "1000000")
-            .set("queue.buffering.max.kbytes", "1048576")
-            .create()
-            .expect("create test producer")
+            .set("queue.buffering.max.kbytes", "1048576");
+        for (k, v) in broker().client_config() {
+            config.set(k, v);
+        }
+        config.create().expect("create test producer")
     })
 }
 
@@ -393,13 +442,16 @@ pub fn log_ends(delivered: &[Delivered]) -> BTreeMap<i32, i64> {
 /// Committed offsets of `group` for partitions `0..partitions` of `topic`
 /// (None where nothing is committed). Uses a consumer that never subscribes.
 pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
-    let consumer: BaseConsumer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", broker().bootstrap())
         .set("group.id", group)
         .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .create()
-        .expect("create committed-offsets consumer");
+        .set("enable.auto.offset.store", "false");
+    for (k, v) in broker().client_config() {
+        config.set(k, v);
+    }
+    let consumer: BaseConsumer = config.create().expect("create committed-offsets consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);
