@@ -184,7 +184,11 @@ async fn poll_loop<P: Processor>(
                     tracing::error!(at = "kafka_fatal", error = %code, "librdkafka reported a fatal error; stopping");
                     return Stop::Fatal(exit::UNAVAILABLE);
                 }
-                Err(e) => tracing::warn!(at = "kafka_error", error = %e),
+                Err(e) => {
+                    if !consumer.context().connectivity.error(&e, None) {
+                        tracing::warn!(at = "kafka_error", error = %e);
+                    }
+                }
             },
         }
     }
