@@ -68,6 +68,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         security = settings.brokers.security.protocol(),
         topics = settings.topics.join(","),
         group = &settings.group_id,
+        group_instance_id = settings.group_instance_id.as_deref(),
         processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
         shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,

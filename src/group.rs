@@ -419,7 +419,9 @@ impl<P: Processor> GroupContext<P> {
     }
 
     fn revoke(&self, base: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
-        let lost = base.assignment_lost();
+        // After a fatal error (fenced) librdkafka unassigns everything: nothing of it is
+        // ours to commit any more, however the revoke is flagged.
+        let lost = base.assignment_lost() || base.client().fatal_error().is_some();
         let tps: Vec<Tp> = tpl
             .elements()
             .iter()
@@ -522,6 +524,7 @@ impl<P: Processor> GroupContext<P> {
             return Drained {
                 committed: Vec::new(),
                 without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
+                not_committed: pending,
                 complete,
             };
         };
@@ -556,6 +559,7 @@ impl<P: Processor> GroupContext<P> {
         Drained {
             committed,
             without_commit,
+            not_committed: Vec::new(),
             complete,
         }
     }
@@ -570,6 +574,8 @@ pub struct Drained {
     pub committed: Vec<(Tp, i64)>,
     /// Partitions released with nothing committed by this process.
     pub without_commit: Vec<Tp>,
+    /// Without a commit (`commit: None`): what was acknowledged and is left uncommitted.
+    pub not_committed: Vec<CommitOffset>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
 }

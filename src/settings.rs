@@ -38,6 +38,10 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ("auto.commit.interval.ms", "ACKD_COMMIT_INTERVAL_MS"),
     ("statistics.interval.ms", "ACKD_METRICS_INTERVAL_MS"),
     ("enable.partition.eof", "ACKD_STOP_AT_END"),
+    (
+        "group.instance.id",
+        "ACKD_STATIC_MEMBERSHIP (the id is DYNO, else the host name)",
+    ),
 ];
 
 /// Keys of the layered configuration (the env name is `ACKD_` + upper case), except
@@ -56,6 +60,7 @@ const KEYS: &[&str] = &[
     "log_messages",
     "log_level",
     "stop_at_end",
+    "static_membership",
     "config_file",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
@@ -141,6 +146,9 @@ pub struct Settings {
     pub log_level: String,
     /// Stop (commit, leave, exit 0) once every assigned partition reached its end.
     pub stop_at_end: bool,
+    /// With `ACKD_STATIC_MEMBERSHIP=true`: librdkafka's `group.instance.id`, from `DYNO`,
+    /// else the host name. `None`: dynamic membership (the default).
+    pub group_instance_id: Option<String>,
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
@@ -229,6 +237,10 @@ impl Settings {
             ),
             ("start_from", self.start_from.as_str().to_string()),
             ("log_messages", self.log_messages.to_string()),
+            (
+                "group_instance_id",
+                self.group_instance_id.clone().unwrap_or_default(),
+            ),
             ("rdkafka", rdkafka),
         ]
     }
@@ -242,6 +254,9 @@ struct RawSettings {
     file: Option<String>,
     from_env: Vec<&'static str>,
     rdkafka: BTreeMap<String, PassThrough>,
+    /// `DYNO` and `HOSTNAME` from the variables: where a static member's id comes from.
+    dyno: Option<String>,
+    hostname: Option<String>,
 }
 
 impl RawSettings {
@@ -359,6 +374,8 @@ impl RawSettings {
             file,
             from_env,
             rdkafka,
+            dyno: vars.get("DYNO").cloned(),
+            hostname: vars.get("HOSTNAME").cloned(),
         })
     }
 
@@ -402,6 +419,47 @@ impl RawSettings {
             "false" | "0" | "no" | "off" => Ok(false),
             _ => Err(self.error(key, "expected true or false")),
         }
+    }
+
+    /// A static member's `group.instance.id`: `DYNO` (Heroku's `consumer.1`), else
+    /// `HOSTNAME`, else the kernel's host name. Used as it is: the broker scopes instance
+    /// ids by group, so the group id need not be part of it.
+    fn instance_id(
+        &self,
+        read_hostname: impl FnOnce() -> Option<String>,
+    ) -> Result<String, SettingError> {
+        let nonempty = |v: &Option<String>| {
+            v.as_deref()
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let (source, id) = if let Some(id) = nonempty(&self.dyno) {
+            ("DYNO", id)
+        } else if let Some(id) = nonempty(&self.hostname) {
+            ("HOSTNAME", id)
+        } else if let Some(id) = nonempty(&read_hostname()) {
+            ("the host name", id)
+        } else {
+            return Err(self.error(
+                "static_membership",
+                "needs an instance id: set DYNO (Heroku sets it), or HOSTNAME",
+            ));
+        };
+        // Kafka's rule for group.instance.id (it refuses other ids at JoinGroup).
+        let valid = id.len() <= 249
+            && id != "."
+            && id != ".."
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(self.error(
+                "static_membership",
+                format!("takes group.instance.id from {source}, whose value `{id}` is not a valid instance id: up to 249 of a-z A-Z 0-9 . _ -"),
+            ));
+        }
+        Ok(id)
     }
 
     fn validate(self) -> Result<Settings, SettingError> {
@@ -494,8 +552,15 @@ impl RawSettings {
             }
         };
 
+        let group_instance_id = if self.boolean("static_membership")? {
+            Some(self.instance_id(read_hostname)?)
+        } else {
+            None
+        };
+
         Ok(Settings {
             brokers,
+            group_instance_id,
             metric_source,
             metrics_interval: self.millis("metrics_interval_ms", 0, 3_600_000)?,
             topics,
@@ -517,6 +582,11 @@ impl RawSettings {
             rdkafka: self.rdkafka,
         })
     }
+}
+
+/// The kernel's host name (Linux), for static members without `DYNO` or `HOSTNAME`.
+fn read_hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok()
 }
 
 /// Levels `ACKD_LOG_LEVEL` takes.
@@ -615,6 +685,54 @@ mod tests {
             assert_eq!(e.value.as_deref(), Some(value), "{e}");
             assert!(e.problem.contains(allowed), "{e}");
         }
+    }
+
+    #[test]
+    fn static_membership_is_off_by_default_and_takes_dyno_then_the_host_name() {
+        let s = Settings::from_vars(vars(&[("DYNO", "consumer.1")])).unwrap();
+        assert_eq!(s.group_instance_id, None, "opt-in only");
+
+        let on = [("ACKD_STATIC_MEMBERSHIP", "true")];
+        let s = Settings::from_vars(vars(&[on[0], ("DYNO", "consumer.1"), ("HOSTNAME", "h1")]))
+            .unwrap();
+        assert_eq!(s.group_instance_id.as_deref(), Some("consumer.1"));
+        let s = Settings::from_vars(vars(&[on[0], ("HOSTNAME", "worker-7.internal")])).unwrap();
+        assert_eq!(s.group_instance_id.as_deref(), Some("worker-7.internal"));
+        // Neither: the kernel's host name.
+        let s = Settings::from_vars(vars(&on)).unwrap();
+        assert_eq!(
+            s.group_instance_id,
+            read_hostname().map(|h| h.trim().to_string())
+        );
+
+        let e = err(&[on[0], ("DYNO", "consumer 1")]);
+        assert_eq!(e.setting, "ACKD_STATIC_MEMBERSHIP", "{e}");
+        assert!(
+            e.problem.contains("DYNO") && e.problem.contains("`consumer 1`"),
+            "{e}"
+        );
+        let e = err(&[("ACKD_STATIC_MEMBERSHIP", "sometimes")]);
+        assert!(e.problem.contains("true or false"), "{e}");
+    }
+
+    #[test]
+    fn static_membership_maps_to_group_instance_id_which_ackd_owns() {
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_STATIC_MEMBERSHIP", "true"),
+            ("DYNO", "consumer.2"),
+        ]))
+        .unwrap();
+        let config = crate::client_config::consumer_config(&s);
+        assert_eq!(config.get("group.instance.id"), Some("consumer.2"));
+        let dynamic = Settings::from_vars(vars(&[("DYNO", "consumer.2")])).unwrap();
+        assert_eq!(
+            crate::client_config::consumer_config(&dynamic).get("group.instance.id"),
+            None
+        );
+
+        let e = err(&[("ACKD_RDKAFKA_GROUP_INSTANCE_ID", "me")]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_GROUP_INSTANCE_ID");
+        assert!(e.problem.contains("ACKD_STATIC_MEMBERSHIP"), "{e}");
     }
 
     #[test]
