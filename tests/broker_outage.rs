@@ -45,8 +45,9 @@ fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(ackd.try_exit_code(), None, "it keeps trying");
     let lines = ackd.lines();
+    let waiting = lines.len();
     assert!(
-        lines.len() <= 10,
+        waiting <= 10,
         "{} lines in 5 s with no broker:\n{}",
         lines.len(),
         lines.join("\n")
@@ -72,9 +73,8 @@ fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
         .iter()
         .any(|l| at(l, "committed") || at(l, "commit_failed")));
     eprintln!(
-        "no broker: {} lines in {:?}, exit 0 {took:?} after SIGTERM",
-        lines.len(),
-        ackd.elapsed()
+        "no broker: {waiting} lines in the first 5 s ({} with the stop), exit 0 {took:?} after SIGTERM",
+        lines.len()
     );
 }
 
