@@ -60,6 +60,11 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
             "statistics.interval.ms",
             settings.metrics_interval.as_millis().to_string(),
         );
+    // Static membership (ACKD_STATIC_MEMBERSHIP): a quick restart under the same id keeps
+    // the partitions without a rebalance; a second live process with it is fenced.
+    if let Some(id) = &settings.group_instance_id {
+        config.set("group.instance.id", id);
+    }
     for (property, pass) in &settings.rdkafka {
         config.set(property, &pass.value);
     }

@@ -69,6 +69,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         kafka_prefix = settings.kafka_prefix.as_deref(),
         tls = crate::security::tls_summary(settings.tls.as_ref()),
         sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
+        group_instance_id = settings.group_instance_id.as_deref(),
         processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
         shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,
@@ -110,6 +111,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         source: metrics::process_source(settings.metric_source.as_deref()),
         metrics_interval: settings.metrics_interval,
         summaries_done: AtomicBool::new(false),
+        connectivity: Default::default(),
         group: group.clone(),
         runtime: tokio::runtime::Handle::current(),
         worker: WorkerConfig {

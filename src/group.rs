@@ -23,6 +23,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::committer::{self, CommitOffset, Committer, Reason};
@@ -116,6 +117,108 @@ pub struct GroupContext<P: Processor> {
     pub summaries_done: AtomicBool,
     /// Authentication failures seen by [`ClientContext::error`]; fatal (src/auth.rs).
     pub auth: crate::auth::AuthFailures,
+    /// Whether the brokers are reachable, as far as librdkafka's errors tell.
+    pub connectivity: Connectivity,
+}
+
+/// How often a broker outage is reported again while it lasts.
+const UNREACHABLE_REPEAT: Duration = Duration::from_secs(30);
+
+/// Broker reachability as the log shows it. librdkafka reports every failed reconnect
+/// (tens per second while no broker listens); the log gets one `at=brokers_unreachable`
+/// line when all brokers are down, a reminder every [`UNREACHABLE_REPEAT`] while they
+/// stay down (with the count of suppressed reports), and `at=brokers_reachable` once a
+/// broker answers again. The suppressed reports are still there at debug level.
+#[derive(Default)]
+pub struct Connectivity(Mutex<Outage>);
+
+#[derive(Default)]
+struct Outage {
+    /// When the current outage began; `None` while the brokers are reachable.
+    since: Option<Instant>,
+    last_report: Option<Instant>,
+    suppressed: u64,
+}
+
+/// librdkafka errors that mean "cannot reach a broker" (it retries them by itself).
+fn is_unreachable(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::Resolve
+        )
+    )
+}
+
+impl Connectivity {
+    fn lock(&self) -> MutexGuard<'_, Outage> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reports a librdkafka error (from the error callback, or the consumer's queue) if
+    /// it is about reaching brokers; returns false, logging nothing, for other errors.
+    pub fn error(&self, error: &KafkaError, reason: Option<&str>) -> bool {
+        let code = error.rdkafka_error_code();
+        if !is_unreachable(code) {
+            return false;
+        }
+        let now = Instant::now();
+        let mut outage = self.lock();
+        let Some(since) = outage.since else {
+            if code == Some(RDKafkaErrorCode::AllBrokersDown) {
+                *outage = Outage {
+                    since: Some(now),
+                    last_report: Some(now),
+                    suppressed: 0,
+                };
+                tracing::error!(
+                    at = "brokers_unreachable",
+                    error = %error,
+                    reason,
+                    "no broker can be reached; librdkafka keeps reconnecting. Acknowledged offsets are kept and committed once a broker is back, unless the outage outlasts session.timeout.ms: then the partitions are given up uncommitted (lost=true) and those messages are redelivered"
+                );
+            } else {
+                // One broker's connection failed or closed; others may be fine.
+                tracing::warn!(at = "kafka_error", error = %error, reason);
+            }
+            return true;
+        };
+        if outage
+            .last_report
+            .is_none_or(|r| now.duration_since(r) >= UNREACHABLE_REPEAT)
+        {
+            let suppressed = std::mem::take(&mut outage.suppressed);
+            outage.last_report = Some(now);
+            tracing::error!(
+                at = "brokers_unreachable",
+                down_ms = now.duration_since(since).as_millis() as u64,
+                suppressed,
+                error = %error,
+                reason,
+                "still no broker reachable; retrying"
+            );
+        } else {
+            outage.suppressed += 1;
+            tracing::debug!(at = "kafka_error", error = %error, reason, "suppressed while the brokers are unreachable");
+        }
+        true
+    }
+
+    /// A broker answered (an assignment, or statistics showing a broker up).
+    pub fn reachable(&self) {
+        let mut outage = self.lock();
+        if let Some(since) = outage.since {
+            tracing::info!(
+                at = "brokers_reachable",
+                down_ms = since.elapsed().as_millis() as u64,
+                suppressed = outage.suppressed,
+                "a broker answers again"
+            );
+            *outage = Outage::default();
+        }
+    }
 }
 
 impl<P: Processor> GroupContext<P> {
@@ -203,12 +306,17 @@ impl<P: Processor> ClientContext for GroupContext<P> {
         if self.auth.observe(&error, reason) {
             return;
         }
-        tracing::error!(at = "kafka_error", error = %error, reason);
+        if !self.connectivity.error(&error, Some(reason)) {
+            tracing::error!(at = "kafka_error", error = %error, reason);
+        }
     }
 
     /// librdkafka's statistics arrive every `ACKD_METRICS_INTERVAL_MS`: they carry the
     /// high watermarks of fetch responses (lag), and they pace the summary.
     fn stats(&self, statistics: Statistics) {
+        if statistics.brokers.values().any(|b| b.state == "UP") {
+            self.connectivity.reachable();
+        }
         {
             let mut group = self.lock();
             for (topic, t) in &statistics.topics {
@@ -242,6 +350,7 @@ impl<P: Processor> GroupContext<P> {
             tracing::error!(at = "assign_error", "consumer is gone; ignoring assignment");
             return;
         };
+        self.connectivity.reachable();
         // Where each partition resumes: the group's committed offset, else the policy.
         let committed = base
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
@@ -327,7 +436,9 @@ impl<P: Processor> GroupContext<P> {
     }
 
     fn revoke(&self, base: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
-        let lost = base.assignment_lost();
+        // After a fatal error (fenced) librdkafka unassigns everything: nothing of it is
+        // ours to commit any more, however the revoke is flagged.
+        let lost = base.assignment_lost() || base.client().fatal_error().is_some();
         let tps: Vec<Tp> = tpl
             .elements()
             .iter()
@@ -430,6 +541,7 @@ impl<P: Processor> GroupContext<P> {
             return Drained {
                 committed: Vec::new(),
                 without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
+                not_committed: pending,
                 complete,
             };
         };
@@ -464,6 +576,7 @@ impl<P: Processor> GroupContext<P> {
         Drained {
             committed,
             without_commit,
+            not_committed: Vec::new(),
             complete,
         }
     }
@@ -478,6 +591,8 @@ pub struct Drained {
     pub committed: Vec<(Tp, i64)>,
     /// Partitions released with nothing committed by this process.
     pub without_commit: Vec<Tp>,
+    /// Without a commit (`commit: None`): what was acknowledged and is left uncommitted.
+    pub not_committed: Vec<CommitOffset>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
 }

@@ -40,6 +40,10 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
     ("auto.commit.interval.ms", "ACKD_COMMIT_INTERVAL_MS"),
     ("statistics.interval.ms", "ACKD_METRICS_INTERVAL_MS"),
     ("enable.partition.eof", "ACKD_STOP_AT_END"),
+    (
+        "group.instance.id",
+        "ACKD_STATIC_MEMBERSHIP (the id is DYNO, else the host name)",
+    ),
 ];
 
 /// Keys of the layered configuration (the env name is `ACKD_` + upper case), except
@@ -63,6 +67,7 @@ const KEYS: &[&str] = &[
     "retry_max_attempts",
     "on_failure",
     "dead_letter_topic",
+    "static_membership",
     "config_file",
     "sasl_mechanism",
     "sasl_username",
@@ -175,6 +180,9 @@ pub struct Settings {
     pub on_failure: OnFailure,
     /// Where `ACKD_ON_FAILURE=dead-letter` sends messages.
     pub dead_letter_topic: Option<String>,
+    /// With `ACKD_STATIC_MEMBERSHIP=true`: librdkafka's `group.instance.id`, from `DYNO`,
+    /// else the host name. `None`: dynamic membership (the default).
+    pub group_instance_id: Option<String>,
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
@@ -295,6 +303,9 @@ struct RawSettings {
     rdkafka: BTreeMap<String, PassThrough>,
     /// [`KAFKA_VARS`] as given.
     kafka_vars: HashMap<&'static str, String>,
+    /// `DYNO` and `HOSTNAME` from the variables: where a static member's id comes from.
+    dyno: Option<String>,
+    hostname: Option<String>,
 }
 
 impl RawSettings {
@@ -418,6 +429,8 @@ impl RawSettings {
             from_env,
             rdkafka,
             kafka_vars,
+            dyno: vars.get("DYNO").cloned(),
+            hostname: vars.get("HOSTNAME").cloned(),
         })
     }
 
@@ -461,6 +474,47 @@ impl RawSettings {
             "false" | "0" | "no" | "off" => Ok(false),
             _ => Err(self.error(key, "expected true or false")),
         }
+    }
+
+    /// A static member's `group.instance.id`: `DYNO` (Heroku's `consumer.1`), else
+    /// `HOSTNAME`, else the kernel's host name. Used as it is: the broker scopes instance
+    /// ids by group, so the group id need not be part of it.
+    fn instance_id(
+        &self,
+        read_hostname: impl FnOnce() -> Option<String>,
+    ) -> Result<String, SettingError> {
+        let nonempty = |v: &Option<String>| {
+            v.as_deref()
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let (source, id) = if let Some(id) = nonempty(&self.dyno) {
+            ("DYNO", id)
+        } else if let Some(id) = nonempty(&self.hostname) {
+            ("HOSTNAME", id)
+        } else if let Some(id) = nonempty(&read_hostname()) {
+            ("the host name", id)
+        } else {
+            return Err(self.error(
+                "static_membership",
+                "needs an instance id: set DYNO (Heroku sets it), or HOSTNAME",
+            ));
+        };
+        // Kafka's rule for group.instance.id (it refuses other ids at JoinGroup).
+        let valid = id.len() <= 249
+            && id != "."
+            && id != ".."
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(self.error(
+                "static_membership",
+                format!("takes group.instance.id from {source}, whose value `{id}` is not a valid instance id: up to 249 of a-z A-Z 0-9 . _ -"),
+            ));
+        }
+        Ok(id)
     }
 
     fn validate(self) -> Result<Settings, SettingError> {
@@ -649,11 +703,18 @@ impl RawSettings {
             ));
         }
 
+        let group_instance_id = if self.boolean("static_membership")? {
+            Some(self.instance_id(read_hostname)?)
+        } else {
+            None
+        };
+
         Ok(Settings {
             brokers,
             retry,
             on_failure,
             dead_letter_topic,
+            group_instance_id,
             metric_source,
             metrics_interval: self.millis("metrics_interval_ms", 0, 3_600_000)?,
             topics,
@@ -688,6 +749,11 @@ fn valid_topic(t: &str) -> bool {
         && t != ".."
         && t.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// The kernel's host name (Linux), for static members without `DYNO` or `HOSTNAME`.
+fn read_hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok()
 }
 
 /// Levels `ACKD_LOG_LEVEL` takes.
@@ -813,6 +879,54 @@ mod tests {
         .unwrap();
         assert_eq!(s.dead_letter_topic.as_deref(), Some("orders.dlq"));
         assert_eq!(s.retry.max_attempts, 5);
+    }
+
+    #[test]
+    fn static_membership_is_off_by_default_and_takes_dyno_then_the_host_name() {
+        let s = Settings::from_vars(vars(&[("DYNO", "consumer.1")])).unwrap();
+        assert_eq!(s.group_instance_id, None, "opt-in only");
+
+        let on = [("ACKD_STATIC_MEMBERSHIP", "true")];
+        let s = Settings::from_vars(vars(&[on[0], ("DYNO", "consumer.1"), ("HOSTNAME", "h1")]))
+            .unwrap();
+        assert_eq!(s.group_instance_id.as_deref(), Some("consumer.1"));
+        let s = Settings::from_vars(vars(&[on[0], ("HOSTNAME", "worker-7.internal")])).unwrap();
+        assert_eq!(s.group_instance_id.as_deref(), Some("worker-7.internal"));
+        // Neither: the kernel's host name.
+        let s = Settings::from_vars(vars(&on)).unwrap();
+        assert_eq!(
+            s.group_instance_id,
+            read_hostname().map(|h| h.trim().to_string())
+        );
+
+        let e = err(&[on[0], ("DYNO", "consumer 1")]);
+        assert_eq!(e.setting, "ACKD_STATIC_MEMBERSHIP", "{e}");
+        assert!(
+            e.problem.contains("DYNO") && e.problem.contains("`consumer 1`"),
+            "{e}"
+        );
+        let e = err(&[("ACKD_STATIC_MEMBERSHIP", "sometimes")]);
+        assert!(e.problem.contains("true or false"), "{e}");
+    }
+
+    #[test]
+    fn static_membership_maps_to_group_instance_id_which_ackd_owns() {
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_STATIC_MEMBERSHIP", "true"),
+            ("DYNO", "consumer.2"),
+        ]))
+        .unwrap();
+        let config = crate::client_config::consumer_config(&s);
+        assert_eq!(config.get("group.instance.id"), Some("consumer.2"));
+        let dynamic = Settings::from_vars(vars(&[("DYNO", "consumer.2")])).unwrap();
+        assert_eq!(
+            crate::client_config::consumer_config(&dynamic).get("group.instance.id"),
+            None
+        );
+
+        let e = err(&[("ACKD_RDKAFKA_GROUP_INSTANCE_ID", "me")]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_GROUP_INSTANCE_ID");
+        assert!(e.problem.contains("ACKD_STATIC_MEMBERSHIP"), "{e}");
     }
 
     #[test]

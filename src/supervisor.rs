@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
@@ -39,8 +40,11 @@ pub struct Control {
 enum Stop {
     Shutdown(Instant),
     /// ackd cannot go on (a fatal librdkafka error, an invariant broken): stop gracefully
-    /// with this exit code.
-    Fatal(i32),
+    /// with this exit code, committing what was acknowledged only if `commit`.
+    Fatal {
+        code: i32,
+        commit: bool,
+    },
 }
 
 /// Runs the supervisor to the end; returns the exit code.
@@ -50,9 +54,9 @@ pub fn run<P: Processor>(
     shutdown_timeout: Duration,
 ) -> i32 {
     let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
-    let (deadline, mut code) = match stop {
-        Stop::Shutdown(deadline) => (deadline, exit::OK),
-        Stop::Fatal(code) => (Instant::now() + shutdown_timeout, code),
+    let (deadline, mut code, commit) = match stop {
+        Stop::Shutdown(deadline) => (deadline, exit::OK, true),
+        Stop::Fatal { code, commit } => (Instant::now() + shutdown_timeout, code, commit),
     };
     let started = Instant::now();
     let ctx = consumer.context();
@@ -82,7 +86,14 @@ pub fn run<P: Processor>(
     // Keep a share of the budget for the commit and the close.
     let reserve = (deadline.saturating_duration_since(started) / 5).min(Duration::from_secs(5));
     let drain_deadline = deadline - reserve;
-    let drained = ctx.drain_and_commit(&tps, drain_deadline, deadline, Some(Reason::Shutdown));
+    // In-flight messages still finish (their effects are under way), but a member that
+    // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
+    let drained = ctx.drain_and_commit(
+        &tps,
+        drain_deadline,
+        deadline,
+        commit.then_some(Reason::Shutdown),
+    );
     tracing::info!(
         at = "drained",
         partitions = tps.len(),
@@ -97,13 +108,24 @@ pub fn run<P: Processor>(
             offset
         );
     }
-    for tp in &drained.without_commit {
-        tracing::info!(
-            at = "final_commit",
-            topic = &*tp.0,
-            partition = tp.1,
-            "nothing acknowledged, nothing committed"
+    for c in &drained.not_committed {
+        tracing::error!(
+            at = "not_committed",
+            topic = &*c.tp.0,
+            partition = c.tp.1,
+            acked_offset = c.offset,
+            "acknowledged but not committed (no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
         );
+    }
+    for tp in &drained.without_commit {
+        if commit {
+            tracing::info!(
+                at = "final_commit",
+                topic = &*tp.0,
+                partition = tp.1,
+                "nothing acknowledged, nothing committed"
+            );
+        }
     }
     for tp in &halted {
         tracing::error!(
@@ -178,15 +200,42 @@ async fn poll_loop<P: Processor>(
                     if let Some(p) = consumer.context().lock().owned.get_mut(&tp) {
                         p.cap = Some(p.cap.map_or(offset, |c| c.min(offset)));
                     }
-                    return Stop::Fatal(exit::SOFTWARE);
+                    return Stop::Fatal { code: exit::SOFTWARE, commit: true };
                 }
                 Err(KafkaError::MessageConsumptionFatal(code)) => {
-                    tracing::error!(at = "kafka_fatal", error = %code, "librdkafka reported a fatal error; stopping");
-                    return Stop::Fatal(exit::UNAVAILABLE);
+                    // librdkafka refuses every commit after a fatal error, and for a consumer
+                    // the one fatal error is FENCED_INSTANCE_ID: another process joined with
+                    // this group.instance.id and owns the partitions now. Committing would
+                    // send stale offsets (or be refused): stop without it.
+                    let (cause, reason) = consumer
+                        .client()
+                        .fatal_error()
+                        .map_or((code, String::new()), |(c, r)| (c, r));
+                    let fenced = cause == RDKafkaErrorCode::FencedInstanceId;
+                    tracing::error!(
+                        at = "kafka_fatal",
+                        error = %cause,
+                        reason,
+                        fenced,
+                        "librdkafka reported a fatal error: stopping without committing{}",
+                        if fenced {
+                            "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now"
+                        } else {
+                            ""
+                        }
+                    );
+                    return Stop::Fatal { code: exit::UNAVAILABLE, commit: false };
                 }
-                // The error callback (GroupContext::error) saw this error just before.
-                Err(_) if consumer.context().auth.failed() => return Stop::Fatal(exit::NOPERM),
-                Err(e) => tracing::warn!(at = "kafka_error", error = %e),
+                Err(e) => {
+                    // The error callback (GroupContext::error) saw an authentication
+                    // failure just before: it is fatal. The stop still tries to commit.
+                    if consumer.context().auth.failed() {
+                        return Stop::Fatal { code: exit::NOPERM, commit: true };
+                    }
+                    if !consumer.context().connectivity.error(&e, None) {
+                        tracing::warn!(at = "kafka_error", error = %e);
+                    }
+                }
             },
         }
     }

@@ -6,7 +6,8 @@
 //! TANSU.md: Tansu sometimes refuses commits during rebalances with ILLEGAL_GENERATION.
 //! ackd must then lose nothing and log which offsets were not committed; redelivery of
 //! exactly those is the broker's doing, so the test allows a duplicate only where a
-//! refused commit for that partition, past that offset, was logged.
+//! refused commit for that partition, past that offset, was logged
+//! ([`common::refused_commits`]).
 
 mod common;
 
@@ -17,23 +18,6 @@ use common::*;
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 4;
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
-/// Partition -> highest offset whose commit a member logged as refused.
-fn refused_commits(lines: &[String]) -> HashMap<i32, i64> {
-    let mut refused = HashMap::new();
-    for l in lines.iter().filter(|l| at(l, "commit_failed")) {
-        if let (Some(p), Some(o)) = (field(l, "partition"), field(l, "offset")) {
-            let (p, o): (i32, i64) = (p.parse().unwrap(), o.parse().unwrap());
-            let e = refused.entry(p).or_insert(o);
-            *e = (*e).max(o);
-        }
-    }
-    refused
-}
 
 fn handoff(strategy: Option<&str>) {
     let topic = unique_name("rebalance");
@@ -114,32 +98,7 @@ fn handoff(strategy: Option<&str>) {
     }
     // Every resume point is an offset some member released the partition at: a revoke
     // or a final commit, never an older periodic commit.
-    let mut released: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for l in lines
-        .iter()
-        .filter(|l| at(l, "revoked") || at(l, "final_commit"))
-    {
-        if let (Some(p), Some(o)) = (field(l, "partition"), field(l, "offset")) {
-            released.entry(p).or_default().insert(o);
-        }
-    }
-    let mut resumes = 0;
-    for l in lines
-        .iter()
-        .filter(|l| at(l, "assigned") && field(l, "from").as_deref() == Some("committed"))
-    {
-        let (p, o) = (field(l, "partition").unwrap(), field(l, "offset").unwrap());
-        if refused.contains_key(&p.parse().unwrap()) {
-            continue;
-        }
-        let ok = released.get(&p).is_some_and(|r| r.contains(&o));
-        assert!(
-            ok,
-            "{l}: resumed where no member released it (released: {:?})",
-            released.get(&p)
-        );
-        resumes += 1;
-    }
+    let resumes = assert_resumes_where_released(&lines, &refused);
     assert!(resumes > 0, "no partition changed hands");
     let committed = committed(&group, &topic, PARTITIONS);
     for (p, end) in log_ends(&delivered) {

@@ -168,77 +168,114 @@ pub fn broker_with(options: BrokerOptions) -> &'static Broker {
     b
 }
 
+/// A broker of the test's own on `port` (e.g. one the test stops and starts again), as
+/// opposed to the binary's shared [`broker`]. Killed by [`Broker::stop`] or on drop.
+pub fn start_broker_on(port: u16) -> Broker {
+    Broker::spawn_on(
+        port,
+        &BrokerOptions::default(),
+        Instant::now() + BROKER_START_TIMEOUT,
+    )
+    .unwrap_or_else(|e| panic!("tansu broker failed to start: {e}"))
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl Broker {
     fn start(options: BrokerOptions) -> Broker {
-        let bin = tansu_bin();
         let started = Instant::now();
         // The port is picked by binding :0 and releasing it, so another process could take it
         // in between: retry a few times if the broker dies right away.
         let mut failures = Vec::new();
         for _ in 0..3 {
-            let port = free_port();
-            let log_path = log_dir().join(format!("tansu-{}-{port}.log", std::process::id()));
-            let log = File::create(&log_path)
-                .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
-            let url = format!("tcp://127.0.0.1:{port}");
-            let advertised_port = options.advertised_port.unwrap_or(port);
-            let advertised = format!("tcp://127.0.0.1:{advertised_port}");
-            let mut cmd = Command::new(&bin);
-            cmd.args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &advertised,
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .env_clear()
-            .envs(passthrough_env())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone log file"))
-            .stderr(log);
-            let mut child =
-                spawn_tied(cmd).unwrap_or_else(|e| panic!("spawn {} broker: {e}", bin.display()));
-
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let deadline = started + BROKER_START_TIMEOUT;
-            loop {
-                if let Some(status) = child.try_wait().expect("try_wait on broker") {
-                    failures.push(format!(
-                        "broker on port {port} exited with {status}; log {}:\n{}",
-                        log_path.display(),
-                        read_lossy(&log_path)
-                    ));
-                    break;
-                }
-                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                    eprintln!(
-                        "harness: tansu broker on 127.0.0.1:{port} ready in {:?} (log {})",
-                        started.elapsed(),
-                        log_path.display()
-                    );
-                    return Broker {
-                        port,
-                        advertised_port,
-                        client_config: options.client_config,
-                        log_path,
-                        child: Mutex::new(child),
-                    };
-                }
-                if Instant::now() >= deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!(
-                        "tansu broker did not accept connections on {addr} within {:?}; log {}:\n{}",
-                        BROKER_START_TIMEOUT,
-                        log_path.display(),
-                        read_lossy(&log_path)
-                    );
-                }
-                thread::sleep(Duration::from_millis(10));
+            match Broker::spawn_on(free_port(), &options, started + BROKER_START_TIMEOUT) {
+                Ok(b) => return b,
+                Err(e) => failures.push(e),
             }
         }
         panic!("tansu broker failed to start:\n{}", failures.join("\n"));
+    }
+
+    /// Starts a broker on `port` and waits until it accepts connections. `Err` (with its
+    /// log) if it exited at once; panics if it does not accept before `deadline`.
+    fn spawn_on(port: u16, options: &BrokerOptions, deadline: Instant) -> Result<Broker, String> {
+        let bin = tansu_bin();
+        let started = Instant::now();
+        let log_path = log_dir().join(format!(
+            "tansu-{}-{port}-{}.log",
+            std::process::id(),
+            unique_name("b")
+        ));
+        let log = File::create(&log_path)
+            .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
+        let url = format!("tcp://127.0.0.1:{port}");
+        let advertised_port = options.advertised_port.unwrap_or(port);
+        let advertised = format!("tcp://127.0.0.1:{advertised_port}");
+        let mut cmd = Command::new(&bin);
+        cmd.args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &advertised,
+        ])
+        .args(["--storage-engine", "memory://tansu/"])
+        .env_clear()
+        .envs(passthrough_env())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("clone log file"))
+        .stderr(log);
+        let mut child =
+            spawn_tied(cmd).unwrap_or_else(|e| panic!("spawn {} broker: {e}", bin.display()));
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait on broker") {
+                return Err(format!(
+                    "broker on port {port} exited with {status}; log {}:\n{}",
+                    log_path.display(),
+                    read_lossy(&log_path)
+                ));
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                eprintln!(
+                    "harness: tansu broker on 127.0.0.1:{port} ready in {:?} (log {})",
+                    started.elapsed(),
+                    log_path.display()
+                );
+                return Ok(Broker {
+                    port,
+                    advertised_port,
+                    client_config: options.client_config.clone(),
+                    log_path,
+                    child: Mutex::new(child),
+                });
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "tansu broker did not accept connections on {addr} within {:?}; log {}:\n{}",
+                    BROKER_START_TIMEOUT,
+                    log_path.display(),
+                    read_lossy(&log_path)
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Kills the broker (SIGKILL: memory storage, everything it held is gone) and reaps
+    /// it; the port is free again when this returns. Idempotent.
+    pub fn stop(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// The broker's own (plain) listener port.
@@ -279,7 +316,7 @@ impl Broker {
     }
 }
 
-/// A port that was free a moment ago (bind :0, release).
+/// A port nothing listens on right now (bound to :0 and released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -328,7 +365,11 @@ pub fn unique_name(prefix: &str) -> String {
 
 /// Creates `name` with `partitions` partitions on the test broker (`tansu topic create`).
 pub fn create_topic(name: &str, partitions: i32) {
-    let b = broker();
+    create_topic_on(broker(), name, partitions);
+}
+
+/// Creates `name` with `partitions` partitions on `b`.
+pub fn create_topic_on(b: &Broker, name: &str, partitions: i32) {
     let out = Command::new(tansu_bin())
         .args(["topic", "create", "--broker", &b.url()])
         .args(["--partitions", &partitions.to_string(), name])
@@ -354,28 +395,44 @@ pub struct Delivered {
     pub key: Option<Vec<u8>>,
 }
 
+/// A producer for `bootstrap`, as the harness configures it.
+pub fn producer_for(bootstrap: &str) -> FutureProducer {
+    producer_with(bootstrap, &[])
+}
+
+/// [`producer_for`] with extra librdkafka properties (e.g. TLS for a proxy).
+fn producer_with(bootstrap: &str, extra: &[(String, String)]) -> FutureProducer {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "30000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576");
+    for (k, v) in extra {
+        config.set(k, v);
+    }
+    config.create().expect("create test producer")
+}
+
 fn producer() -> &'static FutureProducer {
     static PRODUCER: OnceLock<FutureProducer> = OnceLock::new();
-    PRODUCER.get_or_init(|| {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", broker().bootstrap())
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("message.timeout.ms", "30000")
-            .set("queue.buffering.max.messages", "1000000")
-            .set("queue.buffering.max.kbytes", "1048576");
-        for (k, v) in broker().client_config() {
-            config.set(k, v);
-        }
-        config.create().expect("create test producer")
-    })
+    PRODUCER.get_or_init(|| producer_with(&broker().bootstrap(), broker().client_config()))
 }
 
 /// Produces `messages` (key, value) to `topic` and waits for every delivery report.
 /// Returns the reports in produce order; panics if any delivery fails.
 pub fn produce(topic: &str, messages: &[(Option<Vec<u8>>, Vec<u8>)]) -> Vec<Delivered> {
-    let producer = producer();
+    produce_with(producer(), topic, messages)
+}
+
+/// [`produce`] through a given producer (e.g. [`producer_for`] a test's own broker).
+pub fn produce_with(
+    producer: &FutureProducer,
+    topic: &str,
+    messages: &[(Option<Vec<u8>>, Vec<u8>)],
+) -> Vec<Delivered> {
     let mut futures = Vec::with_capacity(messages.len());
     for (key, value) in messages {
         let mut record = FutureRecord::to(topic).payload(value.as_slice());
@@ -417,15 +474,19 @@ pub fn produce(topic: &str, messages: &[(Option<Vec<u8>>, Vec<u8>)]) -> Vec<Deli
 /// Produces `n` ~100-byte messages with keys `k-<i>`, i in `start..start+n`, spread over the
 /// partitions by the default (key-hashing) partitioner.
 pub fn produce_keyed(topic: &str, n: usize, start: usize) -> Vec<Delivered> {
-    let messages: Vec<_> = (start..start + n)
+    produce(topic, &keyed_messages(n, start))
+}
+
+/// The messages [`produce_keyed`] sends.
+pub fn keyed_messages(n: usize, start: usize) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    (start..start + n)
         .map(|i| {
             let key = format!("k-{i}").into_bytes();
             let mut value = format!("message {i} ").into_bytes();
             value.resize(100, b'.');
             (Some(key), value)
         })
-        .collect();
-    produce(topic, &messages)
+        .collect()
 }
 
 /// Per partition, the log end offset (max delivered offset + 1). The ground truth: Tansu's
@@ -442,13 +503,39 @@ pub fn log_ends(delivered: &[Delivered]) -> BTreeMap<i32, i64> {
 /// Committed offsets of `group` for partitions `0..partitions` of `topic`
 /// (None where nothing is committed). Uses a consumer that never subscribes.
 pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
+    committed_with(
+        &broker().bootstrap(),
+        broker().client_config(),
+        group,
+        topic,
+        partitions,
+    )
+}
+
+/// [`committed`] on the brokers at `bootstrap`.
+pub fn committed_on(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, Option<i64>> {
+    committed_with(bootstrap, &[], group, topic, partitions)
+}
+
+fn committed_with(
+    bootstrap: &str,
+    extra: &[(String, String)],
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, Option<i64>> {
     let mut config = ClientConfig::new();
     config
-        .set("bootstrap.servers", broker().bootstrap())
+        .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
-    for (k, v) in broker().client_config() {
+    for (k, v) in extra {
         config.set(k, v);
     }
     let consumer: BaseConsumer = config.create().expect("create committed-offsets consumer");
@@ -487,11 +574,17 @@ pub struct AckdBuilder {
 
 impl AckdBuilder {
     pub fn new(topic: &str, group: &str) -> Self {
+        Self::on(&broker().bootstrap(), topic, group)
+    }
+
+    /// Like [`AckdBuilder::new`], with `KAFKA_URL` = `bootstrap` (and the shared broker
+    /// not started for it).
+    pub fn on(bootstrap: &str, topic: &str, group: &str) -> Self {
         AckdBuilder {
             env: Vec::new(),
             args: Vec::new(),
         }
-        .env("KAFKA_URL", broker().bootstrap())
+        .env("KAFKA_URL", bootstrap)
         .env("ACKD_TOPICS", topic)
         .env("ACKD_GROUP_ID", group)
         // Tansu holds each JoinGroup for session.timeout.ms/2 (at least 1 s).
@@ -949,5 +1042,160 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) {
             panic!("condition not met within {timeout:?}");
         }
         thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accounting across runs: lost, duplicated, refused commits
+// ---------------------------------------------------------------------------------------------
+
+/// True if the line's `at=` is `what`.
+pub fn at(line: &str, what: &str) -> bool {
+    field(line, "at").as_deref() == Some(what)
+}
+
+/// Partition -> highest offset whose commit a member logged as refused (`at=commit_failed`).
+///
+/// TANSU.md: Tansu sometimes refuses commits during rebalances with ILLEGAL_GENERATION.
+/// ackd must then lose nothing and log which offsets were not committed; redelivery of
+/// exactly those is the broker's doing, so tests allow a duplicate only where a refused
+/// commit for that partition, past that offset, was logged.
+pub fn refused_commits(lines: &[String]) -> HashMap<i32, i64> {
+    let mut refused = HashMap::new();
+    for l in lines.iter().filter(|l| at(l, "commit_failed")) {
+        if let (Some(p), Some(o)) = (field(l, "partition"), field(l, "offset")) {
+            let (p, o): (i32, i64) = (p.parse().unwrap(), o.parse().unwrap());
+            let e = refused.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
+    }
+    refused
+}
+
+/// What a set of runs did with the delivered messages.
+#[derive(Debug)]
+pub struct Tally {
+    /// Delivered, processed by no run.
+    pub lost: Vec<(i32, i64)>,
+    /// Processed more than once.
+    pub duplicated: Vec<(i32, i64)>,
+    /// Duplicated with no refused commit (for that partition, past that offset) logged.
+    pub unexplained: Vec<(i32, i64)>,
+    pub refused: HashMap<i32, i64>,
+}
+
+/// Compares `processed` (all runs) with `delivered`, and explains duplicates by `lines`'
+/// refused commits.
+pub fn tally(delivered: &[Delivered], processed: &[(i32, i64)], lines: &[String]) -> Tally {
+    let expected: std::collections::BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    let mut counts: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for m in processed {
+        *counts.entry(*m).or_default() += 1;
+    }
+    let lost = expected
+        .iter()
+        .filter(|m| !counts.contains_key(m))
+        .copied()
+        .collect();
+    let duplicated: Vec<_> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(m, _)| *m)
+        .collect();
+    let refused = refused_commits(lines);
+    let unexplained = duplicated
+        .iter()
+        .filter(|(p, o)| refused.get(p).is_none_or(|r| o >= r))
+        .copied()
+        .collect();
+    Tally {
+        lost,
+        duplicated,
+        unexplained,
+        refused,
+    }
+}
+
+/// Every resume point (`at=assigned from=committed`) is an offset some member released the
+/// partition at (`at=revoked` or `at=final_commit`), never an older periodic commit, except
+/// on partitions with a refused commit. Returns how many resumes were checked.
+#[track_caller]
+pub fn assert_resumes_where_released(lines: &[String], refused: &HashMap<i32, i64>) -> usize {
+    let mut released: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| at(l, "revoked") || at(l, "final_commit"))
+    {
+        if let (Some(p), Some(o)) = (field(l, "partition"), field(l, "offset")) {
+            released.entry(p).or_default().insert(o);
+        }
+    }
+    let mut resumes = 0;
+    for l in lines
+        .iter()
+        .filter(|l| at(l, "assigned") && field(l, "from").as_deref() == Some("committed"))
+    {
+        let (p, o) = (field(l, "partition").unwrap(), field(l, "offset").unwrap());
+        if refused.contains_key(&p.parse().unwrap()) {
+            continue;
+        }
+        let ok = released.get(&p).is_some_and(|r| r.contains(&o));
+        assert!(
+            ok,
+            "{l}: resumed where no member released it (released: {:?})",
+            released.get(&p)
+        );
+        resumes += 1;
+    }
+    resumes
+}
+
+/// A producer thread that sends `batch` keyed messages every `every` until finished.
+pub struct SteadyProducer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    delivered: Arc<Mutex<Vec<Delivered>>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl SteadyProducer {
+    pub fn start(topic: &str, batch: usize, every: Duration) -> SteadyProducer {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let delivered = Arc::new(Mutex::new(Vec::new()));
+        let (topic, s, d) = (topic.to_string(), stop.clone(), delivered.clone());
+        let thread = thread::Builder::new()
+            .name("steady-producer".into())
+            .spawn(move || {
+                let mut next = 0;
+                while !s.load(Ordering::Acquire) {
+                    let got = produce_keyed(&topic, batch, next);
+                    next += batch;
+                    d.lock().unwrap_or_else(|e| e.into_inner()).extend(got);
+                    thread::sleep(every);
+                }
+            })
+            .expect("spawn producer thread");
+        SteadyProducer {
+            stop,
+            delivered,
+            thread: Some(thread),
+        }
+    }
+
+    /// How many messages were delivered so far.
+    pub fn count(&self) -> usize {
+        self.delivered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Stops after the batch in progress; returns every delivery report.
+    pub fn finish(mut self) -> Vec<Delivered> {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("producer thread panicked");
+        }
+        std::mem::take(&mut *self.delivered.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }

@@ -1,0 +1,261 @@
+//! Broker trouble: no broker at start, a broker that appears later, and a broker that
+//! goes away mid-run and comes back. Each test runs its own Tansu broker on a fixed port
+//! ([`common::start_broker_on`]) so that it can stop and start it.
+//!
+//! TANSU.md: the broker keeps everything in memory, so a broker started again is a fresh
+//! one: topics, offsets and the group's commits are gone. The tests create the topic again
+//! and read committed offsets from the broker that is running at the end.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn url(port: u16) -> String {
+    format!("127.0.0.1:{port}")
+}
+
+/// Keys of the processed lines, in order.
+fn processed_keys(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| is_processed(l))
+        .map(|l| field(l, "key").expect("key"))
+        .collect()
+}
+
+fn keys(delivered: &[Delivered]) -> BTreeSet<String> {
+    delivered
+        .iter()
+        .map(|d| String::from_utf8(d.key.clone().unwrap()).unwrap())
+        .collect()
+}
+
+#[test]
+fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
+    let port = free_port();
+    let ackd = AckdBuilder::on(&url(port), "nowhere", &unique_name("g-nowhere")).spawn();
+    ackd.wait_for_line(|l| at(l, "brokers_unreachable"), WAIT);
+    // An observation window, not a wait: librdkafka retries the connection tens of times
+    // a second, and the log must not get a line per retry.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(ackd.try_exit_code(), None, "it keeps trying");
+    let lines = ackd.lines();
+    let waiting = lines.len();
+    assert!(
+        waiting <= 10,
+        "{} lines in 5 s with no broker:\n{}",
+        lines.len(),
+        lines.join("\n")
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| at(l, "brokers_unreachable"))
+            .count(),
+        1,
+        "one line per outage (and a reminder every 30 s):\n{}",
+        lines.join("\n")
+    );
+
+    let signalled = Instant::now();
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let took = signalled.elapsed();
+    assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
+    let lines = ackd.lines();
+    assert!(processed(&lines).is_empty());
+    assert!(!lines
+        .iter()
+        .any(|l| at(l, "committed") || at(l, "commit_failed")));
+    eprintln!(
+        "no broker: {waiting} lines in the first 5 s ({} with the stop), exit 0 {took:?} after SIGTERM",
+        lines.len()
+    );
+}
+
+#[test]
+fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
+    let port = free_port();
+    let topic = unique_name("late");
+    let group = unique_name("g-late");
+    let ackd = AckdBuilder::on(&url(port), &topic, &group).spawn();
+    ackd.wait_for_line(|l| at(l, "brokers_unreachable"), WAIT);
+
+    let broker = start_broker_on(port);
+    create_topic_on(&broker, &topic, 3);
+    let delivered = produce_with(
+        &producer_for(&broker.bootstrap()),
+        &topic,
+        &keyed_messages(100, 0),
+    );
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    ackd.wait_for_line(|l| at(l, "brokers_reachable"), WAIT);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+
+    let lines = ackd.lines();
+    let t = tally(&delivered, &processed(&lines), &lines);
+    assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
+    let committed = committed_on(&broker.bootstrap(), &group, &topic, 3);
+    for (p, end) in log_ends(&delivered) {
+        assert_eq!(committed[&p], Some(end), "partition {p}");
+    }
+    eprintln!(
+        "late broker: {} messages processed once each, committed = log ends",
+        delivered.len()
+    );
+}
+
+#[test]
+fn a_broker_stopped_and_started_again_is_reconnected_to() {
+    let port = free_port();
+    let topic = unique_name("again");
+    let group = unique_name("g-again");
+    let first = start_broker_on(port);
+    create_topic_on(&first, &topic, 3);
+    let batch1 = produce_with(
+        &producer_for(&first.bootstrap()),
+        &topic,
+        &keyed_messages(90, 0),
+    );
+    let ackd = AckdBuilder::on(&url(port), &topic, &group)
+        .env("ACKD_COMMIT_INTERVAL_MS", "500")
+        .spawn();
+    ackd.wait_for_count(is_processed, batch1.len(), WAIT);
+    // Batch 1 committed to the first broker before it goes: what ackd acked is safe
+    // there (and gone with it: memory storage).
+    let ends1 = log_ends(&batch1);
+    wait_until(WAIT, || {
+        let c = committed_on(&first.bootstrap(), &group, &topic, 3);
+        ends1.iter().all(|(p, e)| c[p] == Some(*e))
+    });
+
+    let before = ackd.line_count();
+    first.stop();
+    ackd.wait_for_line_from(before, |l| at(l, "brokers_unreachable"), WAIT);
+    // The outage outlasts session.timeout.ms (1 s here): librdkafka gives the
+    // assignment up as lost, and ackd commits nothing for it.
+    let lost = ackd.wait_for_line_from(before, |l| at(l, "revoked"), WAIT);
+    assert_eq!(field(&lost, "lost").as_deref(), Some("true"), "{lost}");
+
+    // A fresh broker on the same port (memory storage: no topic, no offsets, no group).
+    // Its offsets start at 0 again and the group has no commit there, so ackd's start
+    // policy (earliest) applies. Ambiguity, not ackd's to resolve: batch 1's offsets
+    // committed to the first broker are gone with it; had the first broker kept its
+    // storage, ackd would resume there at exactly those offsets.
+    let second = start_broker_on(port);
+    create_topic_on(&second, &topic, 3);
+    let batch2 = produce_with(
+        &producer_for(&second.bootstrap()),
+        &topic,
+        &keyed_messages(60, 1000),
+    );
+    let want = keys(&batch2);
+    wait_until(WAIT, || {
+        let got: BTreeSet<String> = processed_keys(&ackd.lines()).into_iter().collect();
+        got.is_superset(&want)
+    });
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+
+    let lines = ackd.lines();
+    let after = &lines[before..];
+    assert!(after.iter().any(|l| at(l, "brokers_reachable")));
+    // Batch 2, each once; batch 1 was not processed again.
+    let keys_after = processed_keys(after);
+    assert_eq!(
+        keys_after.iter().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "after the outage: batch 2, nothing else"
+    );
+    assert_eq!(keys_after.len(), want.len(), "each once");
+    let committed = committed_on(&second.bootstrap(), &group, &topic, 3);
+    for (p, end) in log_ends(&batch2) {
+        assert_eq!(committed[&p], Some(end), "partition {p}");
+    }
+    let failed = after.iter().filter(|l| at(l, "commit_failed")).count();
+    eprintln!(
+        "broker restart: batch 1 {} committed to broker 1, batch 2 {} processed once and committed to broker 2; commit_failed lines during the outage: {failed}",
+        batch1.len(),
+        batch2.len()
+    );
+}
+
+/// Commit failures: the broker refuses periodic commits for a while. Each refusal is
+/// logged with the offsets not committed, the next commit retries them, and nothing is
+/// lost. On librdkafka's mock cluster, whose fault injection makes the broker answer
+/// OffsetCommit with an error (Tansu cannot be told to).
+#[test]
+fn refused_commits_are_logged_with_their_offsets_and_retried() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    use rdkafka::ClientConfig;
+
+    let mock = MockCluster::new(1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let (topic, group) = ("refused", "g-refused");
+    mock.create_topic(topic, 1, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let send = |from: usize, n: usize| {
+        for i in from..from + n {
+            let key = format!("k-{i}");
+            producer
+                .send(BaseRecord::to(topic).key(&key).payload("v").partition(0))
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+    };
+    send(0, 10);
+    // The next three commits are refused: an error librdkafka hands to the application
+    // instead of retrying it itself (an ACL being rolled out, say).
+    let refusal = RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED;
+    mock.request_errors(RDKafkaApiKey::OffsetCommit, &[refusal; 3]);
+
+    let ackd = AckdBuilder::on(&bootstrap, topic, group)
+        .env("ACKD_COMMIT_INTERVAL_MS", "300")
+        // The mock coordinator, like Kafka, refuses sessions under 6 s.
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
+        .spawn();
+    ackd.wait_for_count(is_processed, 10, WAIT);
+    let failed = ackd.wait_for_line(|l| at(l, "commit_failed"), WAIT);
+    assert_eq!(
+        field(&failed, "partition").as_deref(),
+        Some("0"),
+        "{failed}"
+    );
+    assert_eq!(field(&failed, "offset").as_deref(), Some("10"), "{failed}");
+    send(10, 5);
+    // Retried until accepted, and later acks join the retry.
+    ackd.wait_for_line(
+        |l| at(l, "committed") && field(l, "offset").as_deref() == Some("15"),
+        WAIT,
+    );
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let refused: Vec<_> = lines.iter().filter(|l| at(l, "commit_failed")).collect();
+    assert_eq!(refused.len(), 3, "{}", lines.join("\n"));
+    for l in &refused {
+        assert!(field(l, "offset").is_some(), "{l}");
+        assert_eq!(field(l, "reason").as_deref(), Some("periodic"), "{l}");
+    }
+    assert_eq!(processed(&lines).len(), 15, "each once");
+    assert_eq!(committed_on(&bootstrap, group, topic, 1)[&0], Some(15));
+    eprintln!(
+        "refused commits: {} refusals logged with offsets {:?}, then committed 15",
+        refused.len(),
+        refused
+            .iter()
+            .filter_map(|l| field(l, "offset"))
+            .collect::<Vec<_>>()
+    );
+}
