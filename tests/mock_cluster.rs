@@ -14,6 +14,7 @@ use common::{field, is_processed, AckdBuilder, AckdProcess};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -133,4 +134,62 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     let (offset, metadata) = committed(&bootstrap, group, topic);
     assert_eq!(offset, Offset::Offset(10));
     assert_eq!(metadata, "ackd:processed=9");
+}
+
+#[test]
+fn a_dead_letter_that_cannot_be_delivered_halts_the_partition_uncommitted() {
+    let mock = MockCluster::new(1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let (topic, dlq, group) = ("dl-src", "dl-target", "g-dl");
+    mock.create_topic(topic, 1, 1).unwrap();
+    mock.create_topic(dlq, 1, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for payload in ["ok", "fail", "ok"] {
+        producer
+            .send(
+                BaseRecord::<str, str>::to(topic)
+                    .payload(payload)
+                    .partition(0),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    drop(producer);
+    // Every produce request from now on is refused, with an error no retry can fix.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 50],
+    );
+
+    let ackd = AckdBuilder::new(topic, group)
+        .env("KAFKA_URL", &bootstrap)
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_ON_FAILURE", "dead-letter")
+        .env("ACKD_DEAD_LETTER_TOPIC", dlq)
+        .env("ACKD_RETRY_INITIAL_MS", "50")
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "2")
+        .spawn();
+    let failed = ackd.wait_for_line(
+        |l| field(l, "at").as_deref() == Some("dead_letter_failed"),
+        WAIT,
+    );
+    assert_eq!(field(&failed, "offset").as_deref(), Some("1"), "{failed}");
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 1, "a halted partition");
+    let lines = ackd.lines();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| field(l, "at").as_deref() == Some("dead_lettered")),
+        "never acknowledged as dead-lettered"
+    );
+    assert!(!lines
+        .iter()
+        .any(|l| is_processed(l) && field(l, "offset").as_deref() == Some("2")));
+    // Committed up to the message that went nowhere, not past it.
+    assert_eq!(committed(&bootstrap, group, topic).0, Offset::Offset(1));
 }
