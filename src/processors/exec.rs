@@ -7,15 +7,16 @@
 //!   and reads one reply line from its stdout. A child has at most one message at a
 //!   time; the partition workers send a partition's next message only after the
 //!   previous one was answered, so per-partition order holds with any pool size.
-//! - A child that exits, closes its stdout, writes something that is not a reply, or
-//!   does not answer within `ACKD_EXEC_TIMEOUT_MS` fails its message as retryable (the
-//!   worker's retry and `ACKD_ON_FAILURE` apply), is killed (SIGTERM to its group, then
-//!   SIGKILL), and is started again after a backoff (100 ms, doubling to 10 s; back to
+//! - A child that closes its stdout (exits), writes something that is not a reply, or
+//!   does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed (SIGTERM to its group,
+//!   SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
+//!   `ACKD_ON_FAILURE` apply; the retry never overlaps the old attempt), and it is
+//!   started again after a backoff (100 ms, doubling to 10 s; back to
 //!   100 ms once a child answered). Each restart is an `at=exec_restart` line carrying
 //!   `count#exec.restarts=1` (l2met sums them) and the total so far.
 //! - Its stderr is logged line by line as `at=exec_stderr child=N pid=P line="…"`.
 //! - [`Exec::shutdown`]: a child finishes the message it has, then gets EOF on stdin;
-//!   one still running halfway to the deadline gets SIGTERM, at the deadline SIGKILL.
+//!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
 //!
 //! Wire format (README "exec processor"): request
 //! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
@@ -167,6 +168,9 @@ impl Exec {
         let Some(pool) = self.pool.get() else {
             return;
         };
+        // SIGKILL a little before the deadline, where ackd stops waiting for this.
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let deadline = deadline - (remaining / 10).min(Duration::from_millis(500));
         pool.stop.send_replace(Some(deadline));
         let slots = std::mem::take(&mut *pool.slots.lock().unwrap_or_else(|e| e.into_inner()));
         for slot in slots {
@@ -270,7 +274,10 @@ fn signal_group(pid: u32, signal: libc::c_int) {
     }
 }
 
-/// One running child.
+/// One running child: `sh` and what it started, in one process group. It is gone only
+/// when `sh` has exited **and** its stdout is closed: `sh` may run the handler as its
+/// own child, and a signal meant for every process (Heroku signals the whole dyno) can
+/// end `sh` while the handler goes on answering.
 struct Running {
     id: usize,
     pid: u32,
@@ -278,13 +285,15 @@ struct Running {
     stdin: Option<ChildStdin>,
     /// Lines of its stdout; closed at EOF.
     lines: mpsc::Receiver<String>,
+    /// Its stdout reached EOF (every process holding it is gone).
+    eof: bool,
     started: Instant,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         // Abandoned (a forced exit, a runtime shutting down): never leave it behind.
-        if matches!(self.child.try_wait(), Ok(None)) {
+        if !self.gone_now() {
             signal_group(self.pid, libc::SIGKILL);
         }
     }
@@ -326,23 +335,52 @@ impl Running {
             child,
             stdin,
             lines,
+            eof: false,
             started: Instant::now(),
         })
+    }
+
+    /// The next stdout line; `None` at EOF.
+    async fn next_line(&mut self) -> Option<String> {
+        if self.eof {
+            return None;
+        }
+        let line = self.lines.recv().await;
+        self.eof = line.is_none();
+        line
+    }
+
+    fn gone_now(&mut self) -> bool {
+        self.eof && !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits until it is gone (stdout lines meanwhile are dropped); `sh`'s exit status.
+    async fn wait_gone(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        while self.next_line().await.is_some() {}
+        self.child.wait().await
+    }
+
+    /// Why it went away, after its stdout closed.
+    async fn gone_reason(&mut self) -> String {
+        match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
+            Ok(status) => exited(status),
+            Err(_) => "closed its stdout".to_string(),
+        }
     }
 
     /// Ends a child that failed: SIGTERM to its group, SIGKILL after [`KILL_GRACE`].
     async fn kill(&mut self) {
         self.stdin = None;
-        if !matches!(self.child.try_wait(), Ok(None)) {
+        if self.gone_now() {
             return;
         }
         signal_group(self.pid, libc::SIGTERM);
-        if tokio::time::timeout(KILL_GRACE, self.child.wait())
+        if tokio::time::timeout(KILL_GRACE, self.wait_gone())
             .await
             .is_err()
         {
             signal_group(self.pid, libc::SIGKILL);
-            let _ = tokio::time::timeout(KILL_GRACE, self.child.wait()).await;
+            let _ = tokio::time::timeout(KILL_GRACE, self.wait_gone()).await;
         }
     }
 
@@ -352,16 +390,16 @@ impl Running {
         self.stdin = None;
         let halfway = begun + deadline.saturating_duration_since(begun) / 2;
         let mut how = "eof";
-        let mut status = tokio::time::timeout_at(halfway.into(), self.child.wait()).await;
+        let mut status = tokio::time::timeout_at(halfway.into(), self.wait_gone()).await;
         if status.is_err() {
             how = "sigterm";
             signal_group(self.pid, libc::SIGTERM);
-            status = tokio::time::timeout_at(deadline.into(), self.child.wait()).await;
+            status = tokio::time::timeout_at(deadline.into(), self.wait_gone()).await;
         }
         if status.is_err() {
             how = "sigkill";
             signal_group(self.pid, libc::SIGKILL);
-            status = tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await;
+            status = tokio::time::timeout(Duration::from_secs(1), self.wait_gone()).await;
         }
         let status = match status {
             Ok(Ok(s)) => s.to_string(),
@@ -409,8 +447,15 @@ where
 enum Ended {
     /// A graceful stop began: finish, with this deadline.
     Stop(Instant),
-    /// The child failed; it is replaced.
-    Failed(String),
+    /// The child failed; it is replaced. The message it had, if any, is failed only
+    /// once the child is gone, so that its retry can never overlap the old attempt.
+    Failed(String, Option<Failed>),
+}
+
+/// The message a failed child had, and its failure.
+struct Failed {
+    reply: oneshot::Sender<Result<(), ProcessError>>,
+    error: ProcessError,
 }
 
 /// One slot of the pool: runs a child, replaces it when it fails, stops it at shutdown.
@@ -434,16 +479,16 @@ async fn slot(
                 }
                 (ended, Some(running))
             }
-            Err(e) => (Ended::Failed(format!("cannot start sh: {e}")), None),
+            Err(e) => (Ended::Failed(format!("cannot start sh: {e}"), None), None),
         };
-        let reason = match ended {
+        let (reason, failed) = match ended {
             Ended::Stop(deadline) => {
                 if let Some(running) = running {
                     running.stop(deadline).await;
                 }
                 return;
             }
-            Ended::Failed(reason) => reason,
+            Ended::Failed(reason, failed) => (reason, failed),
         };
         let (pid, ran_ms) = match running {
             Some(mut running) => {
@@ -455,6 +500,9 @@ async fn slot(
             }
             None => (None, None),
         };
+        if let Some(Failed { reply, error }) = failed {
+            let _ = reply.send(Err(error));
+        }
         let total = restarts.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::warn!(
             at = "exec_restart",
@@ -488,19 +536,16 @@ async fn serve(
         // Idle: a job, unless the child goes away or talks out of turn first.
         let job = tokio::select! {
             biased;
-            d = stop.wait_for(Option::is_some) => {
-                let deadline = d.ok().and_then(|d| *d).unwrap_or_else(Instant::now);
+            d = async { stop.wait_for(Option::is_some).await.ok().and_then(|d| *d) } => {
+                let deadline = d.unwrap_or_else(Instant::now);
                 return (Ended::Stop(deadline), answered);
             }
-            status = running.child.wait() => {
-                return (Ended::Failed(exited(status)), answered);
-            }
-            line = running.lines.recv() => {
+            line = running.next_line() => {
                 let reason = match line {
                     Some(l) => format!("wrote to stdout with no message in flight: {}", shorten(&l)),
-                    None => "closed its stdout".to_string(),
+                    None => running.gone_reason().await,
                 };
-                return (Ended::Failed(reason), answered);
+                return (Ended::Failed(reason, None), answered);
             }
             job = async { jobs.lock().await.recv().await } => match job {
                 Some(job) => job,
@@ -525,12 +570,9 @@ async fn serve(
                 .flush()
                 .await
                 .map_err(|e| format!("cannot write to its stdin: {e}"))?;
-            match running.lines.recv().await {
+            match running.next_line().await {
                 Some(line) => parse_reply(&line, offset),
-                None => Err(match running.child.wait().await {
-                    status @ Ok(_) => exited(status),
-                    Err(_) => "closed its stdout".to_string(),
-                }),
+                None => Err(running.gone_reason().await),
             }
         };
         // The message in flight ends at the timeout, or at a graceful stop's deadline.
@@ -565,12 +607,15 @@ async fn serve(
                 let _ = reply.send(result);
             }
             Err(reason) => {
-                let _ = reply.send(Err(ProcessError::retryable(format!(
+                let error = ProcessError::retryable(format!(
                     "exec child {} (pid {}) failed on this message: {reason}",
                     running.id, running.pid
-                ))));
+                ));
                 return (
-                    Ended::Failed(format!("{reason} (offset {offset})")),
+                    Ended::Failed(
+                        format!("{reason} (offset {offset})"),
+                        Some(Failed { reply, error }),
+                    ),
                     answered,
                 );
             }
