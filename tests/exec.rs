@@ -54,11 +54,17 @@ fn readme_handler() -> String {
 /// A test handler: `case` is Python run per message with `p`, `o`, `v` (partition,
 /// offset, value or None), `reply` (preset to ack) and `once(name)` in scope. It
 /// records each handled message in `handled` and each request line in `requests`,
-/// and writes `eof-<pid>` when stdin ends.
+/// and writes `eof-<pid>` when stdin ends. Like the README's, it ignores SIGTERM.
 fn test_handler(dir: &Path, case: &str) -> String {
+    test_handler_with(dir, case, "")
+}
+
+/// [`test_handler`] with `at_eof` run after stdin ended, before `eof-<pid>` is written.
+fn test_handler_with(dir: &Path, case: &str, at_eof: &str) -> String {
     let case: String = case.lines().map(|l| format!("    {l}\n")).collect();
     let script = format!(
-        r#"import json, os, sys, time
+        r#"import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 DIR = {dir:?}
 def once(name):
     try:
@@ -76,6 +82,7 @@ for line in sys.stdin:
 {case}
     handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
     print(json.dumps(reply), flush=True)
+{at_eof}
 with open(os.path.join(DIR, "eof-%d" % os.getpid()), "w") as f:
     f.write("eof\n")
 "#,
@@ -434,7 +441,8 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
 }
 
 /// 6: SIGTERM with a message in the child: it is finished and committed, the child gets
-/// EOF (and says so), ackd exits 0, and a second run resumes exactly after it.
+/// EOF (and says so), ackd exits 0, and a second run resumes exactly after it. The
+/// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.
 #[test]
 fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
     let topic = unique_name("exec-stop");
@@ -451,7 +459,23 @@ fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
 
     let first = exec_ackd(&topic, &group, &command).spawn();
     first.wait_for_count(is_processed, 5, WAIT);
+    let sh: libc::pid_t = field(&first.wait_for_line(|l| at(l, "exec_started"), WAIT), "pid")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let handler = handled(&dir)[0].2 as libc::pid_t;
+    assert_ne!(sh, handler, "sh runs the handler as its child");
+    for pid in [sh, handler] {
+        // SAFETY: kill(2) on processes this test's ackd started; no memory effects.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
     let lines = stop_cleanly(&first);
+    assert!(
+        !lines.iter().any(|l| at(l, "exec_restart")),
+        "sh's death is not the handler's"
+    );
     let acked = processed(&lines).len() as i64;
     assert!(acked < 40, "stopped before the end");
     let committed_first = committed(&group, &topic, 1)[&0];
@@ -562,6 +586,62 @@ fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 1, 2]);
     assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+}
+
+/// A child that does not exit at EOF gets SIGTERM halfway to the deadline; one that
+/// ignores SIGTERM too gets SIGKILL just before it. ackd still exits 0 in time.
+#[test]
+fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeout() {
+    for (how, at_eof) in [
+        (
+            "sigterm",
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)\ntime.sleep(3600)",
+        ),
+        ("sigkill", "time.sleep(3600)"),
+    ] {
+        let topic = unique_name("exec-linger");
+        let group = unique_name("g-exec-linger");
+        create_topic(&topic, 1);
+        let dir = work_dir("exec-linger");
+        let command = test_handler_with(&dir, "", at_eof);
+        produce_values(&topic, &[(None, b"ok", &[])]);
+        let ackd = exec_ackd(&topic, &group, &command)
+            .env("ACKD_SHUTDOWN_TIMEOUT_MS", "3000")
+            .spawn();
+        ackd.wait_for_count(is_processed, 1, WAIT);
+        let stopping = std::time::Instant::now();
+        ackd.sigterm();
+        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        let stop_took = stopping.elapsed();
+        let lines = ackd.lines();
+        let stopped = lines
+            .iter()
+            .find(|l| at(l, "exec_stopped"))
+            .unwrap_or_else(|| panic!("no at=exec_stopped:\n{}", lines.join("\n")));
+        assert_eq!(field(stopped, "how").as_deref(), Some(how), "{stopped}");
+        let took: u64 = field(stopped, "duration_ms").unwrap().parse().unwrap();
+        assert!((1000..3000).contains(&took), "{stopped}");
+        // Within ACKD_SHUTDOWN_TIMEOUT_MS (and the runtime's 100 ms), with room for a busy
+        // machine's scheduling.
+        assert!(
+            stop_took < Duration::from_millis(3600),
+            "{how}: {stop_took:?}"
+        );
+        // The handler is gone.
+        let pid = handled(&dir)[0].2 as libc::pid_t;
+        // Gone, or a zombie (its parent `sh` died first and whoever inherited it has not
+        // reaped it yet).
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        });
+        assert!(!alive, "handler {pid} still running after {how}");
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+    }
 }
 
 /// ACKD_PROCESSOR=exec without a command is a configuration error naming the setting.
