@@ -163,7 +163,7 @@ impl Exec {
     }
 
     /// EOF to every child once it has answered its message, SIGTERM halfway to
-    /// `deadline`, SIGKILL at it.
+    /// `deadline`, SIGKILL just before it.
     pub async fn shutdown(&self, deadline: Instant) {
         let Some(pool) = self.pool.get() else {
             return;
@@ -287,6 +287,8 @@ struct Running {
     lines: mpsc::Receiver<String>,
     /// Its stdout reached EOF (every process holding it is gone).
     eof: bool,
+    /// Logs its stderr; awaited when it is gone, so that no line of it is lost.
+    stderr: Option<tokio::task::JoinHandle<()>>,
     started: Instant,
 }
 
@@ -322,12 +324,12 @@ impl Running {
                 async move { tx.send(line).await.is_ok() }
             }));
         }
-        if let Some(stderr) = child.stderr.take() {
+        let stderr = child.stderr.take().map(|stderr| {
             tokio::spawn(read_lines(stderr, move |line| async move {
                 tracing::info!(at = "exec_stderr", child = id, pid, line);
                 true
-            }));
-        }
+            }))
+        });
         tracing::info!(at = "exec_started", child = id, pid);
         Ok(Running {
             id,
@@ -336,6 +338,7 @@ impl Running {
             stdin,
             lines,
             eof: false,
+            stderr,
             started: Instant::now(),
         })
     }
@@ -357,7 +360,12 @@ impl Running {
     /// Waits until it is gone (stdout lines meanwhile are dropped); `sh`'s exit status.
     async fn wait_gone(&mut self) -> std::io::Result<std::process::ExitStatus> {
         while self.next_line().await.is_some() {}
-        self.child.wait().await
+        let status = self.child.wait().await;
+        if let Some(stderr) = self.stderr.as_mut() {
+            let _ = stderr.await;
+            self.stderr = None;
+        }
+        status
     }
 
     /// Why it went away, after its stdout closed.
@@ -371,10 +379,9 @@ impl Running {
     /// Ends a child that failed: SIGTERM to its group, SIGKILL after [`KILL_GRACE`].
     async fn kill(&mut self) {
         self.stdin = None;
-        if self.gone_now() {
-            return;
+        if !self.gone_now() {
+            signal_group(self.pid, libc::SIGTERM);
         }
-        signal_group(self.pid, libc::SIGTERM);
         if tokio::time::timeout(KILL_GRACE, self.wait_gone())
             .await
             .is_err()
@@ -557,6 +564,11 @@ async fn serve(
             offset,
             reply,
         } = job;
+        if reply.is_closed() {
+            // Its worker was aborted (a drain that ran out of time) while it waited:
+            // the partition may be someone else's now, so it is not handed out.
+            continue;
+        }
         let exchange = async {
             let stdin = running
                 .stdin
