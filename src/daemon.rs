@@ -90,6 +90,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         }
     };
 
+    // The daemon keeps a handle to call the processor's shutdown hook after the final commit.
+    let processor = Arc::new(processor);
     let dead_letter = match (&settings.dead_letter_topic, settings.on_failure) {
         (Some(topic), OnFailure::DeadLetter) => {
             match DeadLetter::new(base_config(&settings), topic.clone()) {
@@ -115,7 +117,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         group: group.clone(),
         runtime: tokio::runtime::Handle::current(),
         worker: WorkerConfig {
-            processor: Arc::new(processor),
+            processor: processor.clone(),
             log_messages: settings.log_messages,
             message_source: settings.metric_source.as_deref().map(Arc::from),
             at_end: at_end.clone(),
@@ -189,6 +191,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         s = signals.next() => s,
         code = &mut done_rx => {
             ticker.abort();
+            stop_processor(processor, Instant::now() + settings.shutdown_timeout).await;
             return code.unwrap_or(exit::SOFTWARE);
         }
     };
@@ -205,11 +208,22 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
 
     let mut committed_rx = committed_rx;
     let mut committed_code = None;
+    // The processor's shutdown runs once the final commit is done, beside the close.
+    let mut stopping = None;
     loop {
         tokio::select! {
-            code = &mut done_rx => return code.unwrap_or(exit::SOFTWARE),
+            code = &mut done_rx => {
+                match stopping.take() {
+                    Some(task) => {
+                        let _ = task.await;
+                    }
+                    None => stop_processor(processor, deadline).await,
+                }
+                return code.unwrap_or(exit::SOFTWARE);
+            }
             code = &mut committed_rx, if committed_code.is_none() => {
                 committed_code = Some(code.unwrap_or(exit::SOFTWARE));
+                stopping = Some(tokio::spawn(stop_processor(processor.clone(), deadline)));
             }
             s = signals.next() => match s {
                 Some(SIGINT) => {
@@ -238,6 +252,12 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             }
         }
     }
+}
+
+/// The processor's shutdown hook, bounded by `deadline`. (Paths that give up at the
+/// deadline skip it: what the processor holds is dropped with the runtime.)
+async fn stop_processor<P: Processor>(processor: Arc<P>, deadline: Instant) {
+    let _ = tokio::time::timeout_at(deadline.into(), processor.shutdown(deadline)).await;
 }
 
 fn signal_name(signal: Option<i32>) -> &'static str {

@@ -195,4 +195,13 @@ pub trait Processor: Send + Sync + 'static {
         &self,
         message: &Message<'_>,
     ) -> impl Future<Output = Result<(), ProcessError>> + Send;
+
+    /// Called once on a graceful stop, after the final commit (no `process` call is in
+    /// flight then, unless the drain ran out of time): release what the processor holds
+    /// (children, connections) by `deadline`, the end of `ACKD_SHUTDOWN_TIMEOUT_MS`.
+    /// ackd stops waiting for it at the deadline. The default does nothing.
+    fn shutdown(&self, deadline: std::time::Instant) -> impl Future<Output = ()> + Send {
+        let _ = deadline;
+        async {}
+    }
 }

@@ -1,15 +1,20 @@
 //! The built-in processors, chosen with `ACKD_PROCESSOR` by people who deploy ackd
 //! without writing Rust.
 
+pub mod exec;
+
+use std::sync::Arc;
+use std::time::Instant;
+
 use crate::processor::{Message, ProcessError, Processor};
 use crate::settings::{SettingError, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
-pub const NAMES: &[&str] = &["log", "noop"];
+pub const NAMES: &[&str] = &["log", "noop", "exec"];
 /// Names `ACKD_PROCESSOR` accepts, with the testkit's.
 #[cfg(feature = "testkit")]
-pub const NAMES: &[&str] = &["log", "noop", "slow", "faulty"];
+pub const NAMES: &[&str] = &["log", "noop", "exec", "slow", "faulty"];
 
 /// A built-in processor.
 #[derive(Debug, Clone)]
@@ -21,6 +26,9 @@ pub enum Builtin {
     /// Acknowledges every message and does nothing else: what ackd itself costs, for
     /// benchmarks and for draining a topic.
     Noop,
+    /// Hands every message to long-lived children running `ACKD_EXEC_COMMAND`, one JSON
+    /// line each way (README "exec processor").
+    Exec(Arc<exec::Exec>),
     /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message, then acknowledges, so tests
     /// can have messages in flight when a signal arrives.
     #[cfg(feature = "testkit")]
@@ -37,6 +45,9 @@ impl Builtin {
         match settings.processor.as_str() {
             "log" => Ok(Builtin::Log),
             "noop" => Ok(Builtin::Noop),
+            "exec" => Ok(Builtin::Exec(Arc::new(exec::Exec::new(
+                exec::ExecConfig::from_settings(settings)?,
+            )))),
             #[cfg(feature = "testkit")]
             "slow" => Ok(Builtin::Slow(settings.test_delay)),
             #[cfg(feature = "testkit")]
@@ -55,6 +66,7 @@ impl Processor for Builtin {
         match self {
             Builtin::Log => "log",
             Builtin::Noop => "noop",
+            Builtin::Exec(_) => "exec",
             #[cfg(feature = "testkit")]
             Builtin::Slow(_) => "slow",
             #[cfg(feature = "testkit")]
@@ -65,6 +77,7 @@ impl Processor for Builtin {
     async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
         match self {
             Builtin::Log | Builtin::Noop => Ok(()),
+            Builtin::Exec(exec) => exec.process(_message).await,
             #[cfg(feature = "testkit")]
             Builtin::Slow(delay) => {
                 tokio::time::sleep(*delay).await;
@@ -97,6 +110,12 @@ impl Processor for Builtin {
                     _ => Ok(()),
                 }
             }
+        }
+    }
+
+    async fn shutdown(&self, deadline: Instant) {
+        if let Builtin::Exec(exec) = self {
+            exec.shutdown(deadline).await;
         }
     }
 }

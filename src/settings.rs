@@ -72,6 +72,9 @@ const KEYS: &[&str] = &[
     "sasl_mechanism",
     "sasl_username",
     "sasl_password",
+    "exec_command",
+    "exec_concurrency",
+    "exec_timeout_ms",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -186,6 +189,13 @@ pub struct Settings {
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
+    /// The `exec` processor: the command line its children run (`sh -c`); required
+    /// with `ACKD_PROCESSOR=exec` (checked by the processor).
+    pub exec_command: Option<String>,
+    /// The `exec` processor: how many children serve messages.
+    pub exec_concurrency: usize,
+    /// The `exec` processor: how long a child may take to answer one message.
+    pub exec_timeout: Duration,
     /// Per-message delay of the testkit's `slow` processor.
     #[cfg(feature = "testkit")]
     pub test_delay: Duration,
@@ -730,6 +740,18 @@ impl RawSettings {
             log_messages: self.boolean("log_messages")?,
             stop_at_end: self.boolean("stop_at_end")?,
             log_level,
+            exec_command: Some(self.get("exec_command"))
+                .filter(|c| !c.is_empty())
+                .map(str::to_string),
+            exec_concurrency: match self.get("exec_concurrency").parse::<usize>() {
+                Ok(n) if (1..=256).contains(&n) => n,
+                _ => {
+                    return Err(
+                        self.error("exec_concurrency", "expected a whole number from 1 to 256")
+                    )
+                }
+            },
+            exec_timeout: self.millis("exec_timeout_ms", 1, 3_600_000)?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 self.millis("test_delay_ms", 0, 3_600_000)?
@@ -795,6 +817,9 @@ mod tests {
         assert_eq!(s.metric_prefix, "ackd");
         assert!(s.log_messages);
         assert_eq!(s.log_level, "info");
+        assert_eq!(s.exec_command, None);
+        assert_eq!(s.exec_concurrency, 1);
+        assert_eq!(s.exec_timeout, Duration::from_millis(30000));
         assert_eq!(
             s.rdkafka["partition.assignment.strategy"].value,
             "cooperative-sticky"
@@ -843,6 +868,8 @@ mod tests {
             ("ACKD_START_FROM", "beginning", "earliest or latest"),
             ("ACKD_LOG_MESSAGES", "maybe", "true or false"),
             ("ACKD_LOG_LEVEL", "loud", "info"),
+            ("ACKD_EXEC_CONCURRENCY", "0", "from 1 to 256"),
+            ("ACKD_EXEC_TIMEOUT_MS", "30s", "milliseconds"),
             ("ACKD_METRIC_PREFIX", "my app", "l2met"),
             ("ACKD_TOPICS", "ok,bad topic", "valid topic name"),
             ("KAFKA_URL", "localhost", "no port"),

@@ -1,0 +1,664 @@
+//! The `exec` processor against the real broker and the real binary: Python handlers
+//! written into a temporary directory, talking ackd's JSON-lines protocol.
+//!
+//! Handlers record every message they handled in a file (`handled`: one
+//! `partition offset pid` line, written before the reply), so that tests can tell what
+//! the child did apart from what ackd acknowledged and committed. Markers that must
+//! fire once (a retry, a crash, a hang) are files created with O_EXCL, so they survive
+//! the child's restart.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn at(line: &str, what: &str) -> bool {
+    field(line, "at").as_deref() == Some(what)
+}
+
+fn at_offset(line: &str, what: &str, offset: i64) -> bool {
+    at(line, what) && field(line, "offset") == Some(offset.to_string())
+}
+
+/// A fresh directory for one test's handler and its files.
+fn work_dir(name: &str) -> PathBuf {
+    let dir = log_dir().join(unique_name(name));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The Python handler of the README's "exec processor" section, exactly as written there.
+fn readme_handler() -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("read README.md");
+    let section = readme
+        .split("## exec processor")
+        .nth(1)
+        .expect("README has an exec processor section");
+    let code = section
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section has a python block");
+    code.to_string()
+}
+
+/// A test handler: `case` is Python run per message with `p`, `o`, `v` (partition,
+/// offset, value or None), `reply` (preset to ack) and `once(name)` in scope. It
+/// records each handled message in `handled` and each request line in `requests`,
+/// and writes `eof-<pid>` when stdin ends. Like the README's, it ignores SIGTERM.
+fn test_handler(dir: &Path, case: &str) -> String {
+    test_handler_with(dir, case, "")
+}
+
+/// [`test_handler`] with `at_eof` run after stdin ended, before `eof-<pid>` is written.
+fn test_handler_with(dir: &Path, case: &str, at_eof: &str) -> String {
+    let case: String = case.lines().map(|l| format!("    {l}\n")).collect();
+    let script = format!(
+        r#"import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+DIR = {dir:?}
+def once(name):
+    try:
+        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+handled = open(os.path.join(DIR, "handled"), "a")
+requests = open(os.path.join(DIR, "requests"), "a")
+for line in sys.stdin:
+    requests.write(line); requests.flush()
+    msg = json.loads(line)
+    p, o, v = msg["partition"], msg["offset"], msg.get("value")
+    reply = {{"ack": True}}
+{case}
+    handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
+    print(json.dumps(reply), flush=True)
+{at_eof}
+with open(os.path.join(DIR, "eof-%d" % os.getpid()), "w") as f:
+    f.write("eof\n")
+"#,
+        dir = dir.to_str().unwrap(),
+    );
+    let path = dir.join("handler.py");
+    std::fs::write(&path, script).unwrap();
+    format!("python3 {}", path.display())
+}
+
+/// (partition, offset, pid) of every message the handler recorded, in order.
+fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
+    match std::fs::read_to_string(dir.join("handled")) {
+        Ok(text) => text
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (
+                    f[0].parse().unwrap(),
+                    f[1].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                )
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Offsets per partition in the order given.
+fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, Vec<i64>> {
+    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (p, o) in pairs {
+        map.entry(p).or_default().push(o);
+    }
+    map
+}
+
+/// A message to produce: key, value, headers.
+type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
+
+/// Produces values (with optional key bytes and headers) to partition 0, in order.
+fn produce_values(topic: &str, messages: &[Record<'_>]) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker().bootstrap())
+        .set("acks", "all")
+        .create()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (key, value, headers) in messages {
+            let mut h = OwnedHeaders::new();
+            for (k, v) in *headers {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(*v),
+                });
+            }
+            let mut record = FutureRecord::to(topic)
+                .partition(0)
+                .payload(*value)
+                .headers(h);
+            if let Some(k) = key {
+                record = record.key(*k);
+            }
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+    });
+}
+
+fn exec_ackd(topic: &str, group: &str, command: &str) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "exec")
+        .env("ACKD_EXEC_COMMAND", command)
+        .env("ACKD_RETRY_INITIAL_MS", "50")
+        .env("ACKD_RETRY_MAX_MS", "200")
+}
+
+/// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
+fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
+    assert!(
+        !stopped.is_empty(),
+        "no at=exec_stopped:\n{}",
+        lines.join("\n")
+    );
+    for l in stopped {
+        assert_eq!(field(l, "how").as_deref(), Some("eof"), "{l}");
+    }
+    lines
+}
+
+/// 1: the README's handler, 2 partitions: every message acknowledged once, in order per
+/// partition, committed to the log end; the child's stderr is in ackd's log, tagged.
+#[test]
+fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
+    let topic = unique_name("exec-readme");
+    let group = unique_name("g-exec-readme");
+    create_topic(&topic, 2);
+    let dir = work_dir("exec-readme");
+    let path = dir.join("handler.py");
+    std::fs::write(&path, readme_handler()).unwrap();
+    let delivered = produce_keyed(&topic, 40, 0);
+    let ends = log_ends(&delivered);
+    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display())).spawn();
+    ackd.wait_for_count(is_processed, 40, WAIT);
+    let lines = stop_cleanly(&ackd);
+
+    let counts = processed_counts(&lines);
+    assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
+    assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
+    for (p, offsets) in per_partition(processed(&lines)) {
+        assert_eq!(offsets, (0..ends[&p]).collect::<Vec<_>>(), "partition {p}");
+    }
+    let committed = committed(&group, &topic, 2);
+    for (p, end) in &ends {
+        assert_eq!(committed[p], Some(*end), "partition {p}");
+    }
+    // Every message's stderr line, tagged with the child.
+    let stderr: Vec<_> = lines.iter().filter(|l| at(l, "exec_stderr")).collect();
+    assert_eq!(stderr.len(), 40, "{}", lines.join("\n"));
+    for l in &stderr {
+        assert_eq!(field(l, "child").as_deref(), Some("0"), "{l}");
+        assert!(field(l, "pid").is_some(), "{l}");
+        assert!(
+            field(l, "line")
+                .unwrap()
+                .starts_with(&format!("got {topic}/")),
+            "{l}"
+        );
+    }
+    assert_eq!(lines.iter().filter(|l| at(l, "exec_started")).count(), 1);
+    assert!(!lines.iter().any(|l| at(l, "exec_restart")));
+}
+
+/// 2: a retry asked for once is retried, then acknowledged; the child is kept.
+#[test]
+fn a_retry_reply_is_retried_then_acknowledged() {
+    let topic = unique_name("exec-retry");
+    let group = unique_name("g-exec-retry");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-retry");
+    let command = test_handler(
+        &dir,
+        r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
+    reply = {"retry": "not yet"}"#,
+    );
+    produce_values(
+        &topic,
+        &[
+            (None, b"ok", &[]),
+            (None, b"retry-me", &[]),
+            (None, b"ok", &[]),
+        ],
+    );
+    let ackd = exec_ackd(&topic, &group, &command).spawn();
+    ackd.wait_for_count(is_processed, 3, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let retries: Vec<_> = lines.iter().filter(|l| at_offset(l, "retry", 1)).collect();
+    assert_eq!(retries.len(), 1, "{}", lines.join("\n"));
+    assert!(field(retries[0], "error").unwrap().contains("not yet"));
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2)]);
+    assert!(!lines.iter().any(|l| at(l, "exec_restart")));
+    // The handler saw offset 1 twice (the retry), the others once.
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, vec![0, 1, 1, 2]);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+}
+
+/// 3: a child that exits on a message is restarted; the message is retried, nothing lost.
+#[test]
+fn a_crashing_child_is_restarted_and_its_message_retried() {
+    let topic = unique_name("exec-crash");
+    let group = unique_name("g-exec-crash");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-crash");
+    let command = test_handler(
+        &dir,
+        r#"if v == "crash" and once("crash-%d-%d" % (p, o)):
+    print("crashing on purpose", file=sys.stderr, flush=True)
+    os._exit(3)"#,
+    );
+    produce_values(
+        &topic,
+        &[
+            (None, b"ok", &[]),
+            (None, b"ok", &[]),
+            (None, b"crash", &[]),
+            (None, b"ok", &[]),
+            (None, b"ok", &[]),
+        ],
+    );
+    let ackd = exec_ackd(&topic, &group, &command).spawn();
+    ackd.wait_for_count(is_processed, 5, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
+    let r = restarts[0];
+    assert!(
+        field(r, "reason").unwrap().contains("exit status: 3"),
+        "{r}"
+    );
+    assert!(field(r, "reason").unwrap().contains("offset 2"), "{r}");
+    assert_eq!(field(r, "restarts").as_deref(), Some("1"), "{r}");
+    assert_eq!(
+        field(r, "count#ackd.exec.restarts").as_deref(),
+        Some("1"),
+        "{r}"
+    );
+    assert!(lines.iter().any(|l| at_offset(l, "retry", 2)));
+    assert!(lines.iter().any(
+        |l| at(l, "exec_stderr") && field(l, "line").as_deref() == Some("crashing on purpose")
+    ));
+    assert_eq!(lines.iter().filter(|l| at(l, "exec_started")).count(), 2);
+    assert_eq!(
+        processed(&lines),
+        (0..5).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, vec![0, 1, 2, 3, 4], "each handled once to the end");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(5));
+}
+
+/// 4: a child that hangs past ACKD_EXEC_TIMEOUT_MS is killed and restarted; the
+/// message is retried.
+#[test]
+fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
+    let topic = unique_name("exec-hang");
+    let group = unique_name("g-exec-hang");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-hang");
+    let command = test_handler(
+        &dir,
+        r#"if v == "hang" and once("hang-%d-%d" % (p, o)):
+    time.sleep(3600)"#,
+    );
+    produce_values(
+        &topic,
+        &[(None, b"ok", &[]), (None, b"hang", &[]), (None, b"ok", &[])],
+    );
+    let ackd = exec_ackd(&topic, &group, &command)
+        .env("ACKD_EXEC_TIMEOUT_MS", "1000")
+        .spawn();
+    ackd.wait_for_count(is_processed, 3, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
+    let reason = field(restarts[0], "reason").unwrap();
+    assert!(
+        reason.contains("no reply within ACKD_EXEC_TIMEOUT_MS=1000"),
+        "{reason}"
+    );
+    // Killed by SIGTERM well inside the 2 s grace: it ran about the timeout.
+    let ran: u64 = field(restarts[0], "ran_ms").unwrap().parse().unwrap();
+    assert!(ran >= 1000, "ran_ms={ran}");
+    let retry = lines
+        .iter()
+        .find(|l| at_offset(l, "retry", 1))
+        .expect("at=retry for offset 1");
+    assert!(
+        field(retry, "error").unwrap().contains("no reply"),
+        "{retry}"
+    );
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2)]);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+}
+
+/// 5: a permanent failure meets ACKD_ON_FAILURE (skip here); the child is kept. Also:
+/// what a request looks like for a message with headers and bytes that are not UTF-8.
+#[test]
+fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
+    let topic = unique_name("exec-fail");
+    let group = unique_name("g-exec-fail");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-fail");
+    let command = test_handler(
+        &dir,
+        r#"if v == "bad":
+    reply = {"fail": "bad input"}"#,
+    );
+    produce_values(
+        &topic,
+        &[
+            (Some(b"k-0"), b"ok", &[("trace", b"t-1"), ("trace", b"t-2")]),
+            (Some(b"k-1"), b"bad", &[]),
+            (
+                Some(&[0xff, 0xfe]),
+                &[0x00, 0x9f, 0x92, 0x96],
+                &[("bin", &[0xc3])],
+            ),
+        ],
+    );
+    let ackd = exec_ackd(&topic, &group, &command)
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed(l) && field(l, "offset").as_deref() == Some("2"),
+        WAIT,
+    );
+    let lines = stop_cleanly(&ackd);
+    let skipped = lines
+        .iter()
+        .find(|l| at_offset(l, "skipped", 1))
+        .expect("at=skipped for offset 1");
+    let error = field(skipped, "error").unwrap();
+    assert!(
+        error.contains("permanent") && error.contains("bad input"),
+        "{skipped}"
+    );
+    assert_eq!(
+        field(skipped, "attempts").as_deref(),
+        Some("1"),
+        "not retried"
+    );
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
+    assert!(!lines.iter().any(|l| at(l, "exec_restart")));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+
+    let requests: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(requests.len(), 3);
+    let r0 = &requests[0];
+    assert_eq!(r0["topic"], topic.as_str());
+    assert_eq!(r0["partition"], 0);
+    assert_eq!(r0["offset"], 0);
+    assert!(
+        r0["timestamp_ms"].as_i64().unwrap() > 1_600_000_000_000,
+        "{r0}"
+    );
+    assert_eq!(r0["key"], "k-0");
+    assert_eq!(r0["value"], "ok");
+    assert_eq!(
+        r0["headers"],
+        serde_json::json!([{"name":"trace","value":"t-1"},{"name":"trace","value":"t-2"}])
+    );
+    let r2 = &requests[2];
+    assert_eq!(r2["key_base64"], "//4=", "{r2}");
+    assert_eq!(r2["value_base64"], "AJ+Slg==", "{r2}");
+    assert!(r2.get("key").is_none() && r2.get("value").is_none(), "{r2}");
+    assert_eq!(
+        r2["headers"],
+        serde_json::json!([{"name":"bin","value_base64":"ww=="}])
+    );
+}
+
+/// 6: SIGTERM with a message in the child: it is finished and committed, the child gets
+/// EOF (and says so), ackd exits 0, and a second run resumes exactly after it. The
+/// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.
+#[test]
+fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
+    let topic = unique_name("exec-stop");
+    let group = unique_name("g-exec-stop");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-stop");
+    let command = test_handler(&dir, "time.sleep(0.1)");
+    let values: Vec<Vec<u8>> = (0..40).map(|i| format!("v-{i}").into_bytes()).collect();
+    let messages: Vec<Record<'_>> = values
+        .iter()
+        .map(|v| (None, v.as_slice(), &[][..]))
+        .collect();
+    produce_values(&topic, &messages);
+
+    let first = exec_ackd(&topic, &group, &command).spawn();
+    first.wait_for_count(is_processed, 5, WAIT);
+    let sh: libc::pid_t = field(&first.wait_for_line(|l| at(l, "exec_started"), WAIT), "pid")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let handler = handled(&dir)[0].2 as libc::pid_t;
+    assert_ne!(sh, handler, "sh runs the handler as its child");
+    for pid in [sh, handler] {
+        // SAFETY: kill(2) on processes this test's ackd started; no memory effects.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+    let lines = stop_cleanly(&first);
+    assert!(
+        !lines.iter().any(|l| at(l, "exec_restart")),
+        "sh's death is not the handler's"
+    );
+    let acked = processed(&lines).len() as i64;
+    assert!(acked < 40, "stopped before the end");
+    let committed_first = committed(&group, &topic, 1)[&0];
+    assert_eq!(committed_first, Some(acked), "{}", lines.join("\n"));
+    // What the child handled is exactly what was committed: the message in flight at
+    // SIGTERM was finished and acknowledged, none was started after it.
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, (0..acked).collect::<Vec<_>>());
+    let pid = handled(&dir)[0].2;
+    assert!(
+        dir.join(format!("eof-{pid}")).is_file(),
+        "the child saw EOF"
+    );
+
+    let second = exec_ackd(&topic, &group, &command).spawn();
+    second.wait_for_count(is_processed, (40 - acked) as usize, WAIT);
+    let lines = stop_cleanly(&second);
+    assert_eq!(
+        processed(&lines),
+        (acked..40).map(|o| (0, o)).collect::<Vec<_>>(),
+        "resumed exactly after the first run"
+    );
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(
+        seen,
+        (0..40).collect::<Vec<_>>(),
+        "each handled exactly once"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(40));
+}
+
+/// 7: three children, four partitions: each partition's messages are handled in order,
+/// each once, and the pool is used.
+#[test]
+fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
+    let topic = unique_name("exec-pool");
+    let group = unique_name("g-exec-pool");
+    create_topic(&topic, 4);
+    let dir = work_dir("exec-pool");
+    let command = test_handler(&dir, "time.sleep(0.01)");
+    let delivered = produce_keyed(&topic, 120, 0);
+    let ends = log_ends(&delivered);
+    assert_eq!(ends.len(), 4, "keys spread over all partitions");
+    let ackd = exec_ackd(&topic, &group, &command)
+        .env("ACKD_EXEC_CONCURRENCY", "3")
+        .spawn();
+    ackd.wait_for_count(is_processed, 120, WAIT);
+    let lines = stop_cleanly(&ackd);
+
+    let started: BTreeSet<String> = lines
+        .iter()
+        .filter(|l| at(l, "exec_started"))
+        .map(|l| field(l, "child").unwrap())
+        .collect();
+    assert_eq!(started, ["0", "1", "2"].map(String::from).into());
+    assert_eq!(lines.iter().filter(|l| at(l, "exec_stopped")).count(), 3);
+    let handled = handled(&dir);
+    let by_child = per_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
+    assert!(by_child.len() >= 2, "the pool was used: {by_child:?}");
+    let expected: BTreeMap<i32, Vec<i64>> =
+        ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
+    assert_eq!(
+        per_partition(handled.iter().map(|h| (h.0, h.1))),
+        expected,
+        "the handlers saw each partition in order, each message once"
+    );
+    assert_eq!(per_partition(processed(&lines)), expected);
+    let committed = committed(&group, &topic, 4);
+    for (p, end) in &ends {
+        assert_eq!(committed[p], Some(*end), "partition {p}");
+    }
+}
+
+/// A stray stdout line is a protocol error, never taken for a reply: the message is
+/// retried on a new child, and the message after it is not acknowledged by mistake.
+#[test]
+fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
+    let topic = unique_name("exec-stray");
+    let group = unique_name("g-exec-stray");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-stray");
+    let command = test_handler(
+        &dir,
+        r#"if v == "chatty" and once("chatty-%d-%d" % (p, o)):
+    print("debug: looking at", o, flush=True)"#,
+    );
+    produce_values(
+        &topic,
+        &[
+            (None, b"ok", &[]),
+            (None, b"chatty", &[]),
+            (None, b"ok", &[]),
+        ],
+    );
+    let ackd = exec_ackd(&topic, &group, &command).spawn();
+    ackd.wait_for_count(is_processed, 3, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
+    let reason = field(restarts[0], "reason").unwrap();
+    assert!(
+        reason.contains("reply is not JSON") && reason.contains("debug: looking at 1"),
+        "{reason}"
+    );
+    assert!(lines.iter().any(|l| at_offset(l, "retry", 1)));
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2)]);
+    // Offset 1 was handled twice (its reply was lost with the replaced child), 2 once.
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, vec![0, 1, 1, 2]);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+}
+
+/// A child that does not exit at EOF gets SIGTERM halfway to the deadline; one that
+/// ignores SIGTERM too gets SIGKILL just before it. ackd still exits 0 in time.
+#[test]
+fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeout() {
+    for (how, at_eof) in [
+        (
+            "sigterm",
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)\ntime.sleep(3600)",
+        ),
+        ("sigkill", "time.sleep(3600)"),
+    ] {
+        let topic = unique_name("exec-linger");
+        let group = unique_name("g-exec-linger");
+        create_topic(&topic, 1);
+        let dir = work_dir("exec-linger");
+        let command = test_handler_with(&dir, "", at_eof);
+        produce_values(&topic, &[(None, b"ok", &[])]);
+        let ackd = exec_ackd(&topic, &group, &command)
+            .env("ACKD_SHUTDOWN_TIMEOUT_MS", "3000")
+            .spawn();
+        ackd.wait_for_count(is_processed, 1, WAIT);
+        let stopping = std::time::Instant::now();
+        ackd.sigterm();
+        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        let stop_took = stopping.elapsed();
+        let lines = ackd.lines();
+        let stopped = lines
+            .iter()
+            .find(|l| at(l, "exec_stopped"))
+            .unwrap_or_else(|| panic!("no at=exec_stopped:\n{}", lines.join("\n")));
+        assert_eq!(field(stopped, "how").as_deref(), Some(how), "{stopped}");
+        let took: u64 = field(stopped, "duration_ms").unwrap().parse().unwrap();
+        assert!((1000..3000).contains(&took), "{stopped}");
+        // Within ACKD_SHUTDOWN_TIMEOUT_MS (and the runtime's 100 ms), with room for a busy
+        // machine's scheduling.
+        assert!(
+            stop_took < Duration::from_millis(3600),
+            "{how}: {stop_took:?}"
+        );
+        // The handler is gone.
+        let pid = handled(&dir)[0].2 as libc::pid_t;
+        // Gone, or a zombie (its parent `sh` died first and whoever inherited it has not
+        // reaped it yet).
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        });
+        assert!(!alive, "handler {pid} still running after {how}");
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+    }
+}
+
+/// ACKD_PROCESSOR=exec without a command is a configuration error naming the setting.
+#[test]
+fn exec_without_a_command_is_a_configuration_error() {
+    let ackd = AckdBuilder::new("t", "g")
+        .env("ACKD_PROCESSOR", "exec")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 78);
+    let line = ackd
+        .lines()
+        .into_iter()
+        .find(|l| at(l, "config_error"))
+        .expect("at=config_error");
+    assert_eq!(
+        field(&line, "setting").as_deref(),
+        Some("ACKD_EXEC_COMMAND"),
+        "{line}"
+    );
+}
