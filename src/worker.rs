@@ -21,7 +21,7 @@ use tokio::sync::{watch, Notify};
 use crate::dead_letter::DeadLetter;
 use crate::failure::{OnFailure, Retry};
 use crate::metrics::{self, PartitionMetrics};
-use crate::processor::{FailureKind, Message, ProcessError, Processor};
+use crate::processor::{FailureKind, Kafka, Message, ProcessError, Processor};
 use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
@@ -299,7 +299,8 @@ async fn run<C, P>(
         }
         shared.in_flight.store(offset, Ordering::Release);
         shared.metrics.received();
-        let view = Message::from_kafka(&message, &topic);
+        let kafka = Kafka::new(&message);
+        let view = Message::from_kafka(&kafka, &topic);
         let outcome = handle(&view, &config, &shared, &mut stop, &mut rng).await;
         shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
