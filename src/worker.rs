@@ -233,10 +233,21 @@ async fn run<C, P>(
         .clone()
         .unwrap_or_else(|| topic.clone());
     loop {
-        let next = tokio::select! {
-            biased;
-            _ = stop.changed() => break,
-            next = stream.next() => next,
+        // A partition with a backlog never waits for its queue: let the other tasks of
+        // this thread run now and then (every 128 messages, tokio's budget).
+        tokio::task::consume_budget().await;
+        // Stop is checked before every message, with one atomic load; the select (which
+        // builds a notification future) only when the queue is empty and we must wait.
+        if stop.has_changed().unwrap_or(true) {
+            break;
+        }
+        let next = match stream.next().now_or_never() {
+            Some(next) => next,
+            None => tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                next = stream.next() => next,
+            },
         };
         let message = match next {
             Some(Ok(m)) => m,
