@@ -364,7 +364,7 @@ async fn handle<P: Processor>(
     let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
     let mut attempt = 1;
     let error = loop {
-        let started = Instant::now();
+        let started = shared.metrics.stopwatch();
         let outcome = AssertUnwindSafe(config.processor.process(view))
             .catch_unwind()
             .await;
