@@ -1,8 +1,10 @@
 //! Produces demo messages with keys `k-<i>` and values `message <i>`.
 //!
 //! ```text
-//! cargo run --example produce -- --brokers 127.0.0.1:9092 --topic demo --count 100 [--start 0]
+//! cargo run --example produce -- --brokers 127.0.0.1:9092 --topic demo --count 100 [--start 0] [--value-bytes 100]
 //! ```
+//!
+//! `--value-bytes B` pads each value with `.` to B bytes (the benchmark's ~100-byte messages).
 //!
 //! Prints one logfmt line per partition once every delivery is confirmed:
 //! `at=produced topic=demo partition=P first_offset=A last_offset=B count=N`.
@@ -16,13 +18,15 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
-const USAGE: &str = "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I]";
+const USAGE: &str =
+    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--value-bytes B]";
 
 struct Args {
     brokers: String,
     topic: String,
     count: u64,
     start: u64,
+    value_bytes: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -30,6 +34,7 @@ fn parse_args() -> Result<Args, String> {
     let mut topic = None;
     let mut count = None;
     let mut start = 0;
+    let mut value_bytes = 0;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -62,6 +67,12 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--start: not a number: {v}"))?;
             }
+            "--value-bytes" => {
+                let v = value()?;
+                value_bytes = v
+                    .parse()
+                    .map_err(|_| format!("--value-bytes: not a number: {v}"))?;
+            }
             other => return Err(format!("unknown argument: {other}")),
         }
     }
@@ -70,6 +81,7 @@ fn parse_args() -> Result<Args, String> {
         topic: topic.ok_or("--topic is required")?,
         count: count.ok_or("--count is required")?,
         start,
+        value_bytes,
     })
 }
 
@@ -86,7 +98,11 @@ fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
     let mut pending = Vec::new();
     for i in args.start..args.start + args.count {
         let key = format!("k-{i}");
-        let value = format!("message {i}");
+        let mut value = format!("message {i}");
+        if value.len() < args.value_bytes {
+            value.push(' ');
+            value.extend(std::iter::repeat_n('.', args.value_bytes - value.len()));
+        }
         let mut record = FutureRecord::to(&args.topic).key(&key).payload(&value);
         loop {
             match producer.send_result(record) {

@@ -5,6 +5,9 @@
 //! librdkafka's buffer (no copy on the hot path); call [`Message::to_owned`] to keep it.
 
 use std::future::Future;
+use std::sync::OnceLock;
+
+use rdkafka::message::{BorrowedHeaders, BorrowedMessage};
 
 /// One Kafka message, borrowed for the duration of [`Processor::process`].
 #[derive(Clone, Copy)]
@@ -15,7 +18,29 @@ pub struct Message<'a> {
     pub(crate) key: Option<&'a [u8]>,
     pub(crate) payload: Option<&'a [u8]>,
     pub(crate) timestamp_ms: Option<i64>,
-    pub(crate) headers: Option<&'a rdkafka::message::BorrowedHeaders>,
+    pub(crate) kafka: Option<&'a Kafka<'a>>,
+}
+
+/// A message from librdkafka, its headers parsed on first use: librdkafka parses them
+/// (two allocations, even for a message without headers) when they are first asked for,
+/// and most processors never ask. The cell makes that happen once, whichever thread asks.
+pub(crate) struct Kafka<'a> {
+    message: &'a BorrowedMessage<'a>,
+    headers: OnceLock<Option<&'a BorrowedHeaders>>,
+}
+
+impl<'a> Kafka<'a> {
+    pub(crate) fn new(message: &'a BorrowedMessage<'a>) -> Self {
+        Kafka {
+            message,
+            headers: OnceLock::new(),
+        }
+    }
+
+    fn headers(&self) -> Option<&'a BorrowedHeaders> {
+        use rdkafka::Message as _;
+        *self.headers.get_or_init(|| self.message.headers())
+    }
 }
 
 /// One message header. Kafka allows repeated names and null values.
@@ -42,12 +67,13 @@ impl<'a> Message<'a> {
             key,
             payload,
             timestamp_ms,
-            headers: None,
+            kafka: None,
         }
     }
 
-    pub(crate) fn from_kafka(m: &'a rdkafka::message::BorrowedMessage<'_>, topic: &'a str) -> Self {
+    pub(crate) fn from_kafka(kafka: &'a Kafka<'a>, topic: &'a str) -> Self {
         use rdkafka::Message as _;
+        let m = kafka.message;
         Message {
             topic,
             partition: m.partition(),
@@ -55,7 +81,7 @@ impl<'a> Message<'a> {
             key: m.key(),
             payload: m.payload(),
             timestamp_ms: m.timestamp().to_millis(),
-            headers: m.headers(),
+            kafka: Some(kafka),
         }
     }
 
@@ -83,7 +109,8 @@ impl<'a> Message<'a> {
     /// The headers, in the order they were produced.
     pub fn headers(&self) -> impl Iterator<Item = Header<'a>> + 'a {
         use rdkafka::message::Headers as _;
-        self.headers
+        self.kafka
+            .and_then(Kafka::headers)
             .into_iter()
             .flat_map(|h| h.iter())
             .map(|h| Header {

@@ -21,7 +21,7 @@ use tokio::sync::{watch, Notify};
 use crate::dead_letter::DeadLetter;
 use crate::failure::{OnFailure, Retry};
 use crate::metrics::{self, PartitionMetrics};
-use crate::processor::{FailureKind, Message, ProcessError, Processor};
+use crate::processor::{FailureKind, Kafka, Message, ProcessError, Processor};
 use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
@@ -233,10 +233,21 @@ async fn run<C, P>(
         .clone()
         .unwrap_or_else(|| topic.clone());
     loop {
-        let next = tokio::select! {
-            biased;
-            _ = stop.changed() => break,
-            next = stream.next() => next,
+        // A partition with a backlog never waits for its queue: let the other tasks of
+        // this thread run now and then (every 128 messages, tokio's budget).
+        tokio::task::consume_budget().await;
+        // Stop is checked before every message, with one atomic load; the select (which
+        // builds a notification future) only when the queue is empty and we must wait.
+        if stop.has_changed().unwrap_or(true) {
+            break;
+        }
+        let next = match stream.next().now_or_never() {
+            Some(next) => next,
+            None => tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                next = stream.next() => next,
+            },
         };
         let message = match next {
             Some(Ok(m)) => m,
@@ -299,7 +310,8 @@ async fn run<C, P>(
         }
         shared.in_flight.store(offset, Ordering::Release);
         shared.metrics.received();
-        let view = Message::from_kafka(&message, &topic);
+        let kafka = Kafka::new(&message);
+        let view = Message::from_kafka(&kafka, &topic);
         let outcome = handle(&view, &config, &shared, &mut stop, &mut rng).await;
         shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
@@ -352,7 +364,7 @@ async fn handle<P: Processor>(
     let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
     let mut attempt = 1;
     let error = loop {
-        let started = Instant::now();
+        let started = shared.metrics.stopwatch();
         let outcome = AssertUnwindSafe(config.processor.process(view))
             .catch_unwind()
             .await;
