@@ -2,6 +2,7 @@
 //! without writing Rust.
 
 pub mod exec;
+pub mod json;
 
 use std::sync::Arc;
 use std::time::Instant;
