@@ -631,3 +631,70 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
     assert_eq!(field(line, "setting").as_deref(), Some("ACKD_HTTP_HEADERS"));
     assert!(!lines.iter().any(|l| l.contains("s3cr3t")), "{line}");
 }
+
+/// The Python endpoint of the README's "http processor" section, exactly as written
+/// there.
+fn readme_endpoint() -> String {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .expect("read README.md");
+    let section = readme
+        .split("## http processor")
+        .nth(1)
+        .expect("README has an http processor section");
+    section
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section has a python block")
+        .to_string()
+}
+
+/// The README's endpoint: text values are acked, a binary value gets its 400 (skipped
+/// here), and a restart of nothing is needed: everything is committed.
+#[test]
+fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
+    let topic = unique_name("http-readme");
+    let group = unique_name("g-http-readme");
+    create_topic(&topic, 1);
+    let dir = log_dir().join(unique_name("http-readme"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("endpoint.py");
+    std::fs::write(&script, readme_endpoint()).unwrap();
+    let port = free_port();
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(&script)
+        .env("PORT", port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut python = spawn_tied(cmd).expect("run python3");
+    wait_until(WAIT, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    produce_values(
+        &topic,
+        &[
+            (None, b"hello", &[]),
+            (None, &[0xff, 0x00], &[]),
+            (None, b"world", &[]),
+        ],
+    );
+    let ackd = http_ackd(&topic, &group, &format!("http://127.0.0.1:{port}/"))
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_count(is_processed, 2, WAIT);
+    let lines = stop(&ackd, 0);
+    let _ = python.kill();
+    let _ = python.wait();
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
+    let skipped = lines
+        .iter()
+        .find(|l| at_offset(l, "skipped", 1))
+        .expect("at=skipped");
+    assert!(
+        field(skipped, "error")
+            .unwrap()
+            .contains("HTTP 400 Bad Request: no text value"),
+        "{skipped}"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+}
