@@ -698,3 +698,71 @@ fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
     );
     assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
 }
+
+/// No answer within ACKD_HTTP_TIMEOUT_MS is retryable: the retry is acked.
+#[test]
+fn a_request_that_times_out_is_retried() {
+    let topic = unique_name("http-timeout");
+    let group = unique_name("g-http-timeout");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|_, before| Response {
+        delay: if before == 0 {
+            Duration::from_millis(1500)
+        } else {
+            Duration::ZERO
+        },
+        ..ok()
+    });
+    values(&topic, &["a"]);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_HTTP_TIMEOUT_MS", "300")
+        .spawn();
+    ackd.wait_for_count(is_processed, 1, WAIT);
+    let lines = stop(&ackd, 0);
+    let retry = lines
+        .iter()
+        .find(|l| at_offset(l, "retry", 0))
+        .expect("at=retry");
+    assert!(
+        field(retry, "error")
+            .unwrap()
+            .contains("retryable: no response within ACKD_HTTP_TIMEOUT_MS=300"),
+        "{retry}"
+    );
+    assert_eq!(endpoint.requests().len(), 2);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+}
+
+/// A Retry-After longer than ACKD_RETRY_MAX_MS waits ACKD_RETRY_MAX_MS.
+#[test]
+fn retry_after_is_capped_at_the_retry_maximum() {
+    let topic = unique_name("http-cap");
+    let group = unique_name("g-http-cap");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|_, before| {
+        if before == 0 {
+            let mut resp = status(503, "maintenance");
+            resp.headers.push(("Retry-After".into(), "3600".into()));
+            resp
+        } else {
+            ok()
+        }
+    });
+    values(&topic, &["a"]);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_RETRY_MAX_MS", "300")
+        .spawn();
+    ackd.wait_for_count(is_processed, 1, WAIT);
+    let lines = stop(&ackd, 0);
+    let retry = lines
+        .iter()
+        .find(|l| at_offset(l, "retry", 0))
+        .expect("at=retry");
+    assert_eq!(field(retry, "delay_ms").as_deref(), Some("300"), "{retry}");
+    assert!(
+        field(retry, "error")
+            .unwrap()
+            .contains("HTTP 503 Service Unavailable: maintenance (Retry-After 3600000 ms)"),
+        "{retry}"
+    );
+}
