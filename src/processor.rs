@@ -175,6 +175,10 @@ pub enum FailureKind {
 pub struct ProcessError {
     pub kind: FailureKind,
     pub reason: String,
+    /// For a retryable failure: wait at least this long before the next attempt (an
+    /// HTTP `Retry-After`). The worker waits the longer of this and its own backoff,
+    /// capped at `ACKD_RETRY_MAX_MS`.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ProcessError {
@@ -182,6 +186,15 @@ impl ProcessError {
         ProcessError {
             kind: FailureKind::Retryable,
             reason: reason.to_string(),
+            retry_after: None,
+        }
+    }
+
+    /// A retryable failure whose next attempt should come no sooner than `after`.
+    pub fn retry_after(reason: impl std::fmt::Display, after: std::time::Duration) -> Self {
+        ProcessError {
+            retry_after: Some(after),
+            ..ProcessError::retryable(reason)
         }
     }
 
@@ -189,6 +202,7 @@ impl ProcessError {
         ProcessError {
             kind: FailureKind::Permanent,
             reason: reason.to_string(),
+            retry_after: None,
         }
     }
 }

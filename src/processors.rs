@@ -2,6 +2,8 @@
 //! without writing Rust.
 
 pub mod exec;
+pub mod http;
+pub mod json;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,10 +13,10 @@ use crate::settings::{SettingError, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
-pub const NAMES: &[&str] = &["log", "noop", "exec"];
+pub const NAMES: &[&str] = &["log", "noop", "exec", "http"];
 /// Names `ACKD_PROCESSOR` accepts, with the testkit's.
 #[cfg(feature = "testkit")]
-pub const NAMES: &[&str] = &["log", "noop", "exec", "slow", "faulty"];
+pub const NAMES: &[&str] = &["log", "noop", "exec", "http", "slow", "faulty"];
 
 /// A built-in processor.
 #[derive(Debug, Clone)]
@@ -29,6 +31,8 @@ pub enum Builtin {
     /// Hands every message to long-lived children running `ACKD_EXEC_COMMAND`, one JSON
     /// line each way (README "exec processor").
     Exec(Arc<exec::Exec>),
+    /// POSTs every message to `ACKD_HTTP_URL` (README "http processor").
+    Http(Arc<http::Http>),
     /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message, then acknowledges, so tests
     /// can have messages in flight when a signal arrives.
     #[cfg(feature = "testkit")]
@@ -48,6 +52,9 @@ impl Builtin {
             "exec" => Ok(Builtin::Exec(Arc::new(exec::Exec::new(
                 exec::ExecConfig::from_settings(settings)?,
             )))),
+            "http" => Ok(Builtin::Http(Arc::new(http::Http::new(
+                http::HttpConfig::from_settings(settings)?,
+            )?))),
             #[cfg(feature = "testkit")]
             "slow" => Ok(Builtin::Slow(settings.test_delay)),
             #[cfg(feature = "testkit")]
@@ -67,6 +74,7 @@ impl Processor for Builtin {
             Builtin::Log => "log",
             Builtin::Noop => "noop",
             Builtin::Exec(_) => "exec",
+            Builtin::Http(_) => "http",
             #[cfg(feature = "testkit")]
             Builtin::Slow(_) => "slow",
             #[cfg(feature = "testkit")]
@@ -78,6 +86,7 @@ impl Processor for Builtin {
         match self {
             Builtin::Log | Builtin::Noop => Ok(()),
             Builtin::Exec(exec) => exec.process(_message).await,
+            Builtin::Http(http) => http.process(_message).await,
             #[cfg(feature = "testkit")]
             Builtin::Slow(delay) => {
                 tokio::time::sleep(*delay).await;

@@ -13,7 +13,9 @@ use config::{Config, Environment, File, FileFormat};
 
 use crate::failure::{OnFailure, Retry};
 use crate::kafka_url::{self, Brokers};
+use crate::processors::http::HttpBody;
 use crate::rdkafka_env;
+use crate::secret::Secret;
 use crate::security::{self, Sasl, Tls};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
@@ -75,6 +77,11 @@ const KEYS: &[&str] = &[
     "exec_command",
     "exec_concurrency",
     "exec_timeout_ms",
+    "http_url",
+    "http_body",
+    "http_headers",
+    "http_concurrency",
+    "http_timeout_ms",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -196,6 +203,18 @@ pub struct Settings {
     pub exec_concurrency: usize,
     /// The `exec` processor: how long a child may take to answer one message.
     pub exec_timeout: Duration,
+    /// The `http` processor: where each message is POSTed; required with
+    /// `ACKD_PROCESSOR=http` (checked by the processor).
+    pub http_url: Option<reqwest::Url>,
+    /// The `http` processor: the JSON object, or the raw value with metadata headers.
+    pub http_body: HttpBody,
+    /// The `http` processor: headers added to every request (`Name: value` lines).
+    /// The values are secrets (an auth token): never shown.
+    pub http_headers: Vec<(String, Secret)>,
+    /// The `http` processor: requests in flight at most.
+    pub http_concurrency: usize,
+    /// The `http` processor: how long one request may take, response body included.
+    pub http_timeout: Duration,
     /// Per-message delay of the testkit's `slow` processor.
     #[cfg(feature = "testkit")]
     pub test_delay: Duration,
@@ -276,6 +295,14 @@ impl Settings {
                 .filter(|(k, _)| is_secret_property(k))
                 .map(|(_, v)| v.value.clone()),
         );
+        values.extend(
+            self.http_headers
+                .iter()
+                .map(|(_, v)| v.expose().to_string()),
+        );
+        if let Some(password) = self.http_url.as_ref().and_then(|u| u.password()) {
+            values.push(password.to_string());
+        }
         values
     }
 
@@ -527,6 +554,84 @@ impl RawSettings {
         Ok(id)
     }
 
+    /// `ACKD_HTTP_URL`: an http:// or https:// URL. A URL with credentials is never
+    /// shown in an error.
+    fn http_url(&self) -> Result<Option<reqwest::Url>, SettingError> {
+        let raw = self.get("http_url");
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        let hide = |mut e: SettingError| {
+            if raw.contains('@') {
+                e.value = None;
+            }
+            e
+        };
+        let url = reqwest::Url::parse(raw).map_err(|e| {
+            hide(self.error(
+                "http_url",
+                format!("is not a URL ({e}): expected http://host[:port]/path or https://…"),
+            ))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(hide(self.error(
+                "http_url",
+                "expected an http:// or https:// URL with a host",
+            )));
+        }
+        Ok(Some(url))
+    }
+
+    /// `ACKD_HTTP_HEADERS`: one `Name: value` per line. Errors never show a value (nor
+    /// a line, which may be a token without its name).
+    fn http_headers(&self) -> Result<Vec<(String, Secret)>, SettingError> {
+        let raw = self
+            .values
+            .get("http_headers")
+            .map(String::as_str)
+            .unwrap_or("");
+        let fail = |problem: String| {
+            let mut e = self.error("http_headers", problem);
+            e.value = None;
+            e
+        };
+        let mut headers = Vec::new();
+        for (i, line) in raw.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let n = i + 1;
+            let Some((name, value)) = line.split_once(':') else {
+                return Err(fail(format!(
+                    "line {n} has no `:`: expected one `Name: value` per line"
+                )));
+            };
+            let (name, value) = (name.trim(), value.trim());
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(fail(format!(
+                    "line {n}: the text before `:` is not a header name (letters, digits, - and the like)"
+                )));
+            }
+            if reqwest::header::HeaderValue::from_str(value).is_err() {
+                return Err(fail(format!(
+                    "line {n} ({name}): the value is not a valid header value (printable ASCII)"
+                )));
+            }
+            let lower = name.to_ascii_lowercase();
+            if lower.starts_with("ackd-")
+                || ["host", "content-length", "transfer-encoding", "connection"]
+                    .contains(&lower.as_str())
+            {
+                return Err(fail(format!(
+                    "line {n}: ackd sets {name} itself (and every Ackd-* header)"
+                )));
+            }
+            headers.push((name.to_string(), Secret::new(value)));
+        }
+        Ok(headers)
+    }
+
     fn validate(self) -> Result<Settings, SettingError> {
         let url = self.required("kafka_url", kafka_url::ALLOWED)?;
         let brokers = kafka_url::parse(url).map_err(|problem| {
@@ -752,6 +857,22 @@ impl RawSettings {
                 }
             },
             exec_timeout: self.millis("exec_timeout_ms", 1, 3_600_000)?,
+            http_url: self.http_url()?,
+            http_body: match self.get("http_body").to_ascii_lowercase().as_str() {
+                "json" => HttpBody::Json,
+                "raw" => HttpBody::Raw,
+                _ => return Err(self.error("http_body", "expected json or raw")),
+            },
+            http_headers: self.http_headers()?,
+            http_concurrency: match self.get("http_concurrency").parse::<usize>() {
+                Ok(n) if (1..=1024).contains(&n) => n,
+                _ => {
+                    return Err(
+                        self.error("http_concurrency", "expected a whole number from 1 to 1024")
+                    )
+                }
+            },
+            http_timeout: self.millis("http_timeout_ms", 1, 3_600_000)?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 self.millis("test_delay_ms", 0, 3_600_000)?
@@ -982,6 +1103,67 @@ mod tests {
         assert!(!summary.contains("hunter2"), "{summary}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(summary.contains("sasl.password=[redacted]"));
+    }
+
+    #[test]
+    fn http_settings_parse_and_header_values_never_show() {
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_HTTP_URL", "https://hooks.example.com/kafka"),
+            ("ACKD_HTTP_BODY", "RAW"),
+            (
+                "ACKD_HTTP_HEADERS",
+                "Authorization: Bearer hunter2-token\r\n\nX-Tenant:  acme \n",
+            ),
+            ("ACKD_HTTP_CONCURRENCY", "4"),
+            ("ACKD_HTTP_TIMEOUT_MS", "1500"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.http_url.as_ref().unwrap().host_str(),
+            Some("hooks.example.com")
+        );
+        assert_eq!(s.http_body, HttpBody::Raw);
+        let names: Vec<&str> = s.http_headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["Authorization", "X-Tenant"]);
+        assert_eq!(s.http_headers[0].1.expose(), "Bearer hunter2-token");
+        assert_eq!(s.http_headers[1].1.expose(), "acme");
+        assert_eq!(s.http_concurrency, 4);
+        assert_eq!(s.http_timeout, Duration::from_millis(1500));
+        assert!(!format!("{s:?}").contains("hunter2"));
+        assert!(s
+            .never_shown()
+            .contains(&"Bearer hunter2-token".to_string()));
+        // The defaults.
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            (s.http_url.is_none(), s.http_body, s.http_headers.len()),
+            (true, HttpBody::Json, 0)
+        );
+        assert_eq!(s.http_concurrency, 16);
+        assert_eq!(s.http_timeout, Duration::from_secs(30));
+
+        for bad in [
+            "Bearer hunter2-token",
+            "Bad Name: hunter2-token",
+            "Ackd-Offset: hunter2-token",
+            "Content-Length: 5",
+        ] {
+            let e = err(&[("ACKD_HTTP_HEADERS", bad)]);
+            assert_eq!(e.setting, "ACKD_HTTP_HEADERS", "{bad}");
+            assert_eq!(e.value, None);
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+        let e = err(&[("ACKD_HTTP_URL", "ftp://x/")]);
+        assert_eq!(e.setting, "ACKD_HTTP_URL");
+        let e = err(&[("ACKD_HTTP_URL", "https://u:hunter2@/")]);
+        assert_eq!(e.value, None, "{e}");
+        let s = Settings::from_vars(vars(&[("ACKD_HTTP_URL", "https://u:hunter2@h/")])).unwrap();
+        assert!(s.never_shown().contains(&"hunter2".to_string()));
+        assert_eq!(err(&[("ACKD_HTTP_BODY", "xml")]).setting, "ACKD_HTTP_BODY");
+        assert_eq!(
+            err(&[("ACKD_HTTP_CONCURRENCY", "0")]).setting,
+            "ACKD_HTTP_CONCURRENCY"
+        );
     }
 
     #[test]

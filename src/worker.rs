@@ -384,7 +384,11 @@ async fn handle<P: Processor>(
         if error.kind != FailureKind::Retryable || !config.retry.again(attempt) {
             break error;
         }
-        let delay = config.retry.delay(attempt, rng);
+        let mut delay = config.retry.delay(attempt, rng);
+        if let Some(after) = error.retry_after {
+            // The processor knows better (Retry-After), within ACKD_RETRY_MAX_MS.
+            delay = delay.max(after.min(config.retry.max));
+        }
         shared.metrics.retried();
         tracing::warn!(
             at = "retry",

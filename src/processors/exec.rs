@@ -18,7 +18,7 @@
 //! - [`Exec::shutdown`]: a child finishes the message it has, then gets EOF on stdin;
 //!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
 //!
-//! Wire format (README "exec processor"): request
+//! Wire format (README "exec processor"): request (built by [`super::json`])
 //! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,
 //! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null; reply
@@ -31,8 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -179,44 +178,11 @@ impl Exec {
     }
 }
 
-/// The request line for one message, `\n` included.
+/// The request line for one message, `\n` included (the object of [`super::json`]).
 pub fn request_line(m: &Message<'_>) -> Vec<u8> {
-    let mut o = Map::new();
-    o.insert("topic".into(), m.topic().into());
-    o.insert("partition".into(), m.partition().into());
-    o.insert("offset".into(), m.offset().into());
-    o.insert("timestamp_ms".into(), m.timestamp_ms().into());
-    put_bytes(&mut o, "key", m.key());
-    put_bytes(&mut o, "value", m.payload());
-    let headers: Vec<Value> = m
-        .headers()
-        .map(|h| {
-            let mut ho = Map::new();
-            ho.insert("name".into(), h.name.into());
-            put_bytes(&mut ho, "value", h.value);
-            Value::Object(ho)
-        })
-        .collect();
-    o.insert("headers".into(), headers.into());
-    let mut line = serde_json::to_vec(&Value::Object(o)).unwrap_or_else(|_| b"{}".to_vec());
+    let mut line = super::json::encode(m);
     line.push(b'\n');
     line
-}
-
-/// `name`: the text, or null; bytes that are not UTF-8 go under `name_base64` instead.
-fn put_bytes(o: &mut Map<String, Value>, name: &str, bytes: Option<&[u8]>) {
-    match bytes.map(std::str::from_utf8) {
-        None => {
-            o.insert(name.into(), Value::Null);
-        }
-        Some(Ok(text)) => {
-            o.insert(name.into(), text.into());
-        }
-        Some(Err(_)) => {
-            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or_default());
-            o.insert(format!("{name}_base64"), b64.into());
-        }
-    }
 }
 
 /// What a reply line means. `Err`: not a reply (a protocol error).
@@ -680,20 +646,6 @@ mod tests {
         // A newline in a value is escaped: one message is always one line.
         let line = request_line(&Message::new("t", 0, 0, None, Some(b"a\nb"), None));
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
-    }
-
-    #[test]
-    fn headers_keep_order_repeats_and_nulls() {
-        // The headers of a real message come from librdkafka; here the encoding itself.
-        let mut o = Map::new();
-        put_bytes(&mut o, "value", Some(b"t-1"));
-        assert_eq!(Value::Object(o), json!({"value":"t-1"}));
-        let mut o = Map::new();
-        put_bytes(&mut o, "value", Some(&[0xfe]));
-        assert_eq!(Value::Object(o), json!({"value_base64":"/g=="}));
-        let mut o = Map::new();
-        put_bytes(&mut o, "value", None);
-        assert_eq!(Value::Object(o), json!({"value":null}));
     }
 
     #[test]

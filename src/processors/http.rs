@@ -1,0 +1,440 @@
+//! The `http` processor: every message POSTed to `ACKD_HTTP_URL`.
+//!
+//! - One [`reqwest::Client`] (a pool of keep-alive connections), at most
+//!   `ACKD_HTTP_CONCURRENCY` requests in flight (a semaphore). The partition workers
+//!   send a partition's next message only after the previous one was answered, so
+//!   per-partition order holds with any concurrency.
+//! - Body `json` (default): the object of [`super::json`] (the exec processor's request
+//!   line), `Content-Type: application/json`. Body `raw`: the value bytes,
+//!   `Content-Type: application/octet-stream`, metadata in `Ackd-*` headers (see
+//!   [`raw_headers`]).
+//! - `ACKD_HTTP_HEADERS` are added to every request; their values are secrets (marked
+//!   sensitive, registered with [`crate::secret`], redacted from failure reasons).
+//! - 2xx acks. 408, 429, 5xx, timeouts and connection errors are retryable, with the
+//!   response's `Retry-After` (seconds or an HTTP-date) as the least wait. Any other
+//!   status (other 4xx, and 3xx: redirects are not followed) fails permanently. A
+//!   failure's reason is the status and at most 200 bytes of the response body.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use tokio::sync::Semaphore;
+
+use crate::processor::{Message, ProcessError};
+use crate::secret::{Secret, REDACTED};
+use crate::settings::{SettingError, Settings};
+
+/// Bytes of a response body a failure's reason shows at most.
+const BODY_EXCERPT: usize = 200;
+/// Bytes of a response body read (and dropped) so the connection can be reused.
+const BODY_DRAIN: usize = 64 * 1024;
+
+/// `ACKD_HTTP_BODY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpBody {
+    /// The JSON object of the exec processor's request line.
+    Json,
+    /// The value as it is, metadata in `Ackd-*` headers.
+    Raw,
+}
+
+impl HttpBody {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpBody::Json => "json",
+            HttpBody::Raw => "raw",
+        }
+    }
+}
+
+/// What the http processor is configured with. `Debug` shows no header value.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub url: reqwest::Url,
+    pub body: HttpBody,
+    pub headers: Vec<(String, Secret)>,
+    pub concurrency: usize,
+    pub timeout: Duration,
+}
+
+impl HttpConfig {
+    /// From `ACKD_HTTP_*`; `ACKD_HTTP_URL` is required.
+    pub fn from_settings(settings: &Settings) -> Result<HttpConfig, SettingError> {
+        let url = settings.http_url.clone().ok_or_else(|| SettingError {
+            setting: "ACKD_HTTP_URL".into(),
+            value: None,
+            problem: "is required with ACKD_PROCESSOR=http: the URL every message is POSTed to (e.g. https://app.example.com/kafka)".into(),
+        })?;
+        Ok(HttpConfig {
+            url,
+            body: settings.http_body,
+            headers: settings.http_headers.clone(),
+            concurrency: settings.http_concurrency,
+            timeout: settings.http_timeout,
+        })
+    }
+}
+
+/// The `http` processor.
+pub struct Http {
+    client: reqwest::Client,
+    config: HttpConfig,
+    /// `ACKD_HTTP_HEADERS`, ready to send (values marked sensitive).
+    headers: HeaderMap,
+    /// The values of `ACKD_HTTP_HEADERS`, removed from any failure reason.
+    secrets: Vec<String>,
+    permits: Semaphore,
+}
+
+impl fmt::Debug for Http {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Http")
+            .field("url", &shown_url(&self.config.url))
+            .field("body", &self.config.body)
+            .field("concurrency", &self.config.concurrency)
+            .field("timeout", &self.config.timeout)
+            .finish()
+    }
+}
+
+/// The URL without user info, for lines.
+fn shown_url(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
+}
+
+impl Http {
+    pub fn new(config: HttpConfig) -> Result<Http, SettingError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &config.headers {
+            // Both were checked when the settings were read.
+            let (Ok(n), Ok(mut v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value.expose()),
+            ) else {
+                continue;
+            };
+            v.set_sensitive(true);
+            headers.append(n, v);
+        }
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            // A POST that is redirected would become a GET: a redirect is a failure.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("ackd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| SettingError {
+                setting: "ACKD_HTTP_URL".into(),
+                value: None,
+                problem: format!("cannot set up the HTTP client: {e}"),
+            })?;
+        tracing::info!(
+            at = "http_processor",
+            url = shown_url(&config.url),
+            body = config.body.as_str(),
+            concurrency = config.concurrency,
+            timeout_ms = config.timeout.as_millis() as u64,
+            // Names only: the values are secrets.
+            headers = config
+                .headers
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        Ok(Http {
+            client,
+            secrets: config
+                .headers
+                .iter()
+                .map(|(_, v)| v.expose().to_string())
+                .filter(|v| !v.is_empty())
+                .collect(),
+            headers,
+            permits: Semaphore::new(config.concurrency),
+            config,
+        })
+    }
+
+    pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
+        // Never closed: acquire fails only if it were.
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| ProcessError::retryable("http processor is stopped"))?;
+        let mut request = self
+            .client
+            .post(self.config.url.clone())
+            .headers(self.headers.clone());
+        let (content_type, body) = match self.config.body {
+            HttpBody::Json => ("application/json", super::json::encode(message)),
+            HttpBody::Raw => {
+                for (name, value) in raw_headers(message) {
+                    request = request.header(name, value);
+                }
+                let body = message.payload().unwrap_or_default().to_vec();
+                ("application/octet-stream", body)
+            }
+        };
+        // ACKD_HTTP_HEADERS may give the bodies their own Content-Type.
+        if !self.headers.contains_key(CONTENT_TYPE) {
+            request = request.header(CONTENT_TYPE, content_type);
+        }
+        let request = request.body(body);
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => return Err(ProcessError::retryable(self.redact(self.describe(&e)))),
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let body = read_start(response).await;
+        if status.is_success() {
+            return Ok(());
+        }
+        let mut reason = format!("HTTP {status}");
+        let excerpt = excerpt(&body);
+        if !excerpt.is_empty() {
+            reason.push_str(": ");
+            reason.push_str(&excerpt);
+        }
+        let reason = self.redact(reason);
+        let code = status.as_u16();
+        if code == 408 || code == 429 || status.is_server_error() {
+            match retry_after {
+                Some(after) => Err(ProcessError::retry_after(
+                    format!("{reason} (Retry-After {} ms)", after.as_millis()),
+                    after,
+                )),
+                None => Err(ProcessError::retryable(reason)),
+            }
+        } else {
+            Err(ProcessError::permanent(reason))
+        }
+    }
+
+    /// Why a request got no response, without the URL (it may carry credentials).
+    fn describe(&self, e: &reqwest::Error) -> String {
+        if e.is_timeout() {
+            return format!(
+                "no response within ACKD_HTTP_TIMEOUT_MS={}",
+                self.config.timeout.as_millis()
+            );
+        }
+        let what = if e.is_connect() {
+            "cannot connect"
+        } else {
+            "request failed"
+        };
+        let mut reason = what.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            reason.push_str(": ");
+            reason.push_str(&s.to_string());
+            source = s.source();
+        }
+        reason
+    }
+
+    /// `reason` without any value of `ACKD_HTTP_HEADERS` (an endpoint may echo them).
+    fn redact(&self, mut reason: String) -> String {
+        for secret in &self.secrets {
+            if reason.contains(secret.as_str()) {
+                reason = reason.replace(secret.as_str(), REDACTED);
+            }
+        }
+        reason
+    }
+}
+
+/// The first bytes of the response body (up to [`BODY_DRAIN`]); the rest is dropped.
+async fn read_start(mut response: reqwest::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < BODY_DRAIN {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body
+}
+
+/// At most [`BODY_EXCERPT`] bytes of `body` as text (lossy, cut at a character), with
+/// `…` if cut.
+pub fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(BODY_EXCERPT * 2)]);
+    let text = text.trim();
+    if text.len() <= BODY_EXCERPT {
+        return text.to_string();
+    }
+    let mut end = BODY_EXCERPT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// `Retry-After`: whole seconds, or an HTTP-date (a date in the past is 0).
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The metadata headers of a `raw` body:
+/// - `Ackd-Topic`, `Ackd-Partition`, `Ackd-Offset`; `Ackd-Timestamp-Ms` when the message
+///   has a timestamp;
+/// - the key: `Ackd-Key` when it is printable ASCII without a space at either end,
+///   else `Ackd-Key-Base64` (standard, padded); neither for a null key;
+/// - `Ackd-Value-Null: true` for a null value (a tombstone; the body is empty);
+/// - the Kafka headers, when there are any, as one `Ackd-Headers` header: the JSON
+///   array of the `json` body's `headers` (order, repeats and nulls kept), non-ASCII
+///   escaped as `\uXXXX` so that it is a valid header value.
+pub fn raw_headers(m: &Message<'_>) -> Vec<(&'static str, HeaderValue)> {
+    let mut h = vec![
+        ("ackd-topic", text_value(m.topic())),
+        ("ackd-partition", HeaderValue::from(m.partition())),
+        ("ackd-offset", HeaderValue::from(m.offset())),
+    ];
+    if let Some(ts) = m.timestamp_ms() {
+        h.push(("ackd-timestamp-ms", HeaderValue::from(ts)));
+    }
+    if let Some(key) = m.key() {
+        let printable = key.iter().all(|b| (0x20..0x7f).contains(b))
+            && key.first() != Some(&b' ')
+            && key.last() != Some(&b' ');
+        match HeaderValue::from_bytes(key) {
+            Ok(v) if printable => h.push(("ackd-key", v)),
+            _ => {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(key);
+                h.push(("ackd-key-base64", text_value(&b64)));
+            }
+        }
+    }
+    if m.payload().is_none() {
+        h.push(("ackd-value-null", HeaderValue::from_static("true")));
+    }
+    if m.headers().next().is_some() {
+        let json = super::json::headers(m).to_string();
+        h.push(("ackd-headers", text_value(&ascii_json(&json))));
+    }
+    h
+}
+
+/// A header value from text that is printable ASCII (topic names, base64, escaped JSON).
+fn text_value(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// JSON text with every non-ASCII character escaped (`\uXXXX`, surrogate pairs above
+/// U+FFFF). Outside strings JSON is ASCII, so this keeps it valid and equal.
+pub fn ascii_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after("1", now), Some(Duration::from_secs(1)));
+        assert_eq!(
+            parse_retry_after(" 120 ", now),
+            Some(Duration::from_secs(120))
+        );
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            parse_retry_after(&later, now),
+            Some(Duration::from_secs(30))
+        );
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&earlier, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+
+    #[test]
+    fn excerpts_are_short_and_cut_at_a_character() {
+        assert_eq!(excerpt(b"  oops \n"), "oops");
+        let long = "é".repeat(300);
+        let e = excerpt(long.as_bytes());
+        assert!(e.ends_with('…'));
+        assert!(e.len() <= BODY_EXCERPT + '…'.len_utf8(), "{}", e.len());
+        assert_eq!(excerpt(&[0xff, b'a']), "\u{fffd}a");
+    }
+
+    #[test]
+    fn raw_headers_carry_the_metadata() {
+        let get = |h: &[(&str, HeaderValue)], n: &str| {
+            h.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_str().unwrap().to_string())
+        };
+        let m = Message::new(
+            "t",
+            2,
+            41,
+            Some(b"k-1"),
+            Some(b"v"),
+            Some(1_700_000_000_000),
+        );
+        let h = raw_headers(&m);
+        assert_eq!(get(&h, "ackd-topic").as_deref(), Some("t"));
+        assert_eq!(get(&h, "ackd-partition").as_deref(), Some("2"));
+        assert_eq!(get(&h, "ackd-offset").as_deref(), Some("41"));
+        assert_eq!(
+            get(&h, "ackd-timestamp-ms").as_deref(),
+            Some("1700000000000")
+        );
+        assert_eq!(get(&h, "ackd-key").as_deref(), Some("k-1"));
+        assert_eq!(get(&h, "ackd-value-null"), None);
+        assert_eq!(get(&h, "ackd-headers"), None);
+        let m = Message::new("t", 0, 0, Some(&[0xff, 0xfe]), None, None);
+        let h = raw_headers(&m);
+        assert_eq!(get(&h, "ackd-key"), None);
+        assert_eq!(get(&h, "ackd-key-base64").as_deref(), Some("//4="));
+        assert_eq!(get(&h, "ackd-value-null").as_deref(), Some("true"));
+        assert_eq!(get(&h, "ackd-timestamp-ms"), None);
+        let h = raw_headers(&Message::new("t", 0, 0, Some(b" padded"), None, None));
+        assert_eq!(get(&h, "ackd-key-base64").as_deref(), Some("IHBhZGRlZA=="));
+        let h = raw_headers(&Message::new("t", 0, 0, None, Some(b""), None));
+        assert!(get(&h, "ackd-key").is_none() && get(&h, "ackd-key-base64").is_none());
+    }
+
+    #[test]
+    fn json_is_made_ascii_and_stays_equal() {
+        let v = serde_json::json!([{"name":"é","value":"😀 x"}]);
+        let ascii = ascii_json(&v.to_string());
+        assert!(ascii.is_ascii(), "{ascii}");
+        assert!(
+            ascii.contains("\\u00e9") && ascii.contains("\\ud83d\\ude00"),
+            "{ascii}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&ascii).unwrap();
+        assert_eq!(back, v);
+    }
+}

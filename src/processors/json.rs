@@ -1,0 +1,84 @@
+//! The JSON object a message is handed on as: the `exec` processor's request line and
+//! the `http` processor's `json` body (README "exec processor").
+//!
+//! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
+//! where a key, value or header value that is not UTF-8 comes as `key_base64`,
+//! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null.
+
+use base64::Engine as _;
+use serde_json::{Map, Value};
+
+use crate::processor::Message;
+
+/// The message as one JSON object (no trailing newline).
+pub fn encode(m: &Message<'_>) -> Vec<u8> {
+    let mut o = Map::new();
+    o.insert("topic".into(), m.topic().into());
+    o.insert("partition".into(), m.partition().into());
+    o.insert("offset".into(), m.offset().into());
+    o.insert("timestamp_ms".into(), m.timestamp_ms().into());
+    put_bytes(&mut o, "key", m.key());
+    put_bytes(&mut o, "value", m.payload());
+    o.insert("headers".into(), headers(m));
+    serde_json::to_vec(&Value::Object(o)).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+/// The message's headers as the JSON array of [`encode`]'s `headers`.
+pub fn headers(m: &Message<'_>) -> Value {
+    let headers: Vec<Value> = m
+        .headers()
+        .map(|h| {
+            let mut ho = Map::new();
+            ho.insert("name".into(), h.name.into());
+            put_bytes(&mut ho, "value", h.value);
+            Value::Object(ho)
+        })
+        .collect();
+    headers.into()
+}
+
+/// `name`: the text, or null; bytes that are not UTF-8 go under `name_base64` instead.
+pub(crate) fn put_bytes(o: &mut Map<String, Value>, name: &str, bytes: Option<&[u8]>) {
+    match bytes.map(std::str::from_utf8) {
+        None => {
+            o.insert(name.into(), Value::Null);
+        }
+        Some(Ok(text)) => {
+            o.insert(name.into(), text.into());
+        }
+        Some(Err(_)) => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or_default());
+            o.insert(format!("{name}_base64"), b64.into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn headers_keep_order_repeats_and_nulls() {
+        // The headers of a real message come from librdkafka; here the encoding itself.
+        let mut o = Map::new();
+        put_bytes(&mut o, "value", Some(b"t-1"));
+        assert_eq!(Value::Object(o), json!({"value":"t-1"}));
+        let mut o = Map::new();
+        put_bytes(&mut o, "value", Some(&[0xfe]));
+        assert_eq!(Value::Object(o), json!({"value_base64":"/g=="}));
+        let mut o = Map::new();
+        put_bytes(&mut o, "value", None);
+        assert_eq!(Value::Object(o), json!({"value":null}));
+    }
+
+    #[test]
+    fn the_object_has_no_newline() {
+        let m = Message::new("t", 0, 7, None, Some(b"a\nb"), None);
+        let body = encode(&m);
+        assert!(!body.contains(&b'\n'));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["value"], "a\nb");
+        assert_eq!(v["offset"], 7);
+    }
+}

@@ -1,0 +1,768 @@
+//! The `http` processor against the real broker and the real binary, POSTing to an
+//! endpoint written here: a small HTTP/1.1 server on a std `TcpListener` (a thread per
+//! connection, keep-alive, `Content-Length` bodies, which is what ackd's client sends)
+//! that records every request and answers what the test's responder says.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+const TOKEN: &str = "Bearer s3cr3t-t0ken-4ckd";
+
+/// One request the endpoint received.
+#[derive(Debug, Clone)]
+struct Request {
+    path: String,
+    /// Names lower-cased, in order.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    at: Instant,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// A raw body (metadata in Ackd-* headers) rather than a JSON one.
+    fn is_raw(&self) -> bool {
+        self.header("ackd-offset").is_some()
+    }
+
+    /// (partition, offset): from the Ackd-* headers of a raw body, else the JSON body.
+    fn position(&self) -> (i32, i64) {
+        if self.is_raw() {
+            return (
+                self.header("ackd-partition").unwrap().parse().unwrap(),
+                self.header("ackd-offset").unwrap().parse().unwrap(),
+            );
+        }
+        let v = self.json();
+        (
+            v["partition"].as_i64().unwrap() as i32,
+            v["offset"].as_i64().unwrap(),
+        )
+    }
+
+    /// The message value: the raw body, else the JSON body's `value`.
+    fn value(&self) -> String {
+        if self.is_raw() {
+            return String::from_utf8_lossy(&self.body).into_owned();
+        }
+        self.json()["value"].as_str().unwrap_or("").to_string()
+    }
+}
+
+/// What the endpoint answers.
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+    /// How long the endpoint works on it before answering.
+    delay: Duration,
+}
+
+fn ok() -> Response {
+    status(200, "ok")
+}
+
+fn status(code: u16, body: &str) -> Response {
+    Response {
+        status: code,
+        headers: Vec::new(),
+        body: body.to_string(),
+        delay: Duration::ZERO,
+    }
+}
+
+/// The responder: the request, and how many requests for the same message (partition,
+/// offset) came before it.
+type Responder = dyn Fn(&Request, usize) -> Response + Send + Sync;
+
+#[derive(Default)]
+struct Recorded {
+    requests: Mutex<Vec<Request>>,
+    changed: Condvar,
+}
+
+struct Endpoint {
+    port: u16,
+    recorded: Arc<Recorded>,
+}
+
+impl Endpoint {
+    fn start(respond: impl Fn(&Request, usize) -> Response + Send + Sync + 'static) -> Endpoint {
+        Self::start_on(TcpListener::bind("127.0.0.1:0").unwrap(), respond)
+    }
+
+    fn start_on(
+        listener: TcpListener,
+        respond: impl Fn(&Request, usize) -> Response + Send + Sync + 'static,
+    ) -> Endpoint {
+        let port = listener.local_addr().unwrap().port();
+        let recorded = Arc::new(Recorded::default());
+        let respond: Arc<Responder> = Arc::new(respond);
+        let r = recorded.clone();
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (r, respond) = (r.clone(), respond.clone());
+                thread::spawn(move || serve(conn, &r, &*respond));
+            }
+        });
+        Endpoint { port, recorded }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/kafka/messages", self.port)
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.recorded.requests.lock().unwrap().clone()
+    }
+}
+
+/// One keep-alive connection: requests until the client closes it.
+fn serve(conn: TcpStream, recorded: &Recorded, respond: &Responder) {
+    let mut writer = conn.try_clone().unwrap();
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (n, v) = h.split_once(':').unwrap();
+            headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap_or(0);
+        let mut body = vec![0; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let request = Request {
+            path,
+            headers,
+            body,
+            at: Instant::now(),
+        };
+        let before = {
+            let mut reqs = recorded.requests.lock().unwrap();
+            let pos = request.position();
+            let before = reqs.iter().filter(|r| r.position() == pos).count();
+            reqs.push(request.clone());
+            recorded.changed.notify_all();
+            before
+        };
+        let response = respond(&request, before);
+        thread::sleep(response.delay);
+        let mut out = format!(
+            "HTTP/1.1 {} X\r\ncontent-length: {}\r\n",
+            response.status,
+            response.body.len()
+        );
+        for (n, v) in &response.headers {
+            out.push_str(&format!("{n}: {v}\r\n"));
+        }
+        out.push_str("\r\n");
+        out.push_str(&response.body);
+        if writer.write_all(out.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A message to produce: key, value, headers.
+type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
+
+/// Produces values (with optional key bytes and headers) to partition 0, in order.
+fn produce_values(topic: &str, messages: &[Record<'_>]) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker().bootstrap())
+        .set("acks", "all")
+        .create()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (key, value, headers) in messages {
+            let mut h = OwnedHeaders::new();
+            for (k, v) in *headers {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(*v),
+                });
+            }
+            let mut record = FutureRecord::to(topic)
+                .partition(0)
+                .payload(*value)
+                .headers(h);
+            if let Some(k) = key {
+                record = record.key(*k);
+            }
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+    });
+}
+
+fn values(topic: &str, values: &[&str]) {
+    let records: Vec<Record<'_>> = values
+        .iter()
+        .map(|v| (None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_values(topic, &records);
+}
+
+fn http_ackd(topic: &str, group: &str, url: &str) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "http")
+        .env("ACKD_HTTP_URL", url)
+        .env("ACKD_RETRY_INITIAL_MS", "50")
+        .env("ACKD_RETRY_MAX_MS", "200")
+}
+
+fn at_offset(line: &str, what: &str, offset: i64) -> bool {
+    at(line, what) && field(line, "offset") == Some(offset.to_string())
+}
+
+fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, Vec<i64>> {
+    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (p, o) in pairs {
+        map.entry(p).or_default().push(o);
+    }
+    map
+}
+
+fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), code, "{}", ackd.lines().join("\n"));
+    ackd.lines()
+}
+
+/// 1: 2 partitions, 40 messages, JSON bodies: each POSTed and acked once, in order per
+/// partition, committed to the log end; the auth header arrived and is on no line.
+#[test]
+fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
+    let topic = unique_name("http-all");
+    let group = unique_name("g-http-all");
+    create_topic(&topic, 2);
+    let endpoint = Endpoint::start(|_, _| ok());
+    let delivered = produce_keyed(&topic, 40, 0);
+    let ends = log_ends(&delivered);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env(
+            "ACKD_HTTP_HEADERS",
+            format!("Authorization: {TOKEN}\nX-Tenant: acme"),
+        )
+        .env("ACKD_HTTP_CONCURRENCY", "4")
+        .spawn();
+    ackd.wait_for_count(is_processed, 40, WAIT);
+    let lines = stop(&ackd, 0);
+
+    let counts = processed_counts(&lines);
+    assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
+    assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
+    let expected: BTreeMap<i32, Vec<i64>> =
+        ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
+    assert_eq!(per_partition(processed(&lines)), expected);
+    let requests = endpoint.requests();
+    assert_eq!(
+        per_partition(requests.iter().map(Request::position)),
+        expected,
+        "the endpoint saw each partition in order, each message once"
+    );
+    for r in &requests {
+        assert_eq!(r.path, "/kafka/messages");
+        assert_eq!(r.header("authorization"), Some(TOKEN), "{r:?}");
+        assert_eq!(r.header("x-tenant"), Some("acme"));
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let v = r.json();
+        assert_eq!(v["topic"], topic.as_str());
+        assert!(v["key"].as_str().unwrap().starts_with("k-"), "{v}");
+        assert!(v["value"].as_str().unwrap().starts_with("message "), "{v}");
+        assert!(v["timestamp_ms"].as_i64().is_some(), "{v}");
+        assert_eq!(v["headers"], serde_json::json!([]));
+    }
+    let committed = committed(&group, &topic, 2);
+    for (p, end) in &ends {
+        assert_eq!(committed[p], Some(*end), "partition {p}");
+    }
+    assert!(
+        !lines.iter().any(|l| l.contains("s3cr3t-t0ken")),
+        "{}",
+        lines.join("\n")
+    );
+    let config = lines
+        .iter()
+        .find(|l| at(l, "http_processor"))
+        .expect("at=http_processor");
+    assert_eq!(
+        field(config, "headers").as_deref(),
+        Some("Authorization,X-Tenant")
+    );
+}
+
+/// 2: a 500 twice, then 200: retried, then acked, order kept; the reason has the status
+/// and the body, with the auth token the endpoint echoed redacted.
+#[test]
+fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
+    let topic = unique_name("http-500");
+    let group = unique_name("g-http-500");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|r, before| {
+        if r.value() == "flaky" && before < 2 {
+            let auth = r.header("authorization").unwrap_or("").to_string();
+            status(500, &format!("database down; you sent {auth}"))
+        } else {
+            ok()
+        }
+    });
+    values(&topic, &["a", "flaky", "b", "c"]);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_HTTP_HEADERS", format!("Authorization: {TOKEN}"))
+        .spawn();
+    ackd.wait_for_count(is_processed, 4, WAIT);
+    let lines = stop(&ackd, 0);
+    let retries: Vec<_> = lines.iter().filter(|l| at_offset(l, "retry", 1)).collect();
+    assert_eq!(retries.len(), 2, "{}", lines.join("\n"));
+    let error = field(retries[0], "error").unwrap();
+    assert!(
+        error.contains("retryable: HTTP 500 Internal Server Error: database down"),
+        "{error}"
+    );
+    assert!(
+        error.contains("[redacted]") && !error.contains("s3cr3t"),
+        "{error}"
+    );
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2), (0, 3)]);
+    let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
+    assert_eq!(seen, vec![0, 1, 1, 1, 2, 3]);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
+}
+
+/// 3: a 429 with `Retry-After: 1`: the next attempt comes at least a second later,
+/// though the worker's own backoff is 50 ms.
+#[test]
+fn a_429_with_retry_after_waits_that_long() {
+    let topic = unique_name("http-429");
+    let group = unique_name("g-http-429");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|r, before| {
+        if r.value() == "busy" && before == 0 {
+            let mut resp = status(429, "slow down");
+            resp.headers.push(("Retry-After".into(), "1".into()));
+            resp
+        } else {
+            ok()
+        }
+    });
+    values(&topic, &["a", "busy", "b"]);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_RETRY_MAX_MS", "5000")
+        .spawn();
+    ackd.wait_for_count(is_processed, 3, WAIT);
+    let lines = stop(&ackd, 0);
+    let busy: Vec<Request> = endpoint
+        .requests()
+        .into_iter()
+        .filter(|r| r.position().1 == 1)
+        .collect();
+    assert_eq!(busy.len(), 2);
+    let gap = busy[1].at - busy[0].at;
+    assert!(gap >= Duration::from_secs(1), "retried after {gap:?}");
+    let retry = lines
+        .iter()
+        .find(|l| at_offset(l, "retry", 1))
+        .expect("at=retry");
+    let delay: u64 = field(retry, "delay_ms").unwrap().parse().unwrap();
+    assert!(delay >= 1000, "{retry}");
+    assert!(
+        field(retry, "error").unwrap().contains("HTTP 429"),
+        "{retry}"
+    );
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2)]);
+}
+
+/// 4: a 400 is permanent: with skip the message is skipped at once and the others
+/// acked; with halt (the default) the partition stops there and the exit code is 1.
+#[test]
+fn a_400_is_permanent_and_meets_the_failure_policy() {
+    for policy in ["skip", "halt"] {
+        let topic = unique_name("http-400");
+        let group = unique_name("g-http-400");
+        create_topic(&topic, 1);
+        let endpoint = Endpoint::start(|r, _| {
+            if r.value() == "poison" {
+                status(400, "bad message")
+            } else {
+                ok()
+            }
+        });
+        values(&topic, &["a", "poison", "b"]);
+        let mut builder = http_ackd(&topic, &group, &endpoint.url());
+        if policy == "skip" {
+            builder = builder.env("ACKD_ON_FAILURE", "skip");
+        }
+        let ackd = builder.spawn();
+        if policy == "skip" {
+            ackd.wait_for_count(is_processed, 2, WAIT);
+            let lines = stop(&ackd, 0);
+            let skipped = lines
+                .iter()
+                .find(|l| at_offset(l, "skipped", 1))
+                .expect("at=skipped");
+            let error = field(skipped, "error").unwrap();
+            assert!(
+                error.contains("permanent: HTTP 400 Bad Request: bad message"),
+                "{error}"
+            );
+            assert_eq!(field(skipped, "attempts").as_deref(), Some("1"));
+            assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
+            assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+            assert_eq!(endpoint.requests().len(), 3, "not retried");
+        } else {
+            ackd.wait_for_line(|l| at_offset(l, "process_failed", 1), WAIT);
+            let lines = stop(&ackd, 1);
+            assert_eq!(processed(&lines), vec![(0, 0)]);
+            assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+            assert_eq!(endpoint.requests().len(), 2, "nothing past the poison");
+        }
+    }
+}
+
+/// 5: raw bodies: the value bytes as they are, the metadata in Ackd-* headers.
+#[test]
+fn raw_bodies_are_the_value_with_metadata_in_headers() {
+    let topic = unique_name("http-raw");
+    let group = unique_name("g-http-raw");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|_, _| ok());
+    produce_values(
+        &topic,
+        &[
+            (
+                Some(b"k-0"),
+                b"{\"order\":1}",
+                &[("trace", b"t-1"), ("trace", b"t-2")],
+            ),
+            (
+                Some(&[0xff, 0xfe]),
+                &[0x00, 0x9f, 0x92, 0x96],
+                &[("bin", &[0xc3])],
+            ),
+        ],
+    );
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_HTTP_BODY", "raw")
+        .spawn();
+    ackd.wait_for_count(is_processed, 2, WAIT);
+    stop(&ackd, 0);
+    let requests = endpoint.requests();
+    assert_eq!(requests.len(), 2);
+    let r0 = &requests[0];
+    assert_eq!(r0.body, b"{\"order\":1}");
+    assert_eq!(r0.header("content-type"), Some("application/octet-stream"));
+    assert_eq!(r0.header("ackd-topic"), Some(topic.as_str()));
+    assert_eq!(r0.header("ackd-partition"), Some("0"));
+    assert_eq!(r0.header("ackd-offset"), Some("0"));
+    assert_eq!(r0.header("ackd-key"), Some("k-0"));
+    let ts: i64 = r0.header("ackd-timestamp-ms").unwrap().parse().unwrap();
+    assert!(ts > 1_600_000_000_000);
+    let h: Value = serde_json::from_str(r0.header("ackd-headers").unwrap()).unwrap();
+    assert_eq!(
+        h,
+        serde_json::json!([{"name":"trace","value":"t-1"},{"name":"trace","value":"t-2"}])
+    );
+    let r1 = &requests[1];
+    assert_eq!(r1.body, [0x00, 0x9f, 0x92, 0x96]);
+    assert_eq!(r1.header("ackd-offset"), Some("1"));
+    assert_eq!(r1.header("ackd-key"), None);
+    assert_eq!(r1.header("ackd-key-base64"), Some("//4="));
+    let h: Value = serde_json::from_str(r1.header("ackd-headers").unwrap()).unwrap();
+    assert_eq!(h, serde_json::json!([{"name":"bin","value_base64":"ww=="}]));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+}
+
+/// 6: SIGTERM with requests in flight to a slow endpoint: they complete, ackd exits 0,
+/// and a second run resumes at the next message: nothing lost, nothing posted twice.
+#[test]
+fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
+    let topic = unique_name("http-stop");
+    let group = unique_name("g-http-stop");
+    create_topic(&topic, 2);
+    let endpoint = Endpoint::start(|_, _| Response {
+        delay: Duration::from_millis(200),
+        ..ok()
+    });
+    let delivered = produce_keyed(&topic, 30, 0);
+    let ends = log_ends(&delivered);
+    let first = http_ackd(&topic, &group, &endpoint.url()).spawn();
+    first.wait_for_count(is_processed, 4, WAIT);
+    let lines_first = stop(&first, 0);
+    let acked_first = processed(&lines_first);
+    assert!(acked_first.len() < 30, "stopped before the end");
+    // Every request the endpoint got was answered and acknowledged: none abandoned.
+    let posted_first: Vec<(i32, i64)> = endpoint.requests().iter().map(Request::position).collect();
+    assert_eq!(
+        per_partition(posted_first.clone()),
+        per_partition(acked_first.clone())
+    );
+    let committed_first = committed(&group, &topic, 2);
+    for (p, offsets) in per_partition(acked_first.clone()) {
+        assert_eq!(
+            committed_first[&p],
+            Some(offsets.len() as i64),
+            "partition {p}"
+        );
+    }
+
+    let second = http_ackd(&topic, &group, &endpoint.url()).spawn();
+    second.wait_for_count(is_processed, 30 - acked_first.len(), WAIT);
+    let lines_second = stop(&second, 0);
+    let all: Vec<(i32, i64)> = acked_first
+        .iter()
+        .chain(processed(&lines_second).iter())
+        .copied()
+        .collect();
+    let expected: BTreeMap<i32, Vec<i64>> =
+        ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
+    assert_eq!(per_partition(all), expected, "each acked once, in order");
+    assert_eq!(
+        per_partition(endpoint.requests().iter().map(Request::position)),
+        expected,
+        "each posted once, in order"
+    );
+    let committed = committed(&group, &topic, 2);
+    for (p, end) in &ends {
+        assert_eq!(committed[p], Some(*end), "partition {p}");
+    }
+}
+
+/// 7: the endpoint is down (connection refused): retryable; once it is up, acked.
+#[test]
+fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
+    let topic = unique_name("http-down");
+    let group = unique_name("g-http-down");
+    create_topic(&topic, 1);
+    values(&topic, &["a", "b"]);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/kafka/messages");
+    let ackd = http_ackd(&topic, &group, &url)
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "1000")
+        .spawn();
+    let retry = ackd.wait_for_line(|l| at_offset(l, "retry", 0), WAIT);
+    let error = field(&retry, "error").unwrap();
+    assert!(error.contains("retryable: cannot connect"), "{error}");
+    let endpoint = Endpoint::start_on(TcpListener::bind(("127.0.0.1", port)).unwrap(), |_, _| ok());
+    ackd.wait_for_count(is_processed, 2, WAIT);
+    let lines = stop(&ackd, 0);
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
+    let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
+    assert_eq!(seen, vec![0, 1]);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+}
+
+/// ACKD_PROCESSOR=http without a URL, and headers that cannot be parsed, are
+/// configuration errors naming the setting and never showing a header value.
+#[test]
+fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
+    let ackd = AckdBuilder::new("t", "g")
+        .env("ACKD_PROCESSOR", "http")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 78);
+    let line = ackd
+        .lines()
+        .into_iter()
+        .find(|l| at(l, "config_error"))
+        .expect("at=config_error");
+    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HTTP_URL"));
+
+    let ackd = AckdBuilder::new("t", "g")
+        .env("ACKD_PROCESSOR", "http")
+        .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
+        .env("ACKD_HTTP_HEADERS", "s3cr3t-t0ken-without-a-name")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 78);
+    let lines = ackd.lines();
+    let line = lines
+        .iter()
+        .find(|l| at(l, "config_error"))
+        .expect("at=config_error");
+    assert_eq!(field(line, "setting").as_deref(), Some("ACKD_HTTP_HEADERS"));
+    assert!(!lines.iter().any(|l| l.contains("s3cr3t")), "{line}");
+}
+
+/// The Python endpoint of the README's "http processor" section, exactly as written
+/// there.
+fn readme_endpoint() -> String {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .expect("read README.md");
+    let section = readme
+        .split("## http processor")
+        .nth(1)
+        .expect("README has an http processor section");
+    section
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section has a python block")
+        .to_string()
+}
+
+/// The README's endpoint: text values are acked, a binary value gets its 400 (skipped
+/// here), and a restart of nothing is needed: everything is committed.
+#[test]
+fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
+    let topic = unique_name("http-readme");
+    let group = unique_name("g-http-readme");
+    create_topic(&topic, 1);
+    let dir = log_dir().join(unique_name("http-readme"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("endpoint.py");
+    std::fs::write(&script, readme_endpoint()).unwrap();
+    let port = free_port();
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(&script)
+        .env("PORT", port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut python = spawn_tied(cmd).expect("run python3");
+    wait_until(WAIT, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    produce_values(
+        &topic,
+        &[
+            (None, b"hello", &[]),
+            (None, &[0xff, 0x00], &[]),
+            (None, b"world", &[]),
+        ],
+    );
+    let ackd = http_ackd(&topic, &group, &format!("http://127.0.0.1:{port}/"))
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_count(is_processed, 2, WAIT);
+    let lines = stop(&ackd, 0);
+    let _ = python.kill();
+    let _ = python.wait();
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
+    let skipped = lines
+        .iter()
+        .find(|l| at_offset(l, "skipped", 1))
+        .expect("at=skipped");
+    assert!(
+        field(skipped, "error")
+            .unwrap()
+            .contains("HTTP 400 Bad Request: no text value"),
+        "{skipped}"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+}
+
+/// No answer within ACKD_HTTP_TIMEOUT_MS is retryable: the retry is acked.
+#[test]
+fn a_request_that_times_out_is_retried() {
+    let topic = unique_name("http-timeout");
+    let group = unique_name("g-http-timeout");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|_, before| Response {
+        delay: if before == 0 {
+            Duration::from_millis(1500)
+        } else {
+            Duration::ZERO
+        },
+        ..ok()
+    });
+    values(&topic, &["a"]);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_HTTP_TIMEOUT_MS", "300")
+        .spawn();
+    ackd.wait_for_count(is_processed, 1, WAIT);
+    let lines = stop(&ackd, 0);
+    let retry = lines
+        .iter()
+        .find(|l| at_offset(l, "retry", 0))
+        .expect("at=retry");
+    assert!(
+        field(retry, "error")
+            .unwrap()
+            .contains("retryable: no response within ACKD_HTTP_TIMEOUT_MS=300"),
+        "{retry}"
+    );
+    assert_eq!(endpoint.requests().len(), 2);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+}
+
+/// A Retry-After longer than ACKD_RETRY_MAX_MS waits ACKD_RETRY_MAX_MS.
+#[test]
+fn retry_after_is_capped_at_the_retry_maximum() {
+    let topic = unique_name("http-cap");
+    let group = unique_name("g-http-cap");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|_, before| {
+        if before == 0 {
+            let mut resp = status(503, "maintenance");
+            resp.headers.push(("Retry-After".into(), "3600".into()));
+            resp
+        } else {
+            ok()
+        }
+    });
+    values(&topic, &["a"]);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_RETRY_MAX_MS", "300")
+        .spawn();
+    ackd.wait_for_count(is_processed, 1, WAIT);
+    let lines = stop(&ackd, 0);
+    let retry = lines
+        .iter()
+        .find(|l| at_offset(l, "retry", 0))
+        .expect("at=retry");
+    assert_eq!(field(retry, "delay_ms").as_deref(), Some("300"), "{retry}");
+    assert!(
+        field(retry, "error")
+            .unwrap()
+            .contains("HTTP 503 Service Unavailable: maintenance (Retry-After 3600000 ms)"),
+        "{retry}"
+    );
+}
