@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, Headers, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::Headers;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -33,39 +32,16 @@ type Spec<'a> = (i32, &'a str, &'a str, &'a [(&'a str, &'a str)]);
 
 /// Produces the messages in order; returns where they went.
 fn produce_to(topic: &str, messages: &[Spec<'_>]) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker().bootstrap())
-        .set("acks", "all")
-        .create()
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut out = Vec::new();
-        for (partition, key, payload, headers) in messages {
-            let mut h = OwnedHeaders::new();
-            for (k, v) in *headers {
-                h = h.insert(Header {
-                    key: k,
-                    value: Some(*v),
-                });
-            }
-            let record = FutureRecord::to(topic)
-                .partition(*partition)
-                .key(*key)
-                .payload(*payload)
-                .headers(h);
-            let d = producer
-                .send(record, Duration::from_secs(10))
-                .await
-                .map_err(|(e, _)| e)
-                .unwrap();
-            out.push((d.partition, d.offset));
-        }
-        out
-    })
+    let headers: Vec<Vec<(&str, &[u8])>> = messages
+        .iter()
+        .map(|(_, _, _, h)| h.iter().map(|(k, v)| (*k, v.as_bytes())).collect())
+        .collect();
+    let records: Vec<common::Record<'_>> = messages
+        .iter()
+        .zip(&headers)
+        .map(|((p, k, v, _), h)| (*p, Some(k.as_bytes()), v.as_bytes(), h.as_slice()))
+        .collect();
+    produce_records(topic, &records)
 }
 
 #[test]

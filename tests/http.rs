@@ -13,9 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -211,38 +209,9 @@ type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
 
 /// Produces values (with optional key bytes and headers) to partition 0, in order.
 fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker().bootstrap())
-        .set("acks", "all")
-        .create()
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        for (key, value, headers) in messages {
-            let mut h = OwnedHeaders::new();
-            for (k, v) in *headers {
-                h = h.insert(Header {
-                    key: k,
-                    value: Some(*v),
-                });
-            }
-            let mut record = FutureRecord::to(topic)
-                .partition(0)
-                .payload(*value)
-                .headers(h);
-            if let Some(k) = key {
-                record = record.key(*k);
-            }
-            producer
-                .send(record, Duration::from_secs(10))
-                .await
-                .map_err(|(e, _)| e)
-                .unwrap();
-        }
-    });
+    let records: Vec<common::Record<'_>> =
+        messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
+    produce_records(topic, &records);
 }
 
 fn values(topic: &str, values: &[&str]) {

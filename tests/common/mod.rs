@@ -31,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
@@ -467,6 +468,37 @@ pub fn produce_with(
             },
             Ok(Err((e, _))) => panic!("produce to {topic}: delivery failed: {e}"),
             Err(_) => panic!("produce to {topic}: delivery report channel dropped"),
+        })
+        .collect()
+}
+
+/// A message with everything set by hand: partition, key (None: null), value, headers.
+pub type Record<'a> = (i32, Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
+
+/// Produces `records` one after the other (each waits for its delivery report, so
+/// offsets follow the order given); returns where each went.
+pub fn produce_records(topic: &str, records: &[Record<'_>]) -> Vec<(i32, i64)> {
+    records
+        .iter()
+        .map(|(partition, key, value, headers)| {
+            let mut h = OwnedHeaders::new();
+            for (k, v) in *headers {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(*v),
+                });
+            }
+            let mut record = FutureRecord::to(topic)
+                .partition(*partition)
+                .payload(*value)
+                .headers(h);
+            if let Some(k) = key {
+                record = record.key(*k);
+            }
+            let d = futures::executor::block_on(producer().send(record, Duration::from_secs(10)))
+                .map_err(|(e, _)| e)
+                .unwrap_or_else(|e| panic!("produce to {topic}: {e}"));
+            (d.partition, d.offset)
         })
         .collect()
 }
