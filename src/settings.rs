@@ -13,7 +13,7 @@ use config::{Config, Environment, File, FileFormat};
 
 use crate::failure::{OnFailure, Retry};
 use crate::kafka_url::{self, Brokers};
-use crate::processors::http::HttpBody;
+use crate::processors::http::{HttpBody, HttpUrl};
 use crate::rdkafka_env;
 use crate::secret::Secret;
 use crate::security::{self, Sasl, Tls};
@@ -205,7 +205,7 @@ pub struct Settings {
     pub exec_timeout: Duration,
     /// The `http` processor: where each message is POSTed; required with
     /// `ACKD_PROCESSOR=http` (checked by the processor).
-    pub http_url: Option<reqwest::Url>,
+    pub http_url: Option<HttpUrl>,
     /// The `http` processor: the JSON object, or the raw value with metadata headers.
     pub http_body: HttpBody,
     /// The `http` processor: headers added to every request (`Name: value` lines).
@@ -300,7 +300,7 @@ impl Settings {
                 .iter()
                 .map(|(_, v)| v.expose().to_string()),
         );
-        if let Some(password) = self.http_url.as_ref().and_then(|u| u.password()) {
+        if let Some(password) = self.http_url.as_ref().and_then(|u| u.0.password()) {
             values.push(password.to_string());
         }
         values
@@ -556,7 +556,7 @@ impl RawSettings {
 
     /// `ACKD_HTTP_URL`: an http:// or https:// URL. A URL with credentials is never
     /// shown in an error.
-    fn http_url(&self) -> Result<Option<reqwest::Url>, SettingError> {
+    fn http_url(&self) -> Result<Option<HttpUrl>, SettingError> {
         let raw = self.get("http_url");
         if raw.is_empty() {
             return Ok(None);
@@ -579,7 +579,7 @@ impl RawSettings {
                 "expected an http:// or https:// URL with a host",
             )));
         }
-        Ok(Some(url))
+        Ok(Some(HttpUrl(url)))
     }
 
     /// `ACKD_HTTP_HEADERS`: one `Name: value` per line. Errors never show a value (nor
@@ -1119,7 +1119,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
-            s.http_url.as_ref().unwrap().host_str(),
+            s.http_url.as_ref().unwrap().0.host_str(),
             Some("hooks.example.com")
         );
         assert_eq!(s.http_body, HttpBody::Raw);
@@ -1159,6 +1159,7 @@ mod tests {
         assert_eq!(e.value, None, "{e}");
         let s = Settings::from_vars(vars(&[("ACKD_HTTP_URL", "https://u:hunter2@h/")])).unwrap();
         assert!(s.never_shown().contains(&"hunter2".to_string()));
+        assert!(!format!("{s:?}").contains("hunter2"));
         assert_eq!(err(&[("ACKD_HTTP_BODY", "xml")]).setting, "ACKD_HTTP_BODY");
         assert_eq!(
             err(&[("ACKD_HTTP_CONCURRENCY", "0")]).setting,

@@ -49,10 +49,21 @@ impl HttpBody {
     }
 }
 
-/// What the http processor is configured with. `Debug` shows no header value.
+/// `ACKD_HTTP_URL`. `Debug` shows it without user info (a password may be in it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpUrl(pub reqwest::Url);
+
+impl fmt::Debug for HttpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&shown_url(&self.0))
+    }
+}
+
+/// What the http processor is configured with. `Debug` shows no header value and no
+/// password.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
-    pub url: reqwest::Url,
+    pub url: HttpUrl,
     pub body: HttpBody,
     pub headers: Vec<(String, Secret)>,
     pub concurrency: usize,
@@ -91,7 +102,7 @@ pub struct Http {
 impl fmt::Debug for Http {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Http")
-            .field("url", &shown_url(&self.config.url))
+            .field("url", &self.config.url)
             .field("body", &self.config.body)
             .field("concurrency", &self.config.concurrency)
             .field("timeout", &self.config.timeout)
@@ -134,7 +145,7 @@ impl Http {
             })?;
         tracing::info!(
             at = "http_processor",
-            url = shown_url(&config.url),
+            url = shown_url(&config.url.0),
             body = config.body.as_str(),
             concurrency = config.concurrency,
             timeout_ms = config.timeout.as_millis() as u64,
@@ -169,7 +180,7 @@ impl Http {
             .map_err(|_| ProcessError::retryable("http processor is stopped"))?;
         let mut request = self
             .client
-            .post(self.config.url.clone())
+            .post(self.config.url.0.clone())
             .headers(self.headers.clone());
         let (content_type, body) = match self.config.body {
             HttpBody::Json => ("application/json", super::json::encode(message)),
@@ -357,6 +368,12 @@ pub fn ascii_json(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_password_never_shows() {
+        let url = HttpUrl(reqwest::Url::parse("https://u:hunter2@h.example/x").unwrap());
+        assert_eq!(format!("{url:?}"), "https://h.example/x");
+    }
 
     #[test]
     fn retry_after_is_seconds_or_an_http_date() {
