@@ -29,7 +29,7 @@ use crate::metrics::{self, CommitMetrics};
 use crate::processor::Processor;
 use crate::settings::{SettingError, Settings};
 use crate::supervisor::{self, Control};
-use crate::worker::WorkerConfig;
+use crate::worker::{Batching, WorkerConfig};
 
 /// Runs ackd until it is stopped; returns the process exit code.
 pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
@@ -77,6 +77,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         log_messages = settings.log_messages,
         on_failure = settings.on_failure.as_str(),
         retry_max_attempts = settings.retry.max_attempts,
+        batch_max_messages = settings.batch_max_messages,
+        batch_max_wait_ms =
+            (settings.batch_max_messages > 1).then_some(settings.batch_max_wait.as_millis() as u64),
         dead_letter_topic = settings.dead_letter_topic.as_deref(),
         rdkafka
     );
@@ -124,6 +127,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             retry: settings.retry,
             on_failure: settings.on_failure,
             dead_letter,
+            batch: Batching {
+                max_messages: settings.batch_max_messages,
+                max_wait: settings.batch_max_wait,
+            },
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,

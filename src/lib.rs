@@ -36,7 +36,9 @@ mod worker;
 
 use std::process::ExitCode;
 
-pub use processor::{FailureKind, Header, Message, OwnedMessage, ProcessError, Processor};
+pub use processor::{
+    BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor,
+};
 pub use settings::{SettingError, Settings};
 
 /// Runs ackd with settings from the environment and the processor `make` builds from

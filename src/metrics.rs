@@ -74,6 +74,11 @@ impl Stopwatch {
 /// How long a processor call took, if it was timed.
 pub struct Took(Option<Duration>);
 
+impl Took {
+    /// A call that was not timed (or whose time is recorded elsewhere).
+    pub const UNTIMED: Took = Took(None);
+}
+
 impl From<Duration> for Took {
     fn from(took: Duration) -> Self {
         Took(Some(took))
@@ -112,8 +117,19 @@ impl PartitionMetrics {
     }
 
     pub fn processed(&self, took: impl Into<Took>) {
-        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.processed_many(1, took);
+    }
+
+    /// `n` messages acknowledged by one processor call (a batch, or its part before
+    /// the message that failed); the call's duration is recorded once.
+    pub fn processed_many(&self, n: u64, took: impl Into<Took>) {
+        self.processed.fetch_add(n, Ordering::Relaxed);
         self.record(took.into());
+    }
+
+    /// Messages handed to the processor in one batch.
+    pub fn received_many(&self, n: u64) {
+        self.received.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn failed(&self, took: impl Into<Took>) {

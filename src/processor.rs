@@ -219,8 +219,46 @@ impl std::fmt::Display for ProcessError {
 
 impl std::error::Error for ProcessError {}
 
-/// The user's logic. One call per message; calls for one partition never overlap and
-/// come in offset order; calls for different partitions run concurrently.
+/// Why a batch was not acknowledged as a whole: the first message that failed (its
+/// offset), and how. The messages before it are acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchError {
+    pub offset: i64,
+    pub error: ProcessError,
+}
+
+impl BatchError {
+    pub fn new(offset: i64, error: ProcessError) -> Self {
+        BatchError { offset, error }
+    }
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at offset {}: {}", self.offset, self.error)
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+/// [`Processor::process`] on each message in turn, up to the first failure: the default
+/// [`Processor::process_batch`], for processors that override it for some cases only.
+pub async fn each<P: Processor + ?Sized>(
+    processor: &P,
+    messages: &[Message<'_>],
+) -> Result<(), BatchError> {
+    for m in messages {
+        processor
+            .process(m)
+            .await
+            .map_err(|error| BatchError::new(m.offset(), error))?;
+    }
+    Ok(())
+}
+
+/// The user's logic. One call per message (or per batch, see
+/// [`Processor::process_batch`]); calls for one partition never overlap and come in
+/// offset order; calls for different partitions run concurrently.
 ///
 /// Return `Ok(())` to acknowledge: the offset becomes committable. A message is never
 /// committed before its call returned `Ok`, so work that must not be lost has to be done
@@ -236,6 +274,24 @@ pub trait Processor: Send + Sync + 'static {
         &self,
         message: &Message<'_>,
     ) -> impl Future<Output = Result<(), ProcessError>> + Send;
+
+    /// The batch form, used instead of `process` when `ACKD_BATCH_MAX_MESSAGES` is above 1.
+    /// `messages` is never empty and comes from one partition, in offset order (offsets
+    /// may have gaps: compaction, transaction markers); batches of one partition never
+    /// overlap and come in order.
+    ///
+    /// `Ok(())` acknowledges every message of the batch. A [`BatchError`] names the
+    /// first message that failed: the ones before it are acknowledged, it gets the
+    /// retry and failure policy, and the ones after it are handed over again (in a
+    /// batch that starts at the failed message, or after it once the policy is done with
+    /// it). The default calls [`Processor::process`] for each message in turn, stopping
+    /// at the first failure.
+    fn process_batch(
+        &self,
+        messages: &[Message<'_>],
+    ) -> impl Future<Output = Result<(), BatchError>> + Send {
+        each(self, messages)
+    }
 
     /// Called once on a graceful stop, after the final commit (no `process` call is in
     /// flight then, unless the drain ran out of time): release what the processor holds

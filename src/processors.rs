@@ -8,7 +8,7 @@ pub mod json;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::processor::{Message, ProcessError, Processor};
+use crate::processor::{BatchError, Message, ProcessError, Processor};
 use crate::settings::{SettingError, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
@@ -119,6 +119,14 @@ impl Processor for Builtin {
                     _ => Ok(()),
                 }
             }
+        }
+    }
+
+    async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
+        match self {
+            Builtin::Exec(exec) => exec.process_batch(messages).await,
+            Builtin::Http(http) => http.process_batch(messages).await,
+            _ => crate::processor::each(self, messages).await,
         }
     }
 

@@ -74,6 +74,8 @@ const KEYS: &[&str] = &[
     "sasl_mechanism",
     "sasl_username",
     "sasl_password",
+    "batch_max_messages",
+    "batch_max_wait_ms",
     "exec_command",
     "exec_concurrency",
     "exec_timeout_ms",
@@ -85,6 +87,9 @@ const KEYS: &[&str] = &[
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
+
+/// The largest `ACKD_BATCH_MAX_MESSAGES`: a batch is held in memory whole.
+pub const MAX_BATCH: usize = 10_000;
 
 /// Where a group without a committed offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +201,12 @@ pub struct Settings {
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
+    /// Messages per processor call at most; 1 (the default): one message per call
+    /// (`Processor::process`), above 1: batches (`Processor::process_batch`).
+    pub batch_max_messages: usize,
+    /// How long a batch waits for more messages once its first one is in hand; a
+    /// backlog fills batches without waiting.
+    pub batch_max_wait: Duration,
     /// The `exec` processor: the command line its children run (`sh -c`); required
     /// with `ACKD_PROCESSOR=exec` (checked by the processor).
     pub exec_command: Option<String>,
@@ -845,6 +856,16 @@ impl RawSettings {
             log_messages: self.boolean("log_messages")?,
             stop_at_end: self.boolean("stop_at_end")?,
             log_level,
+            batch_max_messages: match self.get("batch_max_messages").parse::<usize>() {
+                Ok(n) if (1..=MAX_BATCH).contains(&n) => n,
+                _ => {
+                    return Err(self.error(
+                        "batch_max_messages",
+                        format!("expected a whole number from 1 (no batches) to {MAX_BATCH}"),
+                    ))
+                }
+            },
+            batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
             exec_command: Some(self.get("exec_command"))
                 .filter(|c| !c.is_empty())
                 .map(str::to_string),
@@ -927,6 +948,36 @@ mod tests {
     }
 
     #[test]
+    fn batch_settings_are_checked() {
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_BATCH_MAX_MESSAGES", "500"),
+            ("ACKD_BATCH_MAX_WAIT_MS", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.batch_max_messages, s.batch_max_wait),
+            (500, Duration::ZERO)
+        );
+        for bad in ["0", "-1", "10001", "many", ""] {
+            let e = err(&[("ACKD_BATCH_MAX_MESSAGES", bad)]);
+            assert_eq!(e.setting, "ACKD_BATCH_MAX_MESSAGES", "{bad:?}");
+            assert!(e.problem.contains("1 (no batches) to 10000"), "{e}");
+        }
+        let e = err(&[("ACKD_BATCH_MAX_WAIT_MS", "60001")]);
+        assert_eq!(e.setting, "ACKD_BATCH_MAX_WAIT_MS");
+        // A raw http body is one value: it cannot carry a batch.
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+            ("ACKD_HTTP_BODY", "raw"),
+            ("ACKD_BATCH_MAX_MESSAGES", "10"),
+        ]))
+        .unwrap();
+        let e = crate::processors::http::HttpConfig::from_settings(&s).unwrap_err();
+        assert_eq!(e.setting, "ACKD_HTTP_BODY");
+        assert!(e.problem.contains("ACKD_BATCH_MAX_MESSAGES=10"), "{e}");
+    }
+
+    #[test]
     fn defaults_come_from_default_toml() {
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.topics, vec!["orders", "payments"]);
@@ -941,6 +992,8 @@ mod tests {
         assert_eq!(s.exec_command, None);
         assert_eq!(s.exec_concurrency, 1);
         assert_eq!(s.exec_timeout, Duration::from_millis(30000));
+        assert_eq!(s.batch_max_messages, 1);
+        assert_eq!(s.batch_max_wait, Duration::from_millis(100));
         assert_eq!(
             s.rdkafka["partition.assignment.strategy"].value,
             "cooperative-sticky"

@@ -9,19 +9,20 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
 use crate::dead_letter::DeadLetter;
 use crate::failure::{OnFailure, Retry};
-use crate::metrics::{self, PartitionMetrics};
-use crate::processor::{FailureKind, Kafka, Message, ProcessError, Processor};
+use crate::metrics::{self, PartitionMetrics, Took};
+use crate::processor::{BatchError, FailureKind, Kafka, Message, ProcessError, Processor};
 use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
@@ -165,6 +166,16 @@ pub struct WorkerConfig<P> {
     pub retry: Retry,
     pub on_failure: OnFailure,
     pub dead_letter: Option<Arc<DeadLetter>>,
+    pub batch: Batching,
+}
+
+/// How many messages one processor call gets (`ACKD_BATCH_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// 1: `Processor::process`, one message per call; above 1: `process_batch`.
+    pub max_messages: usize,
+    /// How long a batch waits for more messages once it has its first.
+    pub max_wait: Duration,
 }
 
 impl<P> Clone for WorkerConfig<P> {
@@ -177,6 +188,7 @@ impl<P> Clone for WorkerConfig<P> {
             retry: self.retry,
             on_failure: self.on_failure,
             dead_letter: self.dead_letter.clone(),
+            batch: self.batch,
         }
     }
 }
@@ -224,7 +236,6 @@ async fn run<C, P>(
     // this worker's hold on the consumer) is gone, aborts included.
     let _done = SetOnDrop(shared.clone());
     let queue = queue;
-    let mut tracker = OffsetTracker::new();
     let mut stream = queue.stream();
     let mut first = true;
     let mut rng = fastrand::Rng::new();
@@ -232,6 +243,15 @@ async fn run<C, P>(
         .message_source
         .clone()
         .unwrap_or_else(|| topic.clone());
+    let mut progress = Progress {
+        tracker: OffsetTracker::new(),
+        shared: &shared,
+        topic: &topic,
+        partition,
+        source: &source,
+        log_messages: config.log_messages,
+    };
+    let stop_at_end = config.at_end.is_some();
     loop {
         // A partition with a backlog never waits for its queue: let the other tasks of
         // this thread run now and then (every 128 messages, tokio's budget).
@@ -251,20 +271,8 @@ async fn run<C, P>(
         };
         let message = match next {
             Some(Ok(m)) => m,
-            Some(Err(KafkaError::PartitionEOF(_))) if config.at_end.is_some() => {
-                // The end of the log as it is now: this partition is done. Later
-                // messages stay for the next run.
-                tracing::info!(
-                    at = "end_of_partition",
-                    topic = &*topic,
-                    partition,
-                    offset = shared.committable()
-                );
-                shared.at_end.store(true, Ordering::Release);
-                if let Some(n) = &config.at_end {
-                    n.notify_one();
-                }
-                let _ = stop.wait_for(|s| *s).await;
+            Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => {
+                reached_end(&shared, &config, &topic, partition, &mut stop).await;
                 break;
             }
             Some(Err(e)) => {
@@ -273,38 +281,69 @@ async fn run<C, P>(
             }
             None => break,
         };
-        let offset = message.offset();
         if first {
             first = false;
-            shared.first_offset.store(offset, Ordering::Release);
-            tracing::info!(at = "resumed", topic = &*topic, partition, offset);
-            match resume {
-                // Behind the committed offset: librdkafka found it out of range and
-                // applied auto.offset.reset (ACKD_START_FROM).
-                Some(committed) if offset < committed => tracing::warn!(
-                    at = "offset_reset",
-                    topic = &*topic,
-                    partition,
-                    from = committed,
-                    to = offset,
-                    "the committed offset was out of range; the start policy applied: messages from here are processed again"
-                ),
-                // Ahead of it: out of range and reset to the log end, or offsets that
-                // no longer exist (retention, compaction, transaction markers).
-                Some(committed) if offset > committed => tracing::warn!(
-                    at = "offset_reset",
-                    topic = &*topic,
-                    partition,
-                    from = committed,
-                    to = offset,
-                    "the first message is past the committed offset: the offsets between were deleted, compacted, transaction markers, or reset by the start policy"
-                ),
-                _ => {}
+            resumed(&shared, &topic, partition, resume, message.offset());
+        }
+        if config.batch.max_messages > 1 {
+            let (ended, after) = {
+                let mut batch = Vec::with_capacity(config.batch.max_messages.min(1024));
+                batch.push(message);
+                let after = gather(
+                    &mut batch,
+                    &mut stream,
+                    &config.batch,
+                    stop_at_end,
+                    &mut stop,
+                )
+                .await;
+                if let After::Stop = after {
+                    // Not handed to the processor yet: whoever reads the partition next
+                    // gets these messages, for the first time.
+                    break;
+                }
+                let kafka: Vec<Kafka<'_>> = batch.iter().map(Kafka::new).collect();
+                let views: Vec<Message<'_>> = kafka
+                    .iter()
+                    .map(|k| Message::from_kafka(k, &topic))
+                    .collect();
+                if views.iter().all(|v| progress.dispatch(v.offset())) {
+                    shared.metrics.received_many(views.len() as u64);
+                    let ended = Handler {
+                        config: &config,
+                        shared: &shared,
+                        stop: &mut stop,
+                        rng: &mut rng,
+                    }
+                    .handle_batch(&views, &mut progress)
+                    .await;
+                    shared.in_flight.store(NONE, Ordering::Release);
+                    (ended, after)
+                } else {
+                    // Never commit past a message we could not account for.
+                    (BatchEnd::Halt(views[0].offset()), After::Closed)
+                }
+                // The batch's messages are released here: holding librdkafka's messages
+                // while halted would keep the consumer from closing.
+            };
+            match (ended, after) {
+                (BatchEnd::Halt(offset), _) => {
+                    halt(&shared, offset, &mut stop).await;
+                    break;
+                }
+                (BatchEnd::Interrupted, _) => break,
+                (BatchEnd::Done, After::More) => continue,
+                (BatchEnd::Done, After::End) => {
+                    reached_end(&shared, &config, &topic, partition, &mut stop).await;
+                    break;
+                }
+                (BatchEnd::Done, After::Stop | After::Closed) => break,
             }
         }
-        if let Err(e) = tracker.dispatch(offset) {
+        let offset = message.offset();
+        if !progress.dispatch(offset) {
             // Never commit past a message we could not account for.
-            tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e);
+            drop(message);
             halt(&shared, offset, &mut stop).await;
             break;
         }
@@ -312,23 +351,19 @@ async fn run<C, P>(
         shared.metrics.received();
         let kafka = Kafka::new(&message);
         let view = Message::from_kafka(&kafka, &topic);
-        let outcome = handle(&view, &config, &shared, &mut stop, &mut rng).await;
+        let outcome = Handler {
+            config: &config,
+            shared: &shared,
+            stop: &mut stop,
+            rng: &mut rng,
+        }
+        .handle(&view)
+        .await;
         shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
-            Handled::Processed | Handled::Ack => {
-                shared.highest_acked.fetch_max(offset, Ordering::AcqRel);
-                match tracker.ack(offset) {
-                    Ok(Some(next)) => shared.committable.store(next, Ordering::Release),
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::error!(at = "tracker_error", topic = &*topic, partition, offset, error = %e)
-                    }
-                }
-                // Skipped and dead-lettered messages have their own lines.
-                if config.log_messages && matches!(outcome, Handled::Processed) {
-                    metrics::message_processed(&source, &topic, partition, offset, view.key());
-                }
-            }
+            Handled::Processed => progress.ack(&view, true),
+            // Skipped and dead-lettered messages have their own lines.
+            Handled::Ack => progress.ack(&view, false),
             // Told to stop while waiting to retry: the message stays unacknowledged and
             // is redelivered to whoever owns the partition next.
             Handled::Interrupted => break,
@@ -339,6 +374,150 @@ async fn run<C, P>(
             }
         }
     }
+}
+
+/// The first message of the assignment: where the partition resumed, and whether that
+/// is where its committed offset said.
+fn resumed(shared: &WorkerShared, topic: &str, partition: i32, resume: Option<i64>, offset: i64) {
+    shared.first_offset.store(offset, Ordering::Release);
+    tracing::info!(at = "resumed", topic, partition, offset);
+    match resume {
+        // Behind the committed offset: librdkafka found it out of range and applied
+        // auto.offset.reset (ACKD_START_FROM).
+        Some(committed) if offset < committed => tracing::warn!(
+            at = "offset_reset",
+            topic,
+            partition,
+            from = committed,
+            to = offset,
+            "the committed offset was out of range; the start policy applied: messages from here are processed again"
+        ),
+        // Ahead of it: out of range and reset to the log end, or offsets that no longer
+        // exist (retention, compaction, transaction markers).
+        Some(committed) if offset > committed => tracing::warn!(
+            at = "offset_reset",
+            topic,
+            partition,
+            from = committed,
+            to = offset,
+            "the first message is past the committed offset: the offsets between were deleted, compacted, transaction markers, or reset by the start policy"
+        ),
+        _ => {}
+    }
+}
+
+/// With `ACKD_STOP_AT_END`: the end of the log as it is now; this partition is done
+/// (later messages stay for the next run). Waits to be told to stop.
+async fn reached_end<P>(
+    shared: &WorkerShared,
+    config: &WorkerConfig<P>,
+    topic: &str,
+    partition: i32,
+    stop: &mut watch::Receiver<bool>,
+) {
+    tracing::info!(
+        at = "end_of_partition",
+        topic,
+        partition,
+        offset = shared.committable()
+    );
+    shared.at_end.store(true, Ordering::Release);
+    if let Some(n) = &config.at_end {
+        n.notify_one();
+    }
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A partition's offsets between its queue and the commit: what was handed to the
+/// processor, what was acknowledged, what may be committed.
+struct Progress<'a> {
+    tracker: OffsetTracker,
+    shared: &'a WorkerShared,
+    topic: &'a str,
+    partition: i32,
+    source: &'a str,
+    log_messages: bool,
+}
+
+impl Progress<'_> {
+    /// `offset` goes to the processor. False (logged) if it cannot be accounted for.
+    fn dispatch(&mut self, offset: i64) -> bool {
+        match self.tracker.dispatch(offset) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e);
+                false
+            }
+        }
+    }
+
+    /// `view` is acknowledged: by the processor (`processed`: its per-message line), or
+    /// by the failure policy (which wrote its own line).
+    fn ack(&mut self, view: &Message<'_>, processed: bool) {
+        let offset = view.offset();
+        self.shared
+            .highest_acked
+            .fetch_max(offset, Ordering::AcqRel);
+        match self.tracker.ack(offset) {
+            Ok(Some(next)) => self.shared.committable.store(next, Ordering::Release),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e)
+            }
+        }
+        if self.log_messages && processed {
+            metrics::message_processed(self.source, self.topic, self.partition, offset, view.key());
+        }
+    }
+}
+
+/// What ended the gathering of a batch.
+enum After {
+    /// The batch is full, or waited `ACKD_BATCH_MAX_WAIT_MS`: more may follow.
+    More,
+    /// The partition reached its end (`ACKD_STOP_AT_END`): this batch is its last.
+    End,
+    /// Stop was requested: the batch is not started.
+    Stop,
+    /// The queue is gone.
+    Closed,
+}
+
+/// Adds messages to `batch` (which holds its first) until it is full, the queue stays
+/// empty for the rest of `ACKD_BATCH_MAX_WAIT_MS`, or the partition ends. A backlog fills
+/// it without waiting.
+async fn gather<'q, S>(
+    batch: &mut Vec<BorrowedMessage<'q>>,
+    stream: &mut S,
+    batching: &Batching,
+    stop_at_end: bool,
+    stop: &mut watch::Receiver<bool>,
+) -> After
+where
+    S: futures::Stream<Item = Result<BorrowedMessage<'q>, KafkaError>> + Unpin,
+{
+    let deadline = tokio::time::Instant::now() + batching.max_wait;
+    while batch.len() < batching.max_messages {
+        let next = match stream.next().now_or_never() {
+            Some(next) => next,
+            None if batching.max_wait.is_zero() => break,
+            None => tokio::select! {
+                biased;
+                _ = stop.changed() => return After::Stop,
+                _ = tokio::time::sleep_until(deadline) => break,
+                next = stream.next() => next,
+            },
+        };
+        match next {
+            Some(Ok(m)) => batch.push(m),
+            Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => return After::End,
+            Some(Err(e)) => {
+                tracing::warn!(at = "fetch_error", topic = batch[0].topic(), partition = batch[0].partition(), error = %e);
+            }
+            None => return After::Closed,
+        }
+    }
+    After::More
 }
 
 /// How one message ended.
@@ -353,153 +532,270 @@ enum Handled {
     Interrupted,
 }
 
-/// Runs the processor on one message, with retries and the failure policy.
-async fn handle<P: Processor>(
-    view: &Message<'_>,
-    config: &WorkerConfig<P>,
-    shared: &WorkerShared,
-    stop: &mut watch::Receiver<bool>,
-    rng: &mut fastrand::Rng,
-) -> Handled {
-    let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
-    let mut attempt = 1;
-    let error = loop {
-        let started = shared.metrics.stopwatch();
-        let outcome = AssertUnwindSafe(config.processor.process(view))
-            .catch_unwind()
-            .await;
-        let took = started.elapsed();
-        let error = match outcome {
-            Ok(Ok(())) => {
-                shared.metrics.processed(took);
-                return Handled::Processed;
+/// How a batch ended.
+enum BatchEnd {
+    /// Every message of it is acknowledged (processed, or by the failure policy).
+    Done,
+    /// The partition stops at this offset; the messages before it are acknowledged.
+    Halt(i64),
+    /// Stop was requested during a retry's wait.
+    Interrupted,
+}
+
+/// Runs the processor on what the partition hands it, with retries and the failure
+/// policy: what one message or batch needs besides itself.
+struct Handler<'a, P> {
+    config: &'a WorkerConfig<P>,
+    shared: &'a WorkerShared,
+    stop: &'a mut watch::Receiver<bool>,
+    rng: &'a mut fastrand::Rng,
+}
+
+impl<P: Processor> Handler<'_, P> {
+    /// Runs the processor on one message, with retries and the failure policy.
+    async fn handle(&mut self, view: &Message<'_>) -> Handled {
+        let mut attempt = 1;
+        let error = loop {
+            let started = self.shared.metrics.stopwatch();
+            let outcome = AssertUnwindSafe(self.config.processor.process(view))
+                .catch_unwind()
+                .await;
+            let took = started.elapsed();
+            let error = match outcome {
+                Ok(Ok(())) => {
+                    self.shared.metrics.processed(took);
+                    return Handled::Processed;
+                }
+                Ok(Err(e)) => e,
+                // A panic is a failure of this message, never of the daemon.
+                Err(panic) => panicked(&panic),
+            };
+            self.shared.metrics.failed(took);
+            if error.kind != FailureKind::Retryable || !self.config.retry.again(attempt) {
+                break error;
             }
-            Ok(Err(e)) => e,
-            // A panic is a failure of this message, never of the daemon.
-            Err(panic) => {
-                ProcessError::permanent(format!("processor panicked: {}", panic_reason(&panic)))
+            if !self.wait_to_retry(view, 1, attempt, &error).await {
+                return Handled::Interrupted;
             }
+            attempt += 1;
         };
-        shared.metrics.failed(took);
-        if error.kind != FailureKind::Retryable || !config.retry.again(attempt) {
-            break error;
+        self.give_up(view, &error, attempt).await
+    }
+
+    /// Runs the processor on a batch: the messages before a failed one are acknowledged,
+    /// the failed one gets retries and the failure policy, the rest is handed over again.
+    async fn handle_batch(
+        &mut self,
+        batch: &[Message<'_>],
+        progress: &mut Progress<'_>,
+    ) -> BatchEnd {
+        let mut rest = batch;
+        // Attempts of rest[0], the message the last failure was on.
+        let mut attempt = 1;
+        while let (Some(first), Some(last)) = (rest.first(), rest.last()) {
+            self.shared
+                .in_flight
+                .store(first.offset(), Ordering::Release);
+            let started = Instant::now();
+            let outcome = AssertUnwindSafe(self.config.processor.process_batch(rest))
+                .catch_unwind()
+                .await;
+            let took = started.elapsed();
+            let (failed_at, error) = match outcome {
+                Ok(Ok(())) => {
+                    self.shared.metrics.processed_many(rest.len() as u64, took);
+                    for view in rest {
+                        progress.ack(view, true);
+                    }
+                    return BatchEnd::Done;
+                }
+                Ok(Err(BatchError { offset, error })) => {
+                    match rest.iter().position(|m| m.offset() == offset) {
+                        Some(i) => (i, error),
+                        None => {
+                            tracing::warn!(
+                                at = "batch_error",
+                                topic = first.topic(),
+                                partition = first.partition(),
+                                offset,
+                                first_offset = first.offset(),
+                                last_offset = last.offset(),
+                                "the processor reported a failure at an offset that is not in the batch: the batch failed at its first message"
+                            );
+                            (0, error)
+                        }
+                    }
+                }
+                // A panic is a failure of the batch's first unacknowledged message.
+                Err(panic) => (0, panicked(&panic)),
+            };
+            if failed_at > 0 {
+                self.shared
+                    .metrics
+                    .processed_many(failed_at as u64, Took::UNTIMED);
+                for view in &rest[..failed_at] {
+                    progress.ack(view, true);
+                }
+                rest = &rest[failed_at..];
+                attempt = 1;
+            }
+            self.shared.metrics.failed(took);
+            let view = &rest[0];
+            if error.kind == FailureKind::Retryable && self.config.retry.again(attempt) {
+                if !self.wait_to_retry(view, rest.len(), attempt, &error).await {
+                    return BatchEnd::Interrupted;
+                }
+                attempt += 1;
+                continue;
+            }
+            match self.give_up(view, &error, attempt).await {
+                Handled::Ack => {
+                    progress.ack(view, false);
+                    rest = &rest[1..];
+                    attempt = 1;
+                }
+                Handled::Processed => unreachable!("the failure policy never processes"),
+                Handled::Halt => return BatchEnd::Halt(view.offset()),
+                Handled::Interrupted => return BatchEnd::Interrupted,
+            }
         }
-        let mut delay = config.retry.delay(attempt, rng);
+        BatchEnd::Done
+    }
+
+    /// Logs a retry of `view` (and the `messages - 1` after it, for a batch) and waits for
+    /// it. False: stop was requested meanwhile.
+    async fn wait_to_retry(
+        &mut self,
+        view: &Message<'_>,
+        messages: usize,
+        attempt: u32,
+        error: &ProcessError,
+    ) -> bool {
+        let mut delay = self.config.retry.delay(attempt, self.rng);
         if let Some(after) = error.retry_after {
             // The processor knows better (Retry-After), within ACKD_RETRY_MAX_MS.
-            delay = delay.max(after.min(config.retry.max));
+            delay = delay.max(after.min(self.config.retry.max));
         }
-        shared.metrics.retried();
+        self.shared.metrics.retried();
         tracing::warn!(
             at = "retry",
-            topic,
-            partition,
-            offset,
+            topic = view.topic(),
+            partition = view.partition(),
+            offset = view.offset(),
+            batch_messages = (self.config.batch.max_messages > 1).then_some(messages),
             attempt,
-            max_attempts = config.retry.max_attempts,
+            max_attempts = self.config.retry.max_attempts,
             delay_ms = delay.as_millis() as u64,
             error = %error
         );
         tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => return Handled::Interrupted,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        attempt += 1;
-    };
-    match config.on_failure {
-        OnFailure::Halt => {
-            tracing::error!(
-                at = "process_failed",
-                topic,
-                partition,
-                offset,
-                key = view.key(),
-                attempts = attempt,
-                error = %error,
-                "partition halted (ACKD_ON_FAILURE=halt): its offset is not committed past this message"
-            );
-            Handled::Halt
-        }
-        OnFailure::Skip => {
-            shared.metrics.skipped();
-            tracing::warn!(
-                at = "skipped",
-                topic,
-                partition,
-                offset,
-                key = view.key(),
-                attempts = attempt,
-                error = %error,
-                "acknowledged without processing (ACKD_ON_FAILURE=skip)"
-            );
-            Handled::Ack
-        }
-        OnFailure::DeadLetter => {
-            dead_letter(view, config, shared, stop, rng, &error, attempt).await
+            _ = self.stop.wait_for(|s| *s) => false,
+            _ = tokio::time::sleep(delay) => true,
         }
     }
-}
 
-/// Hands the message to the dead-letter topic, retrying the produce like a processor
-/// failure; if it cannot be delivered, the partition halts: a message never goes nowhere.
-async fn dead_letter<P: Processor>(
-    view: &Message<'_>,
-    config: &WorkerConfig<P>,
-    shared: &WorkerShared,
-    stop: &mut watch::Receiver<bool>,
-    rng: &mut fastrand::Rng,
-    error: &ProcessError,
-    attempts: u32,
-) -> Handled {
-    let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
-    let Some(dlq) = &config.dead_letter else {
-        tracing::error!(at = "process_failed", topic, partition, offset, error = %error, "no dead-letter producer; partition halted");
-        return Handled::Halt;
-    };
-    let mut attempt = 1;
-    loop {
-        match dlq.send(view, error).await {
-            Ok((dl_partition, dl_offset)) => {
-                shared.metrics.dead_lettered();
-                tracing::warn!(
-                    at = "dead_lettered",
+    /// The failure policy, once a message failed for good.
+    async fn give_up(
+        &mut self,
+        view: &Message<'_>,
+        error: &ProcessError,
+        attempts: u32,
+    ) -> Handled {
+        let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
+        match self.config.on_failure {
+            OnFailure::Halt => {
+                tracing::error!(
+                    at = "process_failed",
                     topic,
                     partition,
                     offset,
                     key = view.key(),
                     attempts,
                     error = %error,
-                    dead_letter_topic = dlq.topic(),
-                    dead_letter_partition = dl_partition,
-                    dead_letter_offset = dl_offset
+                    "partition halted (ACKD_ON_FAILURE=halt): its offset is not committed past this message"
                 );
-                return Handled::Ack;
+                Handled::Halt
             }
-            Err(e) if config.retry.again(attempt) => {
-                let delay = config.retry.delay(attempt, rng);
-                tracing::warn!(at = "dead_letter_retry", topic, partition, offset, attempt, delay_ms = delay.as_millis() as u64, error = %e);
-                tokio::select! {
-                    biased;
-                    _ = stop.wait_for(|s| *s) => return Handled::Interrupted,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                attempt += 1;
-            }
-            Err(e) => {
-                tracing::error!(
-                    at = "dead_letter_failed",
+            OnFailure::Skip => {
+                self.shared.metrics.skipped();
+                tracing::warn!(
+                    at = "skipped",
                     topic,
                     partition,
                     offset,
-                    dead_letter_topic = dlq.topic(),
-                    error = %e,
-                    "could not dead-letter the message; partition halted, its offset is not committed past it"
+                    key = view.key(),
+                    attempts,
+                    error = %error,
+                    "acknowledged without processing (ACKD_ON_FAILURE=skip)"
                 );
-                return Handled::Halt;
+                Handled::Ack
+            }
+            OnFailure::DeadLetter => self.dead_letter(view, error, attempts).await,
+        }
+    }
+
+    /// Hands the message to the dead-letter topic, retrying the produce like a processor
+    /// failure; if it cannot be delivered, the partition halts: a message never goes nowhere.
+    async fn dead_letter(
+        &mut self,
+        view: &Message<'_>,
+        error: &ProcessError,
+        attempts: u32,
+    ) -> Handled {
+        let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
+        let Some(dlq) = &self.config.dead_letter else {
+            tracing::error!(at = "process_failed", topic, partition, offset, error = %error, "no dead-letter producer; partition halted");
+            return Handled::Halt;
+        };
+        let mut attempt = 1;
+        loop {
+            match dlq.send(view, error).await {
+                Ok((dl_partition, dl_offset)) => {
+                    self.shared.metrics.dead_lettered();
+                    tracing::warn!(
+                        at = "dead_lettered",
+                        topic,
+                        partition,
+                        offset,
+                        key = view.key(),
+                        attempts,
+                        error = %error,
+                        dead_letter_topic = dlq.topic(),
+                        dead_letter_partition = dl_partition,
+                        dead_letter_offset = dl_offset
+                    );
+                    return Handled::Ack;
+                }
+                Err(e) if self.config.retry.again(attempt) => {
+                    let delay = self.config.retry.delay(attempt, self.rng);
+                    tracing::warn!(at = "dead_letter_retry", topic, partition, offset, attempt, delay_ms = delay.as_millis() as u64, error = %e);
+                    tokio::select! {
+                        biased;
+                        _ = self.stop.wait_for(|s| *s) => return Handled::Interrupted,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    attempt += 1;
+                }
+                Err(e) => {
+                    tracing::error!(
+                        at = "dead_letter_failed",
+                        topic,
+                        partition,
+                        offset,
+                        dead_letter_topic = dlq.topic(),
+                        error = %e,
+                        "could not dead-letter the message; partition halted, its offset is not committed past it"
+                    );
+                    return Handled::Halt;
+                }
             }
         }
     }
+}
+
+fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
+    ProcessError::permanent(format!("processor panicked: {}", panic_reason(panic)))
 }
 
 /// Keeps the partition (and its queue) owned but idle until told to stop: dropping the
@@ -523,7 +819,6 @@ fn panic_reason(panic: &Box<dyn std::any::Any + Send>) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn latch_waits_until_set_or_deadline() {

@@ -36,7 +36,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::processor::{Message, ProcessError};
+use crate::processor::{BatchError, Message, ProcessError};
 use crate::settings::{SettingError, Settings};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
@@ -73,11 +73,29 @@ impl ExecConfig {
     }
 }
 
-/// One message for a child, and where its answer goes.
+/// One request for a child (a message, or a batch), and where its answer goes.
 struct Job {
     line: Vec<u8>,
-    offset: i64,
-    reply: oneshot::Sender<Result<(), ProcessError>>,
+    offsets: Offsets,
+    reply: oneshot::Sender<Result<(), BatchError>>,
+}
+
+/// The offsets a request carries, which a reply may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Offsets {
+    /// One message: a JSON object.
+    One(i64),
+    /// A batch (`ACKD_BATCH_MAX_MESSAGES` above 1): a JSON array, these offsets in order.
+    Batch(Vec<i64>),
+}
+
+impl Offsets {
+    fn first(&self) -> i64 {
+        match self {
+            Offsets::One(o) => *o,
+            Offsets::Batch(v) => v.first().copied().unwrap_or(-1),
+        }
+    }
 }
 
 /// The running pool (started on the first message: children need the runtime).
@@ -144,19 +162,36 @@ impl Exec {
     }
 
     pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
+        self.request(request_line(message), Offsets::One(message.offset()))
+            .await
+            .map_err(|e| e.error)
+    }
+
+    /// A batch as one request: a JSON array line, answered by one reply line.
+    pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
+        let offsets = Offsets::Batch(messages.iter().map(Message::offset).collect());
+        self.request(batch_line(messages), offsets).await
+    }
+
+    async fn request(&self, line: Vec<u8>, offsets: Offsets) -> Result<(), BatchError> {
         let pool = self.pool();
+        let first = offsets.first();
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            line: request_line(message),
-            offset: message.offset(),
+            line,
+            offsets,
             reply,
         };
         if pool.jobs.send(job).await.is_err() {
-            return Err(ProcessError::retryable("exec processor is stopped"));
+            return Err(BatchError::new(
+                first,
+                ProcessError::retryable("exec processor is stopped"),
+            ));
         }
         answer.await.unwrap_or_else(|_| {
-            Err(ProcessError::retryable(
-                "exec processor stopped before a child answered",
+            Err(BatchError::new(
+                first,
+                ProcessError::retryable("exec processor stopped before a child answered"),
             ))
         })
     }
@@ -185,34 +220,70 @@ pub fn request_line(m: &Message<'_>) -> Vec<u8> {
     line
 }
 
+/// The request line for a batch: a JSON array of [`request_line`]'s objects, `\n`
+/// included.
+pub fn batch_line(messages: &[Message<'_>]) -> Vec<u8> {
+    let mut line = super::json::encode_batch(messages);
+    line.push(b'\n');
+    line
+}
+
 /// What a reply line means. `Err`: not a reply (a protocol error).
-pub fn parse_reply(line: &str, offset: i64) -> Result<Result<(), ProcessError>, String> {
+///
+/// For one message, `"offset"`, when given, must be its offset. For a batch, `ack`
+/// acknowledges all of it (`"offset"`, when given, must be its last); `retry` and `fail`
+/// are for the message at `"offset"`, which must be one of the batch (the ones before it
+/// are acknowledged), or for its first message without one.
+pub fn parse_reply(line: &str, offsets: &Offsets) -> Result<Result<(), BatchError>, String> {
     let value: Value = serde_json::from_str(line.trim())
         .map_err(|e| format!("reply is not JSON ({e}): {}", shorten(line)))?;
     let Value::Object(o) = value else {
         return Err(format!("reply is not a JSON object: {}", shorten(line)));
     };
-    if let Some(o_offset) = o.get("offset") {
-        if o_offset.as_i64() != Some(offset) {
-            return Err(format!(
-                "reply is for offset {o_offset}, the message sent was offset {offset}"
-            ));
+    let acked = matches!(o.get("ack"), Some(Value::Bool(true)));
+    let failed_at = match (o.get("offset"), offsets) {
+        (None, _) => offsets.first(),
+        (Some(named), Offsets::One(offset)) => {
+            if named.as_i64() != Some(*offset) {
+                return Err(format!(
+                    "reply is for offset {named}, the message sent was offset {offset}"
+                ));
+            }
+            *offset
         }
-    }
+        (Some(named), Offsets::Batch(batch)) => {
+            let last = batch.last().copied().unwrap_or(-1);
+            match named.as_i64() {
+                Some(n) if acked && n == last => n,
+                Some(n) if !acked && batch.binary_search(&n).is_ok() => n,
+                _ if acked => {
+                    return Err(format!(
+                        "an ack of a batch is for all of it: its \"offset\" must be the last one ({last}), not {named}"
+                    ))
+                }
+                _ => {
+                    return Err(format!(
+                        "reply names offset {named}, which is not in the batch sent ({} to {last})",
+                        offsets.first()
+                    ))
+                }
+            }
+        }
+    };
     let text = |v: &Value| match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
     match (o.get("ack"), o.get("retry"), o.get("fail")) {
         (Some(Value::Bool(true)), None, None) => Ok(Ok(())),
-        (None, Some(reason), None) => Ok(Err(ProcessError::retryable(format!(
-            "handler: {}",
-            text(reason)
-        )))),
-        (None, None, Some(reason)) => Ok(Err(ProcessError::permanent(format!(
-            "handler: {}",
-            text(reason)
-        )))),
+        (None, Some(reason), None) => Ok(Err(BatchError::new(
+            failed_at,
+            ProcessError::retryable(format!("handler: {}", text(reason))),
+        ))),
+        (None, None, Some(reason)) => Ok(Err(BatchError::new(
+            failed_at,
+            ProcessError::permanent(format!("handler: {}", text(reason))),
+        ))),
         _ => Err(format!(
             "reply needs exactly one of \"ack\":true, \"retry\":reason, \"fail\":reason: {}",
             shorten(line)
@@ -427,8 +498,8 @@ enum Ended {
 
 /// The message a failed child had, and its failure.
 struct Failed {
-    reply: oneshot::Sender<Result<(), ProcessError>>,
-    error: ProcessError,
+    reply: oneshot::Sender<Result<(), BatchError>>,
+    error: BatchError,
 }
 
 /// One slot of the pool: runs a child, replaces it when it fails, stops it at shutdown.
@@ -527,9 +598,10 @@ async fn serve(
         };
         let Job {
             line: request,
-            offset,
+            offsets,
             reply,
         } = job;
+        let offset = offsets.first();
         if reply.is_closed() {
             // Its worker was aborted (a drain that ran out of time) while it waited:
             // the partition may be someone else's now, so it is not handed out.
@@ -549,7 +621,7 @@ async fn serve(
                 .await
                 .map_err(|e| format!("cannot write to its stdin: {e}"))?;
             match running.next_line().await {
-                Some(line) => parse_reply(&line, offset),
+                Some(line) => parse_reply(&line, &offsets),
                 None => Err(running.gone_reason().await),
             }
         };
@@ -572,8 +644,11 @@ async fn serve(
                 )),
             },
             deadline = stop_deadline => {
-                let _ = reply.send(Err(ProcessError::retryable(
-                    "exec child did not answer before the shutdown deadline",
+                let _ = reply.send(Err(BatchError::new(
+                    offset,
+                    ProcessError::retryable(
+                        "exec child did not answer before the shutdown deadline",
+                    ),
                 )));
                 return (Ended::Stop(deadline), answered);
             }
@@ -585,10 +660,13 @@ async fn serve(
                 let _ = reply.send(result);
             }
             Err(reason) => {
-                let error = ProcessError::retryable(format!(
-                    "exec child {} (pid {}) failed on this message: {reason}",
-                    running.id, running.pid
-                ));
+                let error = BatchError::new(
+                    offset,
+                    ProcessError::retryable(format!(
+                        "exec child {} (pid {}) failed on this message: {reason}",
+                        running.id, running.pid
+                    )),
+                );
                 return (
                     Ended::Failed(
                         format!("{reason} (offset {offset})"),
@@ -611,6 +689,7 @@ fn exited(status: std::io::Result<std::process::ExitStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::FailureKind;
     use serde_json::json;
 
     fn json(line: &[u8]) -> Value {
@@ -650,19 +729,24 @@ mod tests {
 
     #[test]
     fn replies_ack_retry_or_fail_and_anything_else_is_a_protocol_error() {
-        assert_eq!(parse_reply("{\"ack\":true}\n", 5), Ok(Ok(())));
         assert_eq!(
-            parse_reply(" {\"ack\": true, \"offset\": 5} ", 5),
+            parse_reply("{\"ack\":true}\n", &Offsets::One(5)),
             Ok(Ok(()))
         );
-        let r = parse_reply("{\"retry\":\"db down\"}", 5)
+        assert_eq!(
+            parse_reply(" {\"ack\": true, \"offset\": 5} ", &Offsets::One(5)),
+            Ok(Ok(()))
+        );
+        let r = parse_reply("{\"retry\":\"db down\"}", &Offsets::One(5))
             .unwrap()
-            .unwrap_err();
+            .unwrap_err()
+            .error;
         assert_eq!(r.kind, crate::processor::FailureKind::Retryable);
         assert!(r.reason.contains("db down"));
-        let r = parse_reply("{\"fail\":\"bad input\"}", 5)
+        let r = parse_reply("{\"fail\":\"bad input\"}", &Offsets::One(5))
             .unwrap()
-            .unwrap_err();
+            .unwrap_err()
+            .error;
         assert_eq!(r.kind, crate::processor::FailureKind::Permanent);
         assert!(r.reason.contains("bad input"));
         for bad in [
@@ -674,7 +758,54 @@ mod tests {
             "{\"ack\":true,\"fail\":\"x\"}",
             "{\"ack\":true,\"offset\":4}",
         ] {
-            assert!(parse_reply(bad, 5).is_err(), "{bad:?} accepted");
+            assert!(
+                parse_reply(bad, &Offsets::One(5)).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn a_batch_is_one_array_line() {
+        let a = Message::new("t", 1, 7, Some(b"k"), Some(b"x\ny"), None);
+        let b = Message::new("t", 1, 9, None, Some(&[0xff]), None);
+        let line = batch_line(&[a, b]);
+        assert_eq!(line.iter().filter(|c| **c == b'\n').count(), 1);
+        let v = json(&line);
+        assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
+        assert_eq!(v[0], json(&request_line(&a)));
+        assert_eq!(v[1]["offset"], 9);
+        assert_eq!(v[1]["value_base64"], "/w==");
+    }
+
+    #[test]
+    fn a_batch_reply_acks_all_or_names_the_first_failed_offset() {
+        let batch = Offsets::Batch(vec![10, 11, 13]);
+        assert_eq!(parse_reply("{\"ack\":true}", &batch), Ok(Ok(())));
+        assert_eq!(
+            parse_reply("{\"ack\":true,\"offset\":13}", &batch),
+            Ok(Ok(()))
+        );
+        let e = parse_reply("{\"retry\":\"later\",\"offset\":11}", &batch)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!((e.offset, e.error.kind), (11, FailureKind::Retryable));
+        let e = parse_reply("{\"fail\":\"bad\",\"offset\":13}", &batch)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!((e.offset, e.error.kind), (13, FailureKind::Permanent));
+        // Without an offset, the failure is the batch's first message's.
+        let e = parse_reply("{\"fail\":\"bad\"}", &batch)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.offset, 10);
+        for bad in [
+            "{\"fail\":\"x\",\"offset\":12}",
+            "{\"fail\":\"x\",\"offset\":14}",
+            "{\"ack\":true,\"offset\":11}",
+            "[{\"ack\":true}]",
+        ] {
+            assert!(parse_reply(bad, &batch).is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -22,7 +22,7 @@ use base64::Engine as _;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use tokio::sync::Semaphore;
 
-use crate::processor::{Message, ProcessError};
+use crate::processor::{BatchError, Message, ProcessError};
 use crate::secret::{Secret, REDACTED};
 use crate::settings::{SettingError, Settings};
 
@@ -78,6 +78,16 @@ impl HttpConfig {
             value: None,
             problem: "is required with ACKD_PROCESSOR=http: the URL every message is POSTed to (e.g. https://app.example.com/kafka)".into(),
         })?;
+        if settings.http_body == HttpBody::Raw && settings.batch_max_messages > 1 {
+            return Err(SettingError {
+                setting: "ACKD_HTTP_BODY".into(),
+                value: Some("raw".into()),
+                problem: format!(
+                    "a raw body is one message's value and cannot carry a batch (ACKD_BATCH_MAX_MESSAGES={}): use json, or ACKD_BATCH_MAX_MESSAGES=1",
+                    settings.batch_max_messages
+                ),
+            });
+        }
         Ok(HttpConfig {
             url,
             body: settings.http_body,
@@ -172,26 +182,59 @@ impl Http {
     }
 
     pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
+        let (content_type, body, metadata) = match self.config.body {
+            HttpBody::Json => ("application/json", super::json::encode(message), Vec::new()),
+            HttpBody::Raw => (
+                "application/octet-stream",
+                message.payload().unwrap_or_default().to_vec(),
+                raw_headers(message),
+            ),
+        };
+        self.post(content_type, body, metadata)
+            .await
+            .map_err(|refused| refused.error)
+    }
+
+    /// A batch as one request: a JSON array of the `json` body's objects. A 2xx
+    /// acknowledges all of it; a failure is for the message whose offset the response
+    /// names (a JSON object with `"offset": N`, N in the batch), else for its first.
+    pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
+        let first = messages.first().map_or(-1, Message::offset);
+        let body = super::json::encode_batch(messages);
+        self.post("application/json", body, Vec::new())
+            .await
+            .map_err(|refused| {
+                let offset = refused
+                    .offset
+                    .filter(|o| messages.binary_search_by_key(o, Message::offset).is_ok())
+                    .unwrap_or(first);
+                BatchError::new(offset, refused.error)
+            })
+    }
+
+    async fn post(
+        &self,
+        content_type: &'static str,
+        body: Vec<u8>,
+        metadata: Vec<(&'static str, HeaderValue)>,
+    ) -> Result<(), Refused> {
+        let refused = |error| Refused {
+            error,
+            offset: None,
+        };
         // Never closed: acquire fails only if it were.
         let _permit = self
             .permits
             .acquire()
             .await
-            .map_err(|_| ProcessError::retryable("http processor is stopped"))?;
+            .map_err(|_| refused(ProcessError::retryable("http processor is stopped")))?;
         let mut request = self
             .client
             .post(self.config.url.0.clone())
             .headers(self.headers.clone());
-        let (content_type, body) = match self.config.body {
-            HttpBody::Json => ("application/json", super::json::encode(message)),
-            HttpBody::Raw => {
-                for (name, value) in raw_headers(message) {
-                    request = request.header(name, value);
-                }
-                let body = message.payload().unwrap_or_default().to_vec();
-                ("application/octet-stream", body)
-            }
-        };
+        for (name, value) in metadata {
+            request = request.header(name, value);
+        }
         // ACKD_HTTP_HEADERS may give the bodies their own Content-Type.
         if !self.headers.contains_key(CONTENT_TYPE) {
             request = request.header(CONTENT_TYPE, content_type);
@@ -199,7 +242,11 @@ impl Http {
         let request = request.body(body);
         let response = match request.send().await {
             Ok(r) => r,
-            Err(e) => return Err(ProcessError::retryable(self.redact(self.describe(&e)))),
+            Err(e) => {
+                return Err(refused(ProcessError::retryable(
+                    self.redact(self.describe(&e)),
+                )))
+            }
         };
         let status = response.status();
         let retry_after = response
@@ -219,17 +266,21 @@ impl Http {
         }
         let reason = self.redact(reason);
         let code = status.as_u16();
-        if code == 408 || code == 429 || status.is_server_error() {
+        let error = if code == 408 || code == 429 || status.is_server_error() {
             match retry_after {
-                Some(after) => Err(ProcessError::retry_after(
+                Some(after) => ProcessError::retry_after(
                     format!("{reason} (Retry-After {} ms)", after.as_millis()),
                     after,
-                )),
-                None => Err(ProcessError::retryable(reason)),
+                ),
+                None => ProcessError::retryable(reason),
             }
         } else {
-            Err(ProcessError::permanent(reason))
-        }
+            ProcessError::permanent(reason)
+        };
+        Err(Refused {
+            error,
+            offset: named_offset(&body),
+        })
     }
 
     /// Why a request got no response, without the URL (it may carry credentials).
@@ -264,6 +315,21 @@ impl Http {
         }
         reason
     }
+}
+
+/// A response that did not acknowledge the request, and the offset it named, if any.
+struct Refused {
+    error: ProcessError,
+    offset: Option<i64>,
+}
+
+/// The `"offset"` of a JSON object body: the message of a batch that failed.
+pub fn named_offset(body: &[u8]) -> Option<i64> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    value.get("offset")?.as_i64()
 }
 
 /// The first bytes of the response body (up to [`BODY_DRAIN`]); the rest is dropped.

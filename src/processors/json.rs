@@ -23,6 +23,19 @@ pub fn encode(m: &Message<'_>) -> Vec<u8> {
     serde_json::to_vec(&Value::Object(o)).unwrap_or_else(|_| b"{}".to_vec())
 }
 
+/// A batch as one JSON array of [`encode`]'s objects (no trailing newline).
+pub fn encode_batch(messages: &[Message<'_>]) -> Vec<u8> {
+    let mut out = vec![b'['];
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&encode(m));
+    }
+    out.push(b']');
+    out
+}
+
 /// The message's headers as the JSON array of [`encode`]'s `headers`.
 pub fn headers(m: &Message<'_>) -> Value {
     let headers: Vec<Value> = m
