@@ -247,13 +247,28 @@ pub async fn each<P: Processor + ?Sized>(
     processor: &P,
     messages: &[Message<'_>],
 ) -> Result<(), BatchError> {
+    use futures::FutureExt as _;
     for m in messages {
-        processor
-            .process(m)
+        // A panic fails its own message, not the ones before it that succeeded.
+        std::panic::AssertUnwindSafe(processor.process(m))
+            .catch_unwind()
             .await
+            .unwrap_or_else(|panic| Err(panicked(&panic)))
             .map_err(|error| BatchError::new(m.offset(), error))?;
     }
     Ok(())
+}
+
+/// A processor's panic as the permanent failure of its message.
+pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
+    let reason = if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "panic"
+    };
+    ProcessError::permanent(format!("processor panicked: {reason}"))
 }
 
 /// The user's logic. One call per message (or per batch, see

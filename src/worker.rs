@@ -22,7 +22,9 @@ use tokio::sync::{watch, Notify};
 use crate::dead_letter::DeadLetter;
 use crate::failure::{OnFailure, Retry};
 use crate::metrics::{self, PartitionMetrics, Took};
-use crate::processor::{BatchError, FailureKind, Kafka, Message, ProcessError, Processor};
+use crate::processor::{
+    panicked, BatchError, FailureKind, Kafka, Message, ProcessError, Processor,
+};
 use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
@@ -626,7 +628,9 @@ impl<P: Processor> Handler<'_, P> {
                         }
                     }
                 }
-                // A panic is a failure of the batch's first unacknowledged message.
+                // A panic out of a processor's own process_batch: which message it was
+                // on is unknown, so it is the batch's first unacknowledged one. (The
+                // default process_batch catches panics per message.)
                 Err(panic) => (0, panicked(&panic)),
             };
             if failed_at > 0 {
@@ -794,26 +798,12 @@ impl<P: Processor> Handler<'_, P> {
     }
 }
 
-fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
-    ProcessError::permanent(format!("processor panicked: {}", panic_reason(panic)))
-}
-
 /// Keeps the partition (and its queue) owned but idle until told to stop: dropping the
 /// queue would silently stop the partition, and committing past the failed message
 /// would lose it.
 async fn halt(shared: &WorkerShared, offset: i64, stop: &mut watch::Receiver<bool>) {
     shared.halted_at.store(offset, Ordering::Release);
     let _ = stop.wait_for(|s| *s).await;
-}
-
-fn panic_reason(panic: &Box<dyn std::any::Any + Send>) -> &str {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s
-    } else {
-        "panic"
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,248 @@
+//! Batches (`ACKD_BATCH_MAX_MESSAGES` above 1) with the default `process_batch` (the
+//! processor's `process` per message, stopping at the first failure): what a batch
+//! acknowledges, what it commits, how a failure in the middle is retried or given up,
+//! and that a batch being gathered is never lost on a stop. The exec and http
+//! processors' own batch forms are tested in tests/exec.rs and tests/http.rs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn at(line: &str, what: &str) -> bool {
+    field(line, "at").as_deref() == Some(what)
+}
+
+/// Produces `payloads` to `partition` in order (keys `k-<i>`); returns their offsets.
+fn produce_payloads(topic: &str, partition: i32, payloads: &[&str]) -> Vec<i64> {
+    let keys: Vec<String> = (0..payloads.len()).map(|i| format!("k-{i}")).collect();
+    let records: Vec<Record<'_>> = payloads
+        .iter()
+        .zip(&keys)
+        .map(|(v, k)| (partition, Some(k.as_bytes()), v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(topic, &records)
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect()
+}
+
+/// The offsets processed on `partition`, in the order of their lines.
+fn processed_on(lines: &[String], partition: i32) -> Vec<i64> {
+    processed(lines)
+        .into_iter()
+        .filter(|(p, _)| *p == partition)
+        .map(|(_, o)| o)
+        .collect()
+}
+
+/// ackd with the `faulty` processor, batches of `max`, and a long enough wait that a
+/// backlog produced before the start fills the first batch whole.
+fn faulty_batches(topic: &str, group: &str, max: usize) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
+        .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
+        .env("ACKD_RETRY_INITIAL_MS", "50")
+        .env("ACKD_RETRY_MAX_MS", "200")
+}
+
+#[test]
+fn batches_of_any_size_commit_every_message_once() {
+    for max in [2usize, 7, 64, 1000] {
+        let topic = unique_name(&format!("batch{max}"));
+        let group = unique_name("g-batch");
+        create_topic(&topic, 3);
+        let delivered = produce_keyed(&topic, 450, 0);
+        let ackd = AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "log")
+            .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
+            .env("ACKD_STOP_AT_END", "true")
+            .spawn();
+        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        let lines = ackd.lines();
+        let counts = processed_counts(&lines);
+        let duplicated = counts.values().filter(|n| **n > 1).count();
+        let lost = delivered
+            .iter()
+            .filter(|d| !counts.contains_key(&(d.partition, d.offset)))
+            .count();
+        assert_eq!(
+            (counts.len(), lost, duplicated),
+            (delivered.len(), 0, 0),
+            "batch {max}: processed, lost, duplicated"
+        );
+        for p in 0..3 {
+            let offsets = processed_on(&lines, p);
+            assert!(
+                offsets.windows(2).all(|w| w[0] < w[1]),
+                "batch {max}: partition {p} out of order"
+            );
+        }
+        let ends = log_ends(&delivered);
+        let committed = committed(&group, &topic, 3);
+        for p in 0..3 {
+            assert_eq!(
+                committed[&p],
+                ends.get(&p).copied(),
+                "batch {max}: partition {p}"
+            );
+        }
+        let start = lines.iter().find(|l| at(l, "start")).unwrap();
+        assert_eq!(field(start, "batch_max_messages"), Some(max.to_string()));
+    }
+}
+
+#[test]
+fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
+    let topic = unique_name("batch-retry");
+    let group = unique_name("g-batch-retry");
+    create_topic(&topic, 1);
+    let mut payloads = vec!["ok"; 20];
+    payloads[5] = "retry:2";
+    produce_payloads(&topic, 0, &payloads);
+    let ackd = faulty_batches(&topic, &group, 8)
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    // The first batch is offsets 0..=7: 0..=4 are acknowledged, 5 fails, and the rest of
+    // the batch (5, 6, 7) is handed over again, twice.
+    let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
+    assert_eq!(retries.len(), 2, "{}", lines.join("\n"));
+    for r in &retries {
+        assert_eq!(field(r, "offset").as_deref(), Some("5"), "{r}");
+        assert_eq!(field(r, "batch_messages").as_deref(), Some("3"), "{r}");
+    }
+    assert_eq!(
+        processed_on(&lines, 0),
+        (0..20).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+}
+
+#[test]
+fn a_permanent_failure_in_a_batch_halts_the_partition_at_that_message() {
+    let topic = unique_name("batch-halt");
+    let group = unique_name("g-batch-halt");
+    create_topic(&topic, 2);
+    let mut payloads = vec!["ok"; 12];
+    payloads[5] = "fail";
+    produce_payloads(&topic, 0, &payloads);
+    let other = produce_payloads(&topic, 1, &["ok"; 12]);
+    let ackd = faulty_batches(&topic, &group, 8).spawn();
+    ackd.wait_for_line(
+        |l| at(l, "process_failed") && field(l, "offset").as_deref() == Some("5"),
+        WAIT,
+    );
+    ackd.wait_for_count(
+        |l| is_processed(l) && field(l, "partition").as_deref() == Some("1"),
+        other.len(),
+        WAIT,
+    );
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 1, "a halted partition exits 1");
+    let lines = ackd.lines();
+    assert_eq!(processed_on(&lines, 0), vec![0, 1, 2, 3, 4]);
+    let committed = committed(&group, &topic, 2);
+    assert_eq!(
+        committed[&0],
+        Some(5),
+        "the messages before the failed one in its batch are committed, nothing past it"
+    );
+    assert_eq!(committed[&1], Some(12));
+}
+
+#[test]
+fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
+    let topic = unique_name("batch-skip");
+    let group = unique_name("g-batch-skip");
+    create_topic(&topic, 1);
+    let mut payloads = vec!["ok"; 30];
+    payloads[3] = "panic";
+    payloads[4] = "fail";
+    payloads[17] = "fail";
+    produce_payloads(&topic, 0, &payloads);
+    let ackd = faulty_batches(&topic, &group, 10)
+        .env("ACKD_ON_FAILURE", "skip")
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let skipped: Vec<i64> = lines
+        .iter()
+        .filter(|l| at(l, "skipped"))
+        .map(|l| field(l, "offset").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(skipped, vec![3, 4, 17]);
+    let expected: Vec<i64> = (0..30).filter(|o| !skipped.contains(o)).collect();
+    assert_eq!(processed_on(&lines, 0), expected);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+}
+
+#[test]
+fn a_batch_does_not_wait_for_messages_that_do_not_come() {
+    let topic = unique_name("batch-wait");
+    let group = unique_name("g-batch-wait");
+    create_topic(&topic, 1);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "log")
+        .env("ACKD_BATCH_MAX_MESSAGES", "500")
+        .env("ACKD_BATCH_MAX_WAIT_MS", "200")
+        .spawn();
+    ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    // One message, far from a full batch: it is processed once the wait is over.
+    produce_payloads(&topic, 0, &["alone"]);
+    ackd.wait_for_line(is_processed, WAIT);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+    assert_eq!(processed_on(&ackd.lines(), 0), vec![0]);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+}
+
+#[test]
+fn a_stop_while_a_batch_is_gathered_loses_nothing() {
+    let topic = unique_name("batch-stop");
+    let group = unique_name("g-batch-stop");
+    create_topic(&topic, 2);
+    let delivered = produce_keyed(&topic, 6, 0);
+    // Batches of 1000 waiting a minute: the six messages are gathered, never started.
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "log")
+        .env("ACKD_BATCH_MAX_MESSAGES", "1000")
+        .env("ACKD_BATCH_MAX_WAIT_MS", "60000")
+        .spawn();
+    ackd.wait_for_count(|l| at(l, "resumed"), log_ends(&delivered).len(), WAIT);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    assert!(
+        processed(&ackd.lines()).is_empty(),
+        "nothing was handed to the processor"
+    );
+    let before = committed(&group, &topic, 2);
+    assert!(
+        before.values().all(|c| c.is_none()),
+        "nothing is committed for messages not processed: {before:?}"
+    );
+    // The next run gets them, each once.
+    let again = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "log")
+        .env("ACKD_BATCH_MAX_MESSAGES", "1000")
+        .env("ACKD_BATCH_MAX_WAIT_MS", "0")
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(again.wait_exit(WAIT), 0);
+    let counts = processed_counts(&again.lines());
+    assert_eq!(counts.len(), delivered.len());
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    let ends: BTreeMap<i32, i64> = log_ends(&delivered);
+    let after = committed(&group, &topic, 2);
+    for (p, end) in ends {
+        assert_eq!(after[&p], Some(end), "partition {p}");
+    }
+}
