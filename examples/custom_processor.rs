@@ -25,17 +25,19 @@
 //! - delivery is at least once: after a crash the messages acknowledged since the last
 //!   commit come again, so make the work idempotent (here: an upsert keyed by
 //!   topic/partition/offset). A graceful stop redelivers nothing;
-//! - an `Err` of either kind (or a panic) halts that partition in this version: nothing
-//!   past the failed message is committed, the other partitions go on, and the exit code
-//!   at shutdown is 1. The error's kind and reason are in the `at=process_failed` line;
-//!   after a fix and a restart the message is processed again.
+//! - a retryable `Err` is tried again with backoff (`ACKD_RETRY_*`); a permanent one (or a
+//!   panic, or retries run out) meets `ACKD_ON_FAILURE`: `halt` (the default: nothing
+//!   past the message is committed, the other partitions go on, exit code 1 at shutdown),
+//!   `skip` or `dead-letter`;
+//! - with `ACKD_BATCH_MAX_MESSAGES` above 1, `process_batch` gets up to that many
+//!   messages of one partition at once (here: one "transaction" per batch).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use ackd::{Message, ProcessError, Processor};
+use ackd::{BatchError, Message, ProcessError, Processor};
 
 /// Stands in for a real database: rows keyed by (topic, partition, offset), so writing a
 /// redelivered message again changes nothing.
@@ -70,8 +72,7 @@ impl Processor for TextStore {
         let text = std::str::from_utf8(payload).map_err(|e| {
             // Trying again cannot make these bytes valid UTF-8: permanent. For a passing
             // condition (a timeout, a 503, a lost connection) return
-            // `Err(ProcessError::retryable(e))` instead: it says the same message may
-            // succeed later (ackd halts the partition on either kind for now).
+            // `Err(ProcessError::retryable(e))` instead: the same message may succeed later.
             ProcessError::permanent(format!("payload is not UTF-8: {e}"))
         })?;
 
@@ -103,6 +104,45 @@ impl Processor for TextStore {
             );
         }
         Ok(())
+    }
+
+    /// With batches: the rows before the first bad payload are written in one go (a real
+    /// database: one multi-row INSERT in a transaction); the bad one is named, so ackd
+    /// acknowledges those before it and applies the failure policy to it.
+    async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
+        let mut failed = None;
+        let mut stored = 0u64;
+        for m in messages {
+            let Ok(text) = std::str::from_utf8(m.payload().unwrap_or_default()) else {
+                failed = Some(m.offset());
+                break;
+            };
+            if self
+                .db
+                .upsert(m.topic(), m.partition(), m.offset(), text)
+                .await
+            {
+                stored += text.len() as u64;
+            }
+        }
+        if let Some(first) = messages.first() {
+            let mut bytes = self
+                .bytes_per_partition
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            *bytes.entry(first.partition()).or_default() += stored;
+        }
+        match failed {
+            None => {
+                self.messages
+                    .fetch_add(messages.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Some(offset) => Err(BatchError::new(
+                offset,
+                ProcessError::permanent("payload is not UTF-8"),
+            )),
+        }
     }
 }
 
