@@ -135,6 +135,34 @@ fn invalid_values_name_what_is_allowed() {
 }
 
 #[test]
+fn batch_settings_out_of_range_or_that_a_processor_cannot_carry() {
+    assert_config_error(
+        &with(&[("ACKD_BATCH_MAX_MESSAGES", "0")], &[]),
+        "ACKD_BATCH_MAX_MESSAGES",
+        "from 1 (no batches) to 10000",
+    );
+    assert_config_error(
+        &with(&[("ACKD_BATCH_MAX_WAIT_MS", "60001")], &[]),
+        "ACKD_BATCH_MAX_WAIT_MS",
+        "60000",
+    );
+    // A raw HTTP body is one message's value: it cannot carry a batch.
+    assert_config_error(
+        &with(
+            &[
+                ("ACKD_PROCESSOR", "http"),
+                ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+                ("ACKD_HTTP_BODY", "raw"),
+                ("ACKD_BATCH_MAX_MESSAGES", "10"),
+            ],
+            &[],
+        ),
+        "ACKD_HTTP_BODY",
+        "cannot carry a batch",
+    );
+}
+
+#[test]
 fn pass_through_properties_librdkafka_or_ackd_refuse() {
     // librdkafka refuses: the error names the variable it came from.
     assert_config_error(

@@ -418,12 +418,7 @@ fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
     create_topic(&topic, 1);
     let dir = work_dir("exec-stop");
     let command = test_handler(&dir, "time.sleep(0.1)");
-    let values: Vec<Vec<u8>> = (0..40).map(|i| format!("v-{i}").into_bytes()).collect();
-    let messages: Vec<Record<'_>> = values
-        .iter()
-        .map(|v| (None, v.as_slice(), &[][..]))
-        .collect();
-    produce_values(&topic, &messages);
+    produce_numbered(&topic, 40);
 
     let first = exec_ackd(&topic, &group, &command).spawn();
     first.wait_for_count(is_processed, 5, WAIT);
@@ -629,4 +624,352 @@ fn exec_without_a_command_is_a_configuration_error() {
         Some("ACKD_EXEC_COMMAND"),
         "{line}"
     );
+}
+
+// ---- batches: one JSON array per request line, one reply per batch ----
+
+/// A batch handler: `case` is Python run per message of a batch with `p`, `o`, `v`,
+/// `reply` (preset to ack) and `once(name)` in scope; it may set `reply` (with the
+/// failing `"offset"`) and `break`, as the README's batched handler does. Each message
+/// it went past is recorded in `handled`, each batch as `partition first count` in
+/// `batches`.
+fn batch_handler(dir: &Path, case: &str) -> String {
+    let case: String = case.lines().map(|l| format!("        {l}\n")).collect();
+    let script = format!(
+        r#"import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+DIR = {dir:?}
+def once(name):
+    try:
+        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+handled = open(os.path.join(DIR, "handled"), "a")
+batches = open(os.path.join(DIR, "batches"), "a")
+for line in sys.stdin:
+    batch = json.loads(line)
+    assert isinstance(batch, list), line
+    batches.write(f"{{batch[0]['partition']}} {{batch[0]['offset']}} {{len(batch)}}\n"); batches.flush()
+    reply = {{"ack": True}}
+    for msg in batch:
+        p, o, v = msg["partition"], msg["offset"], msg.get("value")
+{case}
+        handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
+    print(json.dumps(reply), flush=True)
+with open(os.path.join(DIR, "eof-%d" % os.getpid()), "w") as f:
+    f.write("eof\n")
+"#,
+        dir = dir.to_str().unwrap(),
+    );
+    let path = dir.join("handler.py");
+    std::fs::write(&path, script).unwrap();
+    format!("python3 {}", path.display())
+}
+
+/// (partition, first offset, message count) of every batch the handler was sent.
+fn batches_sent(dir: &Path) -> Vec<(i32, i64, usize)> {
+    std::fs::read_to_string(dir.join("batches"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// exec with batches of `max`; the wait is long enough that a backlog produced before
+/// the start fills batches whole.
+fn exec_batches(topic: &str, group: &str, command: &str, max: usize) -> AckdBuilder {
+    exec_ackd(topic, group, command)
+        .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
+        .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
+}
+
+/// Each batch is one partition's consecutive messages, no more than `max`, and the
+/// batches of a partition follow each other without gap or overlap from 0 to its end.
+fn assert_batches_tile(batches: &[(i32, i64, usize)], ends: &BTreeMap<i32, i64>, max: usize) {
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    for &(p, first, n) in batches {
+        assert!((1..=max).contains(&n), "batch of {n} (max {max})");
+        let at = next.entry(p).or_insert(0);
+        assert_eq!(first, *at, "partition {p}: {batches:?}");
+        *at += n as i64;
+    }
+    assert_eq!(&next, ends, "{batches:?}");
+}
+
+/// Batches of 2, 3, 7 and 100 over 120 messages on 3 partitions: the handler gets each
+/// message once, in order, in arrays of at most the maximum; ackd acknowledges each
+/// once and commits to the log end.
+#[test]
+fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
+    for max in [2usize, 3, 7, 100] {
+        let topic = unique_name(&format!("exec-batch{max}"));
+        let group = unique_name("g-exec-batch");
+        create_topic(&topic, 3);
+        let dir = work_dir("exec-batch");
+        let command = batch_handler(&dir, "");
+        let delivered = produce_keyed(&topic, 120, 0);
+        let ends = log_ends(&delivered);
+        assert_eq!(ends.len(), 3, "keys spread over all partitions");
+        let ackd = exec_batches(&topic, &group, &command, max).spawn();
+        ackd.wait_for_count(is_processed, 120, WAIT);
+        let lines = stop_cleanly(&ackd);
+
+        let batches = batches_sent(&dir);
+        assert_batches_tile(&batches, &ends, max);
+        // The backlog was there before the start: batches were filled, not sent a
+        // message or two at a time (twice the fewest arrays possible leaves room for a
+        // fetch ending in the middle of a batch).
+        let fewest: usize = ends.values().map(|e| (*e as usize).div_ceil(max)).sum();
+        assert!(
+            batches.len() <= 2 * fewest,
+            "max {max}: {} arrays for 120 messages, {fewest} would do",
+            batches.len()
+        );
+        let expected: BTreeMap<i32, Vec<i64>> =
+            ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
+        let handled = handled(&dir);
+        assert_eq!(per_partition(handled.iter().map(|h| (h.0, h.1))), expected);
+        let counts = processed_counts(&lines);
+        assert_eq!(counts.len(), 120, "max {max}");
+        assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
+        assert_eq!(per_partition(processed(&lines)), expected, "max {max}");
+        let committed = committed(&group, &topic, 3);
+        for (p, end) in &ends {
+            assert_eq!(committed[p], Some(*end), "max {max}, partition {p}");
+        }
+    }
+}
+
+/// The README's batched handler, exactly as written there, acknowledges everything.
+#[test]
+fn the_readme_batch_handler_acks_everything_once() {
+    let topic = unique_name("exec-readme-batch");
+    let group = unique_name("g-exec-readme-batch");
+    create_topic(&topic, 2);
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme.split("## exec processor").nth(1).unwrap();
+    let code = section
+        .split("```python\n")
+        .nth(2)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section's second python block: the batched handler");
+    assert!(code.contains("batch = json.loads(line)"), "{code}");
+    let dir = work_dir("exec-readme-batch");
+    let path = dir.join("handler.py");
+    std::fs::write(&path, code).unwrap();
+    let delivered = produce_keyed(&topic, 40, 0);
+    let ends = log_ends(&delivered);
+    let ackd = exec_batches(&topic, &group, &format!("python3 {}", path.display()), 10).spawn();
+    ackd.wait_for_count(is_processed, 40, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let counts = processed_counts(&lines);
+    assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
+    assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
+    let committed = committed(&group, &topic, 2);
+    for (p, end) in &ends {
+        assert_eq!(committed[p], Some(*end), "partition {p}");
+    }
+}
+
+/// 20 messages, batches of 8; a permanent failure reported at offset 13 (the second
+/// batch's sixth) under halt: 8..12 are acknowledged with the batch, 13 is where the
+/// partition stops, nothing after it is acknowledged, and ackd exits 1.
+#[test]
+fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
+    let topic = unique_name("exec-batch-halt");
+    let group = unique_name("g-exec-batch-halt");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-halt");
+    let command = batch_handler(
+        &dir,
+        r#"if o == 13:
+    reply = {"fail": "bad row", "offset": o}
+    break"#,
+    );
+    produce_numbered(&topic, 20);
+    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    let failed = ackd.wait_for_line(|l| at_offset(l, "process_failed", 13), WAIT);
+    assert!(
+        field(&failed, "error").unwrap().contains("bad row"),
+        "{failed}"
+    );
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 1, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    assert_eq!(
+        processed(&lines),
+        (0..13).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    assert_eq!(batches_sent(&dir)[..2], [(0, 0, 8), (0, 8, 8)]);
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, (0..13).collect::<Vec<_>>());
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(13));
+}
+
+/// A retry asked for at offset 13 of the batch 8..15: 8..12 are acknowledged, and 13
+/// with the rest of the batch (13, 14, 15) comes again as a batch of its own.
+#[test]
+fn an_exec_batch_retry_at_an_offset_resends_from_there() {
+    let topic = unique_name("exec-batch-retry");
+    let group = unique_name("g-exec-batch-retry");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-retry");
+    let command = batch_handler(
+        &dir,
+        r#"if o == 13 and once("retry-13"):
+    reply = {"retry": "not yet", "offset": o}
+    break"#,
+    );
+    produce_numbered(&topic, 16);
+    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    ackd.wait_for_count(is_processed, 16, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
+    assert_eq!(retries.len(), 1, "{}", lines.join("\n"));
+    assert_eq!(field(retries[0], "offset").as_deref(), Some("13"));
+    assert_eq!(
+        field(retries[0], "batch_messages").as_deref(),
+        Some("3"),
+        "{}",
+        retries[0]
+    );
+    assert!(field(retries[0], "error").unwrap().contains("not yet"));
+    assert_eq!(
+        batches_sent(&dir),
+        vec![(0, 0, 8), (0, 8, 8), (0, 13, 3)],
+        "13..15 sent again as a batch"
+    );
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, (0..16).collect::<Vec<_>>(), "each handled once");
+    assert_eq!(
+        processed(&lines),
+        (0..16).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    assert!(!lines.iter().any(|l| at(l, "exec_restart")));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(16));
+}
+
+/// A reply naming an offset that is not in the batch is a protocol error: the child is
+/// replaced and the batch retried, nothing acknowledged by mistake.
+#[test]
+fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
+    let topic = unique_name("exec-batch-outside");
+    let group = unique_name("g-exec-batch-outside");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-outside");
+    let command = batch_handler(
+        &dir,
+        r#"if o == 5 and once("outside"):
+    reply = {"retry": "confused", "offset": 999}
+    break"#,
+    );
+    produce_numbered(&topic, 8);
+    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    ackd.wait_for_count(is_processed, 8, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
+    assert!(
+        field(restarts[0], "reason").unwrap().contains("999"),
+        "{}",
+        restarts[0]
+    );
+    // The whole batch came again (nothing of it was acknowledged).
+    assert_eq!(batches_sent(&dir), vec![(0, 0, 8), (0, 0, 8)]);
+    let counts = processed_counts(&lines);
+    assert_eq!(counts.len(), 8);
+    assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(8));
+}
+
+/// A child that dies in the middle of the batch 8..15 (after handling 8..11): the
+/// batch is retried from 8 on a new child; the handler sees 8..11 twice (at least
+/// once), ackd acknowledges every message once and commits to the end.
+#[test]
+fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
+    let topic = unique_name("exec-batch-crash");
+    let group = unique_name("g-exec-batch-crash");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-crash");
+    let command = batch_handler(
+        &dir,
+        r#"if o == 12 and once("crash-12"):
+    os._exit(3)"#,
+    );
+    produce_numbered(&topic, 20);
+    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    ackd.wait_for_count(is_processed, 20, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
+    assert!(
+        field(restarts[0], "reason")
+            .unwrap()
+            .contains("exit status: 3"),
+        "{}",
+        restarts[0]
+    );
+    let retry = lines
+        .iter()
+        .find(|l| at(l, "retry"))
+        .expect("at=retry for the batch");
+    assert_eq!(field(retry, "offset").as_deref(), Some("8"), "{retry}");
+    assert_eq!(field(retry, "batch_messages").as_deref(), Some("8"));
+    assert_eq!(batches_sent(&dir)[..3], [(0, 0, 8), (0, 8, 8), (0, 8, 8)]);
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    let expected: Vec<i64> = (0..12).chain(8..20).collect();
+    assert_eq!(seen, expected, "8..11 handled twice, the rest once");
+    assert_eq!(
+        processed(&lines),
+        (0..20).map(|o| (0, o)).collect::<Vec<_>>(),
+        "acknowledged once each"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+}
+
+/// SIGTERM in the middle of 150 messages in batches of 5: the batch in the child is
+/// finished and committed, none is started after it, and a second run hands over the
+/// rest: the handler saw every message exactly once.
+#[test]
+fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
+    let topic = unique_name("exec-batch-stop");
+    let group = unique_name("g-exec-batch-stop");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-stop");
+    let command = batch_handler(&dir, "time.sleep(0.01)");
+    produce_numbered(&topic, 150);
+
+    let first = exec_batches(&topic, &group, &command, 5).spawn();
+    first.wait_for_count(is_processed, 20, WAIT);
+    let lines = stop_cleanly(&first);
+    let acked = processed(&lines).len() as i64;
+    assert!(acked < 150, "stopped before the end");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked));
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(
+        seen,
+        (0..acked).collect::<Vec<_>>(),
+        "handled is what was committed"
+    );
+
+    let second = exec_batches(&topic, &group, &command, 5).spawn();
+    second.wait_for_count(is_processed, (150 - acked) as usize, WAIT);
+    let lines = stop_cleanly(&second);
+    assert_eq!(
+        processed(&lines),
+        (acked..150).map(|o| (0, o)).collect::<Vec<_>>(),
+        "resumed exactly after the first run"
+    );
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, (0..150).collect::<Vec<_>>(), "each handled once");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(150));
 }

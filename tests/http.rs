@@ -55,10 +55,22 @@ impl Request {
             );
         }
         let v = self.json();
+        // A batch is known by its first message.
+        let v = if v.is_array() { &v[0] } else { &v };
         (
             v["partition"].as_i64().unwrap() as i32,
             v["offset"].as_i64().unwrap(),
         )
+    }
+
+    /// The offsets of a batch's messages (of a JSON array body).
+    fn batch_offsets(&self) -> Vec<i64> {
+        self.json()
+            .as_array()
+            .expect("a batch body is a JSON array")
+            .iter()
+            .map(|m| m["offset"].as_i64().unwrap())
+            .collect()
     }
 
     /// The message value: the raw body, else the JSON body's `value`.
@@ -734,4 +746,141 @@ fn retry_after_is_capped_at_the_retry_maximum() {
             .contains("HTTP 503 Service Unavailable: maintenance (Retry-After 3600000 ms)"),
         "{retry}"
     );
+}
+
+// ---- batches: one POST per batch, its body a JSON array ----
+
+fn http_batches(topic: &str, group: &str, url: &str, max: usize) -> AckdBuilder {
+    http_ackd(topic, group, url)
+        .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
+        .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
+}
+
+/// 30 messages in batches of at most 5, under skip: every batch's first POST gets a 500
+/// and is retried; the batch holding offset 12 is then refused with
+/// `400 {"offset":12}`: the ones before 12 in it are acknowledged, 12 is skipped at once
+/// (a 400 is permanent), and the rest comes again. Everything else is acknowledged once,
+/// in order, and the commit reaches the end.
+#[test]
+fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
+    let topic = unique_name("http-batch");
+    let group = unique_name("g-http-batch");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|r, before| {
+        if before == 0 {
+            status(500, "warming up")
+        } else if r.batch_offsets().contains(&12) {
+            status(400, r#"{"offset":12,"error":"bad row"}"#)
+        } else {
+            ok()
+        }
+    });
+    produce_numbered(&topic, 30);
+    let ackd = http_batches(&topic, &group, &endpoint.url(), 5)
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_count(is_processed, 29, WAIT);
+    let lines = stop(&ackd, 0);
+
+    let requests = endpoint.requests();
+    let bodies: Vec<Vec<i64>> = requests.iter().map(Request::batch_offsets).collect();
+    assert!(
+        bodies.iter().all(|b| (1..=5).contains(&b.len())),
+        "{bodies:?}"
+    );
+    // Each distinct batch start was answered 500 once, then retried (and answered 2xx,
+    // or the 400 for the one holding 12).
+    let mut starts: Vec<i64> = bodies.iter().map(|b| b[0]).collect();
+    starts.dedup();
+    for start in &starts {
+        let sent = bodies.iter().filter(|b| b[0] == *start).count();
+        assert_eq!(sent, 2, "batch at {start}: {bodies:?}");
+    }
+    // The refused batch's successor starts right after 12.
+    assert!(starts.contains(&13), "{bodies:?}");
+    let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
+    assert_eq!(skipped.len(), 1, "{}", lines.join("\n"));
+    assert_eq!(field(skipped[0], "offset").as_deref(), Some("12"));
+    assert_eq!(field(skipped[0], "attempts").as_deref(), Some("1"));
+    assert!(
+        field(skipped[0], "error").unwrap().contains("HTTP 400"),
+        "{}",
+        skipped[0]
+    );
+    let retries = lines.iter().filter(|l| at(l, "retry")).count();
+    assert_eq!(retries, starts.len(), "one retry per batch start");
+    let expected: Vec<(i32, i64)> = (0..30).filter(|o| *o != 12).map(|o| (0, o)).collect();
+    assert_eq!(processed(&lines), expected);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+}
+
+/// A refusal whose body names no offset of the batch (not JSON, or an offset outside
+/// it) fails the batch's first message; under halt nothing of the batch is committed.
+#[test]
+fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() {
+    for body in ["bad request", r#"{"offset":999}"#] {
+        let topic = unique_name("http-batch-first");
+        let group = unique_name("g-http-batch-first");
+        create_topic(&topic, 1);
+        let refusal = body.to_string();
+        let endpoint = Endpoint::start(move |r, _| {
+            if r.batch_offsets()[0] == 0 {
+                ok()
+            } else {
+                status(400, &refusal)
+            }
+        });
+        produce_numbered(&topic, 8);
+        let ackd = http_batches(&topic, &group, &endpoint.url(), 4).spawn();
+        let failed = ackd.wait_for_line(|l| at(l, "process_failed"), WAIT);
+        assert_eq!(
+            field(&failed, "offset").as_deref(),
+            Some("4"),
+            "{body}: {failed}"
+        );
+        let lines = stop(&ackd, 1);
+        assert_eq!(
+            processed(&lines),
+            (0..4).map(|o| (0, o)).collect::<Vec<_>>()
+        );
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(4), "{body}");
+    }
+}
+
+/// A 429 with `Retry-After: 1` on a batch: the batch comes again a second later at the
+/// earliest, though the worker's own backoff is 50 ms.
+#[test]
+fn an_http_batch_answered_429_waits_for_retry_after() {
+    let topic = unique_name("http-batch-429");
+    let group = unique_name("g-http-batch-429");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|_, before| {
+        if before == 0 {
+            let mut resp = status(429, "slow down");
+            resp.headers.push(("Retry-After".into(), "1".into()));
+            resp
+        } else {
+            ok()
+        }
+    });
+    produce_numbered(&topic, 6);
+    let ackd = http_batches(&topic, &group, &endpoint.url(), 6)
+        .env("ACKD_RETRY_MAX_MS", "5000")
+        .spawn();
+    ackd.wait_for_count(is_processed, 6, WAIT);
+    let lines = stop(&ackd, 0);
+    let requests = endpoint.requests();
+    assert_eq!(requests.len(), 2, "one batch, sent twice");
+    assert_eq!(requests[0].batch_offsets(), (0..6).collect::<Vec<_>>());
+    assert_eq!(requests[1].batch_offsets(), (0..6).collect::<Vec<_>>());
+    let gap = requests[1].at - requests[0].at;
+    assert!(gap >= Duration::from_secs(1), "retried after {gap:?}");
+    let retry = lines.iter().find(|l| at(l, "retry")).expect("at=retry");
+    assert_eq!(
+        field(retry, "batch_messages").as_deref(),
+        Some("6"),
+        "{retry}"
+    );
+    assert!(field(retry, "delay_ms").unwrap().parse::<u64>().unwrap() >= 1000);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(6));
 }

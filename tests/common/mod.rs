@@ -503,6 +503,17 @@ pub fn produce_records(topic: &str, records: &[Record<'_>]) -> Vec<(i32, i64)> {
         .collect()
 }
 
+/// Produces `n` messages without keys to partition 0, in order, values `v-<i>`: message
+/// `i` at offset `i` of a new topic.
+pub fn produce_numbered(topic: &str, n: usize) {
+    let values: Vec<String> = (0..n).map(|i| format!("v-{i}")).collect();
+    let records: Vec<Record<'_>> = values
+        .iter()
+        .map(|v| (0, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(topic, &records);
+}
+
 /// Produces `n` ~100-byte messages with keys `k-<i>`, i in `start..start+n`, spread over the
 /// partitions by the default (key-hashing) partitioner.
 pub fn produce_keyed(topic: &str, n: usize, start: usize) -> Vec<Delivered> {
