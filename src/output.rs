@@ -336,7 +336,10 @@ impl FieldWriter<'_> {
         let name = field.name();
         match name.split_once('#') {
             Some((kind @ ("count" | "measure" | "sample"), metric)) => {
-                let _ = write!(self.line, "{kind}#{}.{metric}=", self.prefix);
+                // Pieces pushed, not `write!`: this runs for every field of every line.
+                for piece in [kind, "#", self.prefix, ".", metric, "="] {
+                    self.line.push_str(piece);
+                }
             }
             _ => {
                 self.line.push_str(name);
@@ -361,14 +364,16 @@ impl Visit for FieldWriter<'_> {
         logfmt::write_bytes(self.line, value);
     }
 
+    // Integers (partition, offset, counts: on every line) through itoa rather than the
+    // formatting machinery.
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.key(field);
-        let _ = write!(self.line, "{value}");
+        self.line.push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
         self.key(field);
-        let _ = write!(self.line, "{value}");
+        self.line.push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
