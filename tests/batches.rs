@@ -185,6 +185,48 @@ fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
     assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
 }
 
+/// Dead-letter in batches: each failed message is copied to the dead-letter topic as it
+/// fails, the ones before it in its batch are acknowledged, the rest handed over again;
+/// everything is committed.
+#[test]
+fn dead_letters_in_a_batch_are_copied_and_the_rest_processed() {
+    let topic = unique_name("batch-dlq-src");
+    let dlq = unique_name("batch-dlq");
+    let group = unique_name("g-batch-dlq");
+    create_topic(&topic, 1);
+    create_topic(&dlq, 1);
+    let mut payloads = vec!["ok"; 20];
+    payloads[5] = "fail";
+    payloads[12] = "fail";
+    produce_payloads(&topic, 0, &payloads);
+    let ackd = faulty_batches(&topic, &group, 8)
+        .env("ACKD_ON_FAILURE", "dead-letter")
+        .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let dead: Vec<i64> = lines
+        .iter()
+        .filter(|l| at(l, "dead_lettered"))
+        .map(|l| field(l, "offset").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(dead, vec![5, 12]);
+    let expected: Vec<i64> = (0..20).filter(|o| !dead.contains(o)).collect();
+    assert_eq!(processed_on(&lines, 0), expected);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    let copies = read_back(&dlq, 2, WAIT);
+    let sources: Vec<&str> = copies
+        .iter()
+        .map(|c| c.headers["ackd.source.offset"].as_str())
+        .collect();
+    assert_eq!(sources, ["5", "12"]);
+    assert!(copies
+        .iter()
+        .all(|c| c.payload.as_deref() == Some(&b"fail"[..])));
+    assert_eq!(copies[0].key.as_deref(), Some(&b"k-5"[..]));
+}
+
 #[test]
 fn a_batch_does_not_wait_for_messages_that_do_not_come() {
     let topic = unique_name("batch-wait");

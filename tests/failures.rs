@@ -4,13 +4,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Headers;
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -250,40 +246,13 @@ fn dead_letter_copies_the_message_then_acknowledges_it() {
     assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
 
     // Read the dead-letter topic back.
-    let reader: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker().bootstrap())
-        .set("group.id", unique_name("reader"))
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&dlq, 0, Offset::Beginning)
-        .unwrap();
-    reader.assign(&tpl).unwrap();
-    let mut got = None;
-    wait_until(WAIT, || {
-        if let Some(Ok(m)) = reader.poll(Duration::from_millis(100)) {
-            let headers: HashMap<String, String> = m
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| {
-                            (
-                                h.key.to_string(),
-                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            got = Some((
-                m.key().map(<[u8]>::to_vec),
-                m.payload().map(<[u8]>::to_vec),
-                headers,
-            ));
-        }
-        got.is_some()
-    });
-    let (key, payload, headers) = got.unwrap();
+    let got = read_back(&dlq, 1, WAIT);
+    let ReadBack {
+        key,
+        payload,
+        headers,
+        ..
+    } = got.into_iter().next().expect("the dead-lettered copy");
     assert_eq!(key.as_deref(), Some(&b"bad-key"[..]));
     assert_eq!(payload.as_deref(), Some(&b"fail"[..]));
     assert_eq!(headers["trace"], "t-1", "original headers are kept");

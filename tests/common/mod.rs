@@ -503,6 +503,57 @@ pub fn produce_records(topic: &str, records: &[Record<'_>]) -> Vec<(i32, i64)> {
         .collect()
 }
 
+/// A message read back from a topic: key, value, headers (values lossily as text).
+#[derive(Debug)]
+pub struct ReadBack {
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: HashMap<String, String>,
+}
+
+/// Reads `n` messages of `topic`'s partition 0 from its beginning (a dead-letter topic,
+/// say), waiting up to `timeout` for them.
+pub fn read_back(topic: &str, n: usize, timeout: Duration) -> Vec<ReadBack> {
+    use rdkafka::message::Headers as _;
+    use rdkafka::Message as _;
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker().bootstrap())
+        .set("group.id", unique_name("reader"))
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    reader.assign(&tpl).unwrap();
+    let mut got = Vec::new();
+    wait_until(timeout, || {
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(100)) {
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_string(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            got.push(ReadBack {
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                payload: m.payload().map(<[u8]>::to_vec),
+                headers,
+            });
+        }
+        got.len() >= n
+    });
+    got
+}
+
 /// Produces `n` messages without keys to partition 0, in order, values `v-<i>`: message
 /// `i` at offset `i` of a new topic.
 pub fn produce_numbered(topic: &str, n: usize) {
