@@ -4,10 +4,13 @@
 //! commits the message's offset only after `process` returned `Ok`. The message borrows
 //! librdkafka's buffer (no copy on the hot path); call [`Message::to_owned`] to keep it.
 
+use std::borrow::Cow;
+use std::ffi::CStr;
 use std::future::Future;
 use std::sync::OnceLock;
 
-use rdkafka::message::{BorrowedHeaders, BorrowedMessage};
+use rdkafka::bindings as rdsys;
+use rdkafka::message::BorrowedMessage;
 
 /// One Kafka message, borrowed for the duration of [`Processor::process`].
 #[derive(Clone, Copy)]
@@ -26,8 +29,11 @@ pub struct Message<'a> {
 /// and most processors never ask. The cell makes that happen once, whichever thread asks.
 pub(crate) struct Kafka<'a> {
     message: &'a BorrowedMessage<'a>,
-    headers: OnceLock<Option<&'a BorrowedHeaders>>,
+    headers: OnceLock<Vec<RawHeader<'a>>>,
 }
+
+/// A header as librdkafka holds it: its name as text, its value (`None`: null).
+type RawHeader<'a> = (Cow<'a, str>, Option<&'a [u8]>);
 
 impl<'a> Kafka<'a> {
     pub(crate) fn new(message: &'a BorrowedMessage<'a>) -> Self {
@@ -37,10 +43,48 @@ impl<'a> Kafka<'a> {
         }
     }
 
-    fn headers(&self) -> Option<&'a BorrowedHeaders> {
-        use rdkafka::Message as _;
-        *self.headers.get_or_init(|| self.message.headers())
+    fn headers(&'a self) -> &'a [RawHeader<'a>] {
+        self.headers.get_or_init(|| read_headers(self.message))
     }
+}
+
+/// The message's headers, in order, read through librdkafka's C API rather than
+/// rust-rdkafka's `Headers`, which panics on a header name that is not UTF-8 (0.39:
+/// `to_str().unwrap()`). Kafka's Java client only writes UTF-8 names, but the protocol
+/// and librdkafka allow any bytes; such a name comes with its invalid bytes replaced by
+/// U+FFFD, so one odd producer cannot halt a partition.
+fn read_headers<'a>(message: &'a BorrowedMessage<'a>) -> Vec<RawHeader<'a>> {
+    let mut hdrs: *mut rdsys::rd_kafka_headers_t = std::ptr::null_mut();
+    // SAFETY: `message.ptr()` is the live rd_kafka_message_t that `message` borrows; the
+    // headers it returns are owned by the message and live as long as it does.
+    let err = unsafe { rdsys::rd_kafka_message_headers(message.ptr(), &mut hdrs) };
+    if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || hdrs.is_null() {
+        return Vec::new(); // _NOENT: no headers
+    }
+    // SAFETY: `hdrs` is valid for 'a (above).
+    let count = unsafe { rdsys::rd_kafka_header_cnt(hdrs) };
+    let mut headers = Vec::with_capacity(count);
+    for idx in 0..count {
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        let mut value: *const std::ffi::c_void = std::ptr::null();
+        let mut size = 0usize;
+        // SAFETY: `idx` is below the count; the out-pointers are valid locals.
+        let err =
+            unsafe { rdsys::rd_kafka_header_get_all(hdrs, idx, &mut name, &mut value, &mut size) };
+        if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+            continue;
+        }
+        // SAFETY: librdkafka keeps each name NUL-terminated and each value `size` bytes
+        // long (NULL for a null value), both in the message's memory, valid for 'a.
+        let (name, value) = unsafe {
+            (
+                CStr::from_ptr(name).to_bytes(),
+                (!value.is_null()).then(|| std::slice::from_raw_parts(value.cast::<u8>(), size)),
+            )
+        };
+        headers.push((String::from_utf8_lossy(name), value));
+    }
+    headers
 }
 
 /// One message header. Kafka allows repeated names and null values.
@@ -107,15 +151,17 @@ impl<'a> Message<'a> {
         self.timestamp_ms
     }
     /// The headers, in the order they were produced.
+    ///
+    /// A name that is not UTF-8 (only non-Java producers can write one) comes with its
+    /// invalid bytes replaced by U+FFFD.
     pub fn headers(&self) -> impl Iterator<Item = Header<'a>> + 'a {
-        use rdkafka::message::Headers as _;
         self.kafka
-            .and_then(Kafka::headers)
-            .into_iter()
-            .flat_map(|h| h.iter())
-            .map(|h| Header {
-                name: h.key,
-                value: h.value,
+            .map(Kafka::headers)
+            .unwrap_or_default()
+            .iter()
+            .map(|(name, value)| Header {
+                name: name.as_ref(),
+                value: *value,
             })
     }
 

@@ -408,6 +408,41 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
     );
 }
 
+/// A header name that is not UTF-8 (any non-Java producer can write one; rust-rdkafka's
+/// own header API panics on it) reaches the handler with U+FFFD for the invalid byte,
+/// and the message is acknowledged like any other.
+#[test]
+fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
+    let topic = unique_name("exec-hdr");
+    let group = unique_name("g-exec-hdr");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-hdr");
+    let command = test_handler(&dir, "");
+    produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
+    produce_values(&topic, &[(None, b"after", &[])]);
+    let ackd = exec_ackd(&topic, &group, &command).spawn();
+    ackd.wait_for_count(is_processed, 2, WAIT);
+    let lines = stop_cleanly(&ackd);
+    assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
+    assert!(!lines
+        .iter()
+        .any(|l| at(l, "retry") || at(l, "process_failed")));
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("requests"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["value"], "odd");
+    assert_eq!(
+        first["headers"],
+        serde_json::json!([{"name": "tr\u{fffd}ce", "value": "t-1"}])
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+}
+
 /// 6: SIGTERM with a message in the child: it is finished and committed, the child gets
 /// EOF (and says so), ackd exits 0, and a second run resumes exactly after it. The
 /// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.

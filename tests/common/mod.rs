@@ -503,6 +503,67 @@ pub fn produce_records(topic: &str, records: &[Record<'_>]) -> Vec<(i32, i64)> {
         .collect()
 }
 
+/// Produces one message (`payload`) to partition 0 of `topic` with one header whose name
+/// is the raw bytes `name`. rust-rdkafka takes only `&str` names; this goes through
+/// librdkafka's C API, as a producer in another language could.
+pub fn produce_with_raw_header_name(topic: &str, name: &[u8], value: &[u8], payload: &[u8]) {
+    use rdkafka::bindings as rdsys;
+    use rdkafka::bindings::rd_kafka_vtype_t as vtype;
+    use rdkafka::bindings::rd_kafka_vu_s__bindgen_ty_1 as Value;
+    use rdkafka::producer::{BaseProducer, Producer};
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", broker().bootstrap());
+    for (k, v) in broker().client_config() {
+        config.set(k, v);
+    }
+    let producer: BaseProducer = config.create().expect("create raw producer");
+    let topic_c = std::ffi::CString::new(topic).unwrap();
+    let vu = |vtype, u| rdsys::rd_kafka_vu_t { vtype, u };
+    // SAFETY: every pointer handed over is valid for the call; MSG_F_COPY makes librdkafka
+    // copy the payload, and on success it owns (and frees) the headers.
+    unsafe {
+        let hdrs = rdsys::rd_kafka_headers_new(1);
+        rdsys::rd_kafka_header_add(
+            hdrs,
+            name.as_ptr().cast(),
+            name.len() as isize,
+            value.as_ptr().cast(),
+            value.len() as isize,
+        );
+        let vus = [
+            vu(
+                vtype::RD_KAFKA_VTYPE_TOPIC,
+                Value {
+                    cstr: topic_c.as_ptr(),
+                },
+            ),
+            vu(vtype::RD_KAFKA_VTYPE_PARTITION, Value { i32_: 0 }),
+            vu(
+                vtype::RD_KAFKA_VTYPE_VALUE,
+                Value {
+                    mem: rdsys::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1 {
+                        ptr: payload.as_ptr() as *mut _,
+                        size: payload.len(),
+                    },
+                },
+            ),
+            vu(
+                vtype::RD_KAFKA_VTYPE_MSGFLAGS,
+                Value {
+                    i: rdsys::RD_KAFKA_MSG_F_COPY,
+                },
+            ),
+            vu(vtype::RD_KAFKA_VTYPE_HEADERS, Value { headers: hdrs }),
+        ];
+        let error =
+            rdsys::rd_kafka_produceva(producer.client().native_ptr(), vus.as_ptr(), vus.len());
+        assert!(error.is_null(), "rd_kafka_produceva to {topic} failed");
+    }
+    producer
+        .flush(Duration::from_secs(10))
+        .expect("flush the raw producer");
+}
+
 /// A message read back from a topic: key, value, headers (values lossily as text).
 #[derive(Debug)]
 pub struct ReadBack {
