@@ -80,6 +80,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         batch_max_messages = settings.batch_max_messages,
         batch_max_wait_ms =
             (settings.batch_max_messages > 1).then_some(settings.batch_max_wait.as_millis() as u64),
+        batch_max_bytes = (settings.batch_max_messages > 1 && settings.batch_max_bytes > 0)
+            .then_some(settings.batch_max_bytes),
         dead_letter_topic = settings.dead_letter_topic.as_deref(),
         rdkafka
     );
@@ -130,6 +132,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             batch: Batching {
                 max_messages: settings.batch_max_messages,
                 max_wait: settings.batch_max_wait,
+                max_bytes: settings.batch_max_bytes,
             },
         },
         drain_timeout: settings.shutdown_timeout,

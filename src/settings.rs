@@ -76,6 +76,7 @@ const KEYS: &[&str] = &[
     "sasl_password",
     "batch_max_messages",
     "batch_max_wait_ms",
+    "batch_max_bytes",
     "exec_command",
     "exec_concurrency",
     "exec_timeout_ms",
@@ -90,6 +91,8 @@ const KEYS: &[&str] = &[
 
 /// The largest `ACKD_BATCH_MAX_MESSAGES`: a batch is held in memory whole.
 pub const MAX_BATCH: usize = 10_000;
+/// The largest `ACKD_BATCH_MAX_BYTES`: 1 GiB.
+pub const MAX_BATCH_BYTES: usize = 1 << 30;
 
 /// Where a group without a committed offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +210,9 @@ pub struct Settings {
     /// How long a batch waits for more messages once its first one is in hand; a
     /// backlog fills batches without waiting.
     pub batch_max_wait: Duration,
+    /// Key and value bytes per batch at most; 0: no limit but `batch_max_messages`. A
+    /// message bigger than this is a batch of its own.
+    pub batch_max_bytes: usize,
     /// The `exec` processor: the command line its children run (`sh -c`); required
     /// with `ACKD_PROCESSOR=exec` (checked by the processor).
     pub exec_command: Option<String>,
@@ -866,6 +872,16 @@ impl RawSettings {
                 }
             },
             batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
+            batch_max_bytes: match self.get("batch_max_bytes").parse::<usize>() {
+                Ok(n) if n <= MAX_BATCH_BYTES => n,
+                _ => {
+                    let allowed = format!("from 0 (no limit) to {MAX_BATCH_BYTES}");
+                    return Err(self.error(
+                        "batch_max_bytes",
+                        format!("expected a whole number of bytes {allowed}"),
+                    ));
+                }
+            },
             exec_command: Some(self.get("exec_command"))
                 .filter(|c| !c.is_empty())
                 .map(str::to_string),
@@ -965,6 +981,13 @@ mod tests {
         }
         let e = err(&[("ACKD_BATCH_MAX_WAIT_MS", "60001")]);
         assert_eq!(e.setting, "ACKD_BATCH_MAX_WAIT_MS");
+        let s = Settings::from_vars(vars(&[("ACKD_BATCH_MAX_BYTES", "1048576")])).unwrap();
+        assert_eq!(s.batch_max_bytes, 1 << 20);
+        for bad in ["-1", "1073741825", "1MB", ""] {
+            let e = err(&[("ACKD_BATCH_MAX_BYTES", bad)]);
+            assert_eq!(e.setting, "ACKD_BATCH_MAX_BYTES", "{bad:?}");
+            assert!(e.problem.contains("0 (no limit) to 1073741824"), "{e}");
+        }
         // A raw http body is one value: it cannot carry a batch.
         let s = Settings::from_vars(vars(&[
             ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
@@ -981,6 +1004,7 @@ mod tests {
     fn defaults_come_from_default_toml() {
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.topics, vec!["orders", "payments"]);
+        assert_eq!(s.batch_max_bytes, 0);
         assert_eq!(s.group_id, "billing");
         assert_eq!(s.processor, "log");
         assert_eq!(s.commit_interval, Duration::from_millis(5000));

@@ -187,6 +187,13 @@ pub struct Batching {
     pub max_messages: usize,
     /// How long a batch waits for more messages once it has its first.
     pub max_wait: Duration,
+    /// Key and value bytes per batch at most (0: no limit); a bigger message goes alone.
+    pub max_bytes: usize,
+}
+
+/// What a message weighs against `Batching::max_bytes`.
+fn weight(m: &BorrowedMessage<'_>) -> usize {
+    m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)
 }
 
 impl<P> Clone for WorkerConfig<P> {
@@ -265,6 +272,9 @@ async fn run<C, P>(
     let stop_at_end = config.at_end.is_some();
     // Messages taken in a row without waiting for the queue (see YIELD_EVERY).
     let mut ready = 0;
+    // A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
+    // batch's first. Dropped unprocessed on a stop, like a batch being gathered.
+    let mut held: Option<BorrowedMessage<'_>> = None;
     loop {
         if ready >= YIELD_EVERY {
             ready = 0;
@@ -275,20 +285,23 @@ async fn run<C, P>(
         if stop.has_changed().unwrap_or(true) {
             break;
         }
-        let next = match stream.next().now_or_never() {
-            Some(next) => {
-                ready += 1;
-                next
-            }
-            None => {
-                // Waiting lets the other tasks run.
-                ready = 0;
-                tokio::select! {
-                    biased;
-                    _ = stop.changed() => break,
-                    next = stream.next() => next,
+        let next = match held.take().map(|m| Some(Ok(m))) {
+            Some(next) => next,
+            None => match stream.next().now_or_never() {
+                Some(next) => {
+                    ready += 1;
+                    next
                 }
-            }
+                None => {
+                    // Waiting lets the other tasks run.
+                    ready = 0;
+                    tokio::select! {
+                        biased;
+                        _ = stop.changed() => break,
+                        next = stream.next() => next,
+                    }
+                }
+            },
         };
         let message = match next {
             Some(Ok(m)) => m,
@@ -312,6 +325,7 @@ async fn run<C, P>(
                 batch.push(message);
                 let after = gather(
                     &mut batch,
+                    &mut held,
                     &mut stream,
                     &config.batch,
                     stop_at_end,
@@ -505,11 +519,13 @@ enum After {
     Closed,
 }
 
-/// Adds messages to `batch` (which holds its first) until it is full, the queue stays
-/// empty for the rest of `ACKD_BATCH_MAX_WAIT_MS`, or the partition ends. A backlog fills
-/// it without waiting.
+/// Adds messages to `batch` (which holds its first) until it is full (by count, or by
+/// bytes: the message that does not fit is put in `held`), the queue stays empty for the
+/// rest of `ACKD_BATCH_MAX_WAIT_MS`, or the partition ends. A backlog fills it without
+/// waiting.
 async fn gather<'q, S>(
     batch: &mut Vec<BorrowedMessage<'q>>,
+    held: &mut Option<BorrowedMessage<'q>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
@@ -519,6 +535,7 @@ where
     S: futures::Stream<Item = Result<BorrowedMessage<'q>, KafkaError>> + Unpin,
 {
     let deadline = tokio::time::Instant::now() + batching.max_wait;
+    let mut bytes: usize = batch.iter().map(weight).sum();
     while batch.len() < batching.max_messages {
         let next = match stream.next().now_or_never() {
             Some(next) => next,
@@ -531,7 +548,15 @@ where
             },
         };
         match next {
-            Some(Ok(m)) => batch.push(m),
+            Some(Ok(m)) => {
+                bytes += weight(&m);
+                if batching.max_bytes > 0 && bytes > batching.max_bytes {
+                    // Full by size: this one starts the next batch.
+                    *held = Some(m);
+                    break;
+                }
+                batch.push(m);
+            }
             Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => return After::End,
             Some(Err(e)) => {
                 tracing::warn!(at = "fetch_error", topic = batch[0].topic(), partition = batch[0].partition(), error = %e);

@@ -1008,3 +1008,52 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
     assert_eq!(seen, (0..150).collect::<Vec<_>>(), "each handled once");
     assert_eq!(committed(&group, &topic, 1)[&0], Some(150));
 }
+
+/// ACKD_BATCH_MAX_BYTES=35 over messages of 10 bytes with one of 50 in the middle: three
+/// to a batch; the message that would go over starts the next batch, and the big one is
+/// a batch of its own. Every message is acknowledged once and committed.
+#[test]
+fn exec_batches_stop_at_the_byte_limit() {
+    let topic = unique_name("exec-batch-bytes");
+    let group = unique_name("g-exec-batch-bytes");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-bytes");
+    let command = batch_handler(&dir, "");
+    let values: Vec<Vec<u8>> = (0..20)
+        .map(|i| {
+            let len = if i == 10 { 50 } else { 10 };
+            format!("{i:0>len$}").into_bytes()
+        })
+        .collect();
+    let messages: Vec<Record<'_>> = values
+        .iter()
+        .map(|v| (None, v.as_slice(), &[][..]))
+        .collect();
+    produce_values(&topic, &messages);
+    let ackd = exec_batches(&topic, &group, &command, 100)
+        .env("ACKD_BATCH_MAX_BYTES", "35")
+        .spawn();
+    ackd.wait_for_count(is_processed, 20, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let start = lines.iter().find(|l| at(l, "start")).expect("at=start");
+    assert_eq!(field(start, "batch_max_bytes").as_deref(), Some("35"));
+    let batches: Vec<(i64, usize)> = batches_sent(&dir).iter().map(|b| (b.1, b.2)).collect();
+    assert_eq!(
+        batches,
+        vec![
+            (0, 3),
+            (3, 3),
+            (6, 3),
+            (9, 1),
+            (10, 1),
+            (11, 3),
+            (14, 3),
+            (17, 3)
+        ]
+    );
+    assert_eq!(
+        processed(&lines),
+        (0..20).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+}
