@@ -325,6 +325,12 @@ pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
 /// committed before its call returned `Ok`, so work that must not be lost has to be done
 /// (or durably handed off) before returning. A panic counts as a permanent failure of
 /// that message, not of the daemon.
+///
+/// Calls run on tokio's worker threads (as many as cores). Await I/O rather than block
+/// on it, and run CPU-heavy or blocking work in `tokio::task::spawn_blocking`: a
+/// partition with a backlog gives its thread to the others only every 1024 messages it
+/// did not have to wait for, so a call that blocks for long holds up other partitions,
+/// the periodic commit and the signal handling on that thread.
 pub trait Processor: Send + Sync + 'static {
     /// The name on the `at=start` line.
     fn name(&self) -> &str {
