@@ -344,7 +344,7 @@ async fn read_start(mut response: reqwest::Response) -> Vec<u8> {
     body
 }
 
-/// At most [`BODY_EXCERPT`] bytes of `body` as text (lossy, cut at a character), with
+/// At most `BODY_EXCERPT` (200) bytes of `body` as text (lossy, cut at a character), with
 /// `…` if cut.
 pub fn excerpt(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(BODY_EXCERPT * 2)]);
