@@ -522,6 +522,19 @@ impl RawSettings {
         }
     }
 
+    /// A whole number in `allowed`; otherwise the error `problem`.
+    fn whole(
+        &self,
+        key: &'static str,
+        allowed: std::ops::RangeInclusive<usize>,
+        problem: impl Into<String>,
+    ) -> Result<usize, SettingError> {
+        match self.get(key).parse::<usize>() {
+            Ok(n) if allowed.contains(&n) => Ok(n),
+            _ => Err(self.error(key, problem)),
+        }
+    }
+
     fn boolean(&self, key: &'static str) -> Result<bool, SettingError> {
         match self.get(key).to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" | "on" => Ok(true),
@@ -862,37 +875,25 @@ impl RawSettings {
             log_messages: self.boolean("log_messages")?,
             stop_at_end: self.boolean("stop_at_end")?,
             log_level,
-            batch_max_messages: match self.get("batch_max_messages").parse::<usize>() {
-                Ok(n) if (1..=MAX_BATCH).contains(&n) => n,
-                _ => {
-                    return Err(self.error(
-                        "batch_max_messages",
-                        format!("expected a whole number from 1 (no batches) to {MAX_BATCH}"),
-                    ))
-                }
-            },
+            batch_max_messages: self.whole(
+                "batch_max_messages",
+                1..=MAX_BATCH,
+                format!("expected a whole number from 1 (no batches) to {MAX_BATCH}"),
+            )?,
             batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
-            batch_max_bytes: match self.get("batch_max_bytes").parse::<usize>() {
-                Ok(n) if n <= MAX_BATCH_BYTES => n,
-                _ => {
-                    let allowed = format!("from 0 (no limit) to {MAX_BATCH_BYTES}");
-                    return Err(self.error(
-                        "batch_max_bytes",
-                        format!("expected a whole number of bytes {allowed}"),
-                    ));
-                }
-            },
+            batch_max_bytes: self.whole(
+                "batch_max_bytes",
+                0..=MAX_BATCH_BYTES,
+                format!("expected a whole number of bytes from 0 (no limit) to {MAX_BATCH_BYTES}"),
+            )?,
             exec_command: Some(self.get("exec_command"))
                 .filter(|c| !c.is_empty())
                 .map(str::to_string),
-            exec_concurrency: match self.get("exec_concurrency").parse::<usize>() {
-                Ok(n) if (1..=256).contains(&n) => n,
-                _ => {
-                    return Err(
-                        self.error("exec_concurrency", "expected a whole number from 1 to 256")
-                    )
-                }
-            },
+            exec_concurrency: self.whole(
+                "exec_concurrency",
+                1..=256,
+                "expected a whole number from 1 to 256",
+            )?,
             exec_timeout: self.millis("exec_timeout_ms", 1, 3_600_000)?,
             http_url: self.http_url()?,
             http_body: match self.get("http_body").to_ascii_lowercase().as_str() {
@@ -901,14 +902,11 @@ impl RawSettings {
                 _ => return Err(self.error("http_body", "expected json or raw")),
             },
             http_headers: self.http_headers()?,
-            http_concurrency: match self.get("http_concurrency").parse::<usize>() {
-                Ok(n) if (1..=1024).contains(&n) => n,
-                _ => {
-                    return Err(
-                        self.error("http_concurrency", "expected a whole number from 1 to 1024")
-                    )
-                }
-            },
+            http_concurrency: self.whole(
+                "http_concurrency",
+                1..=1024,
+                "expected a whole number from 1 to 1024",
+            )?,
             http_timeout: self.millis("http_timeout_ms", 1, 3_600_000)?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
