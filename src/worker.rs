@@ -285,9 +285,10 @@ async fn run<C, P>(
         if stop.has_changed().unwrap_or(true) {
             break;
         }
-        let next = match held.take().map(|m| Some(Ok(m))) {
-            Some(next) => next,
-            None => match stream.next().now_or_never() {
+        let next = if let Some(m) = held.take() {
+            Some(Ok(m))
+        } else {
+            match stream.next().now_or_never() {
                 Some(next) => {
                     ready += 1;
                     next
@@ -301,7 +302,7 @@ async fn run<C, P>(
                         next = stream.next() => next,
                     }
                 }
-            },
+            }
         };
         let message = match next {
             Some(Ok(m)) => m,
@@ -535,7 +536,13 @@ where
     S: futures::Stream<Item = Result<BorrowedMessage<'q>, KafkaError>> + Unpin,
 {
     let deadline = tokio::time::Instant::now() + batching.max_wait;
-    let mut bytes: usize = batch.iter().map(weight).sum();
+    // Weighed only with a byte limit: key and payload are two FFI calls per message.
+    let limit = batching.max_bytes;
+    let mut bytes: usize = if limit > 0 {
+        batch.iter().map(weight).sum()
+    } else {
+        0
+    };
     while batch.len() < batching.max_messages {
         let next = match stream.next().now_or_never() {
             Some(next) => next,
@@ -549,11 +556,13 @@ where
         };
         match next {
             Some(Ok(m)) => {
-                bytes += weight(&m);
-                if batching.max_bytes > 0 && bytes > batching.max_bytes {
-                    // Full by size: this one starts the next batch.
-                    *held = Some(m);
-                    break;
+                if limit > 0 {
+                    bytes += weight(&m);
+                    if bytes > limit {
+                        // Full by size: this one starts the next batch.
+                        *held = Some(m);
+                        break;
+                    }
                 }
                 batch.push(m);
             }
