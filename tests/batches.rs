@@ -45,8 +45,7 @@ fn processed_on(lines: &[String], partition: i32) -> Vec<i64> {
 fn faulty_batches(topic: &str, group: &str, max: usize) -> AckdBuilder {
     AckdBuilder::new(topic, group)
         .env("ACKD_PROCESSOR", "faulty")
-        .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
-        .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
+        .batches(max)
         .env("ACKD_RETRY_INITIAL_MS", "50")
         .env("ACKD_RETRY_MAX_MS", "200")
 }

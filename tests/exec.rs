@@ -10,7 +10,9 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use common::*;
@@ -32,8 +34,9 @@ fn work_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The Python handler of the README's "exec processor" section, exactly as written there.
-fn readme_handler() -> String {
+/// The `n`th (from 1) Python block of the README's "exec processor" section, exactly as
+/// written there: 1 is the handler, 2 the batched handler.
+fn readme_handler(n: usize) -> String {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("read README.md");
     let section = readme
@@ -42,10 +45,45 @@ fn readme_handler() -> String {
         .expect("README has an exec processor section");
     let code = section
         .split("```python\n")
-        .nth(1)
+        .nth(n)
         .and_then(|rest| rest.split("```").next())
-        .expect("the section has a python block");
+        .unwrap_or_else(|| panic!("the section has a python block number {n}"));
     code.to_string()
+}
+
+/// What every test handler starts with: SIGTERM ignored (as in the README's), `DIR`,
+/// `once(name)`, and the `handled` file.
+const HANDLER_PREAMBLE: &str = r#"import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def once(name):
+    try:
+        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+handled = open(os.path.join(DIR, "handled"), "a")
+"#;
+
+/// What every test handler ends with, once stdin ended: the `eof-<pid>` file.
+const HANDLER_EPILOGUE: &str = r#"
+with open(os.path.join(DIR, "eof-%d" % os.getpid()), "w") as f:
+    f.write("eof\n")
+"#;
+
+/// Writes a handler of `body` between the preamble and the epilogue into `dir`; returns
+/// the command that runs it.
+fn write_handler(dir: &Path, body: &str) -> String {
+    let dir_literal = format!("DIR = {:?}\n", dir.to_str().unwrap());
+    let script = [
+        dir_literal.as_str(),
+        HANDLER_PREAMBLE,
+        body,
+        HANDLER_EPILOGUE,
+    ]
+    .concat();
+    let path = dir.join("handler.py");
+    std::fs::write(&path, script).unwrap();
+    format!("python3 {}", path.display())
 }
 
 /// A test handler: `case` is Python run per message with `p`, `o`, `v` (partition,
@@ -59,18 +97,8 @@ fn test_handler(dir: &Path, case: &str) -> String {
 /// [`test_handler`] with `at_eof` run after stdin ended, before `eof-<pid>` is written.
 fn test_handler_with(dir: &Path, case: &str, at_eof: &str) -> String {
     let case: String = case.lines().map(|l| format!("    {l}\n")).collect();
-    let script = format!(
-        r#"import json, os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-DIR = {dir:?}
-def once(name):
-    try:
-        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-handled = open(os.path.join(DIR, "handled"), "a")
-requests = open(os.path.join(DIR, "requests"), "a")
+    let body = format!(
+        r#"requests = open(os.path.join(DIR, "requests"), "a")
 for line in sys.stdin:
     requests.write(line); requests.flush()
     msg = json.loads(line)
@@ -79,33 +107,36 @@ for line in sys.stdin:
 {case}
     handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
     print(json.dumps(reply), flush=True)
-{at_eof}
-with open(os.path.join(DIR, "eof-%d" % os.getpid()), "w") as f:
-    f.write("eof\n")
-"#,
-        dir = dir.to_str().unwrap(),
+{at_eof}"#
     );
-    let path = dir.join("handler.py");
-    std::fs::write(&path, script).unwrap();
-    format!("python3 {}", path.display())
+    write_handler(dir, &body)
+}
+
+/// The lines of three space-separated numbers a handler wrote to `dir/name` (none if it
+/// wrote no such file).
+fn triples<A: FromStr, B: FromStr, C: FromStr>(dir: &Path, name: &str) -> Vec<(A, B, C)>
+where
+    A::Err: Debug,
+    B::Err: Debug,
+    C::Err: Debug,
+{
+    std::fs::read_to_string(dir.join(name))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// (partition, offset, pid) of every message the handler recorded, in order.
 fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
-    match std::fs::read_to_string(dir.join("handled")) {
-        Ok(text) => text
-            .lines()
-            .map(|l| {
-                let f: Vec<&str> = l.split(' ').collect();
-                (
-                    f[0].parse().unwrap(),
-                    f[1].parse().unwrap(),
-                    f[2].parse().unwrap(),
-                )
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    triples(dir, "handled")
 }
 
 /// Offsets per partition in the order given.
@@ -161,7 +192,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     create_topic(&topic, 2);
     let dir = work_dir("exec-readme");
     let path = dir.join("handler.py");
-    std::fs::write(&path, readme_handler()).unwrap();
+    std::fs::write(&path, readme_handler(1)).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
     let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display())).spawn();
@@ -474,35 +505,70 @@ fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
         !lines.iter().any(|l| at(l, "exec_restart")),
         "sh's death is not the handler's"
     );
-    let acked = processed(&lines).len() as i64;
-    assert!(acked < 40, "stopped before the end");
-    let committed_first = committed(&group, &topic, 1)[&0];
-    assert_eq!(committed_first, Some(acked), "{}", lines.join("\n"));
-    // What the child handled is exactly what was committed: the message in flight at
-    // SIGTERM was finished and acknowledged, none was started after it.
-    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
-    assert_eq!(seen, (0..acked).collect::<Vec<_>>());
+    let acked = assert_stopped_where_handled(&dir, &topic, &group, &lines, 40);
     let pid = handled(&dir)[0].2;
     assert!(
         dir.join(format!("eof-{pid}")).is_file(),
         "the child saw EOF"
     );
+    assert_a_second_run_hands_over_the_rest(
+        &dir,
+        &topic,
+        &group,
+        (acked, 40),
+        exec_ackd(&topic, &group, &command),
+    );
+}
 
-    let second = exec_ackd(&topic, &group, &command).spawn();
-    second.wait_for_count(is_processed, (40 - acked) as usize, WAIT);
+/// After a graceful stop of the first run on a 1-partition topic of `total` messages
+/// (its `lines`): it stopped before the end, and what the child handled is exactly what
+/// was committed (the message or batch in flight at SIGTERM was finished and
+/// acknowledged, none was started after it). Returns how many that is.
+fn assert_stopped_where_handled(
+    dir: &Path,
+    topic: &str,
+    group: &str,
+    lines: &[String],
+    total: i64,
+) -> i64 {
+    let acked = processed(lines).len() as i64;
+    assert!(acked < total, "stopped before the end");
+    let committed_first = committed(group, topic, 1)[&0];
+    assert_eq!(committed_first, Some(acked), "{}", lines.join("\n"));
+    let seen: Vec<i64> = handled(dir).iter().map(|h| h.1).collect();
+    assert_eq!(
+        seen,
+        (0..acked).collect::<Vec<_>>(),
+        "handled is what was committed"
+    );
+    acked
+}
+
+/// A second run (`second`) after [`assert_stopped_where_handled`]: it resumes exactly
+/// after the first, the child has handled each of the `total` messages exactly once, and
+/// all are committed.
+fn assert_a_second_run_hands_over_the_rest(
+    dir: &Path,
+    topic: &str,
+    group: &str,
+    (acked, total): (i64, i64),
+    second: AckdBuilder,
+) {
+    let second = second.spawn();
+    second.wait_for_count(is_processed, (total - acked) as usize, WAIT);
     let lines = stop_cleanly(&second);
     assert_eq!(
         processed(&lines),
-        (acked..40).map(|o| (0, o)).collect::<Vec<_>>(),
+        (acked..total).map(|o| (0, o)).collect::<Vec<_>>(),
         "resumed exactly after the first run"
     );
-    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    let seen: Vec<i64> = handled(dir).iter().map(|h| h.1).collect();
     assert_eq!(
         seen,
-        (0..40).collect::<Vec<_>>(),
+        (0..total).collect::<Vec<_>>(),
         "each handled exactly once"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(40));
+    assert_eq!(committed(group, topic, 1)[&0], Some(total));
 }
 
 /// 7: three children, four partitions: each partition's messages are handled in order,
@@ -670,18 +736,8 @@ fn exec_without_a_command_is_a_configuration_error() {
 /// `batches`.
 fn batch_handler(dir: &Path, case: &str) -> String {
     let case: String = case.lines().map(|l| format!("        {l}\n")).collect();
-    let script = format!(
-        r#"import json, os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-DIR = {dir:?}
-def once(name):
-    try:
-        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-handled = open(os.path.join(DIR, "handled"), "a")
-batches = open(os.path.join(DIR, "batches"), "a")
+    let body = format!(
+        r#"batches = open(os.path.join(DIR, "batches"), "a")
 for line in sys.stdin:
     batch = json.loads(line)
     assert isinstance(batch, list), line
@@ -691,39 +747,14 @@ for line in sys.stdin:
         p, o, v = msg["partition"], msg["offset"], msg.get("value")
 {case}
         handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
-    print(json.dumps(reply), flush=True)
-with open(os.path.join(DIR, "eof-%d" % os.getpid()), "w") as f:
-    f.write("eof\n")
-"#,
-        dir = dir.to_str().unwrap(),
+    print(json.dumps(reply), flush=True)"#
     );
-    let path = dir.join("handler.py");
-    std::fs::write(&path, script).unwrap();
-    format!("python3 {}", path.display())
+    write_handler(dir, &body)
 }
 
 /// (partition, first offset, message count) of every batch the handler was sent.
 fn batches_sent(dir: &Path) -> Vec<(i32, i64, usize)> {
-    std::fs::read_to_string(dir.join("batches"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (
-                f[0].parse().unwrap(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// exec with batches of `max`; the wait is long enough that a backlog produced before
-/// the start fills batches whole.
-fn exec_batches(topic: &str, group: &str, command: &str, max: usize) -> AckdBuilder {
-    exec_ackd(topic, group, command)
-        .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
-        .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
+    triples(dir, "batches")
 }
 
 /// Each batch is one partition's consecutive messages, no more than `max`, and the
@@ -753,7 +784,7 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
         let delivered = produce_keyed(&topic, 120, 0);
         let ends = log_ends(&delivered);
         assert_eq!(ends.len(), 3, "keys spread over all partitions");
-        let ackd = exec_batches(&topic, &group, &command, max).spawn();
+        let ackd = exec_ackd(&topic, &group, &command).batches(max).spawn();
         ackd.wait_for_count(is_processed, 120, WAIT);
         let lines = stop_cleanly(&ackd);
 
@@ -789,21 +820,16 @@ fn the_readme_batch_handler_acks_everything_once() {
     let topic = unique_name("exec-readme-batch");
     let group = unique_name("g-exec-readme-batch");
     create_topic(&topic, 2);
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme.split("## exec processor").nth(1).unwrap();
-    let code = section
-        .split("```python\n")
-        .nth(2)
-        .and_then(|rest| rest.split("```").next())
-        .expect("the section's second python block: the batched handler");
+    let code = readme_handler(2);
     assert!(code.contains("batch = json.loads(line)"), "{code}");
     let dir = work_dir("exec-readme-batch");
     let path = dir.join("handler.py");
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
-    let ackd = exec_batches(&topic, &group, &format!("python3 {}", path.display()), 10).spawn();
+    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display()))
+        .batches(10)
+        .spawn();
     ackd.wait_for_count(is_processed, 40, WAIT);
     let lines = stop_cleanly(&ackd);
     let counts = processed_counts(&lines);
@@ -831,7 +857,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
     break"#,
     );
     produce_numbered(&topic, 20);
-    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
     let failed = ackd.wait_for_line(|l| at_offset(l, "process_failed", 13), WAIT);
     assert!(
         field(&failed, "error").unwrap().contains("bad row"),
@@ -865,7 +891,7 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
     break"#,
     );
     produce_numbered(&topic, 16);
-    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
     ackd.wait_for_count(is_processed, 16, WAIT);
     let lines = stop_cleanly(&ackd);
     let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
@@ -908,7 +934,7 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
     break"#,
     );
     produce_numbered(&topic, 8);
-    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
     ackd.wait_for_count(is_processed, 8, WAIT);
     let lines = stop_cleanly(&ackd);
     let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
@@ -941,7 +967,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
     os._exit(3)"#,
     );
     produce_numbered(&topic, 20);
-    let ackd = exec_batches(&topic, &group, &command, 8).spawn();
+    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
     ackd.wait_for_count(is_processed, 20, WAIT);
     let lines = stop_cleanly(&ackd);
     let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
@@ -983,30 +1009,17 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
     let command = batch_handler(&dir, "time.sleep(0.01)");
     produce_numbered(&topic, 150);
 
-    let first = exec_batches(&topic, &group, &command, 5).spawn();
+    let first = exec_ackd(&topic, &group, &command).batches(5).spawn();
     first.wait_for_count(is_processed, 20, WAIT);
     let lines = stop_cleanly(&first);
-    let acked = processed(&lines).len() as i64;
-    assert!(acked < 150, "stopped before the end");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked));
-    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
-    assert_eq!(
-        seen,
-        (0..acked).collect::<Vec<_>>(),
-        "handled is what was committed"
+    let acked = assert_stopped_where_handled(&dir, &topic, &group, &lines, 150);
+    assert_a_second_run_hands_over_the_rest(
+        &dir,
+        &topic,
+        &group,
+        (acked, 150),
+        exec_ackd(&topic, &group, &command).batches(5),
     );
-
-    let second = exec_batches(&topic, &group, &command, 5).spawn();
-    second.wait_for_count(is_processed, (150 - acked) as usize, WAIT);
-    let lines = stop_cleanly(&second);
-    assert_eq!(
-        processed(&lines),
-        (acked..150).map(|o| (0, o)).collect::<Vec<_>>(),
-        "resumed exactly after the first run"
-    );
-    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
-    assert_eq!(seen, (0..150).collect::<Vec<_>>(), "each handled once");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(150));
 }
 
 /// ACKD_BATCH_MAX_BYTES=35 over messages of 10 bytes with one of 50 in the middle: three
@@ -1030,7 +1043,8 @@ fn exec_batches_stop_at_the_byte_limit() {
         .map(|v| (None, v.as_slice(), &[][..]))
         .collect();
     produce_values(&topic, &messages);
-    let ackd = exec_batches(&topic, &group, &command, 100)
+    let ackd = exec_ackd(&topic, &group, &command)
+        .batches(100)
         .env("ACKD_BATCH_MAX_BYTES", "35")
         .spawn();
     ackd.wait_for_count(is_processed, 20, WAIT);

@@ -750,12 +750,6 @@ fn retry_after_is_capped_at_the_retry_maximum() {
 
 // ---- batches: one POST per batch, its body a JSON array ----
 
-fn http_batches(topic: &str, group: &str, url: &str, max: usize) -> AckdBuilder {
-    http_ackd(topic, group, url)
-        .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
-        .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
-}
-
 /// 30 messages in batches of at most 5, under skip: every batch's first POST gets a 500
 /// and is retried; the batch holding offset 12 is then refused with
 /// `400 {"offset":12}`: the ones before 12 in it are acknowledged, 12 is skipped at once
@@ -776,7 +770,8 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
         }
     });
     produce_numbered(&topic, 30);
-    let ackd = http_batches(&topic, &group, &endpoint.url(), 5)
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .batches(5)
         .env("ACKD_ON_FAILURE", "skip")
         .spawn();
     ackd.wait_for_count(is_processed, 29, WAIT);
@@ -824,14 +819,16 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
         create_topic(&topic, 1);
         let refusal = body.to_string();
         let endpoint = Endpoint::start(move |r, _| {
-            if r.batch_offsets()[0] == 0 {
+            if r.position().1 == 0 {
                 ok()
             } else {
                 status(400, &refusal)
             }
         });
         produce_numbered(&topic, 8);
-        let ackd = http_batches(&topic, &group, &endpoint.url(), 4).spawn();
+        let ackd = http_ackd(&topic, &group, &endpoint.url())
+            .batches(4)
+            .spawn();
         let failed = ackd.wait_for_line(|l| at(l, "process_failed"), WAIT);
         assert_eq!(
             field(&failed, "offset").as_deref(),
@@ -864,7 +861,8 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
         }
     });
     produce_numbered(&topic, 6);
-    let ackd = http_batches(&topic, &group, &endpoint.url(), 6)
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .batches(6)
         .env("ACKD_RETRY_MAX_MS", "5000")
         .spawn();
     ackd.wait_for_count(is_processed, 6, WAIT);

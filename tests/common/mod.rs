@@ -403,6 +403,13 @@ pub fn producer_for(bootstrap: &str) -> FutureProducer {
 
 /// [`producer_for`] with extra librdkafka properties (e.g. TLS for a proxy).
 fn producer_with(bootstrap: &str, extra: &[(String, String)]) -> FutureProducer {
+    producer_config(bootstrap, extra)
+        .create()
+        .expect("create test producer")
+}
+
+/// The test producers' settings: every message acknowledged by the broker.
+fn producer_config(bootstrap: &str, extra: &[(String, String)]) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", bootstrap)
@@ -414,7 +421,7 @@ fn producer_with(bootstrap: &str, extra: &[(String, String)]) -> FutureProducer 
     for (k, v) in extra {
         config.set(k, v);
     }
-    config.create().expect("create test producer")
+    config
 }
 
 fn producer() -> &'static FutureProducer {
@@ -511,12 +518,9 @@ pub fn produce_with_raw_header_name(topic: &str, name: &[u8], value: &[u8], payl
     use rdkafka::bindings::rd_kafka_vtype_t as vtype;
     use rdkafka::bindings::rd_kafka_vu_s__bindgen_ty_1 as Value;
     use rdkafka::producer::{BaseProducer, Producer};
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", broker().bootstrap());
-    for (k, v) in broker().client_config() {
-        config.set(k, v);
-    }
-    let producer: BaseProducer = config.create().expect("create raw producer");
+    let producer: BaseProducer = producer_config(&broker().bootstrap(), broker().client_config())
+        .create()
+        .expect("create raw producer");
     let topic_c = std::ffi::CString::new(topic).unwrap();
     let vu = |vtype, u| rdsys::rd_kafka_vu_t { vtype, u };
     // SAFETY: every pointer handed over is valid for the call; MSG_F_COPY makes librdkafka
@@ -757,6 +761,13 @@ impl AckdBuilder {
     pub fn env_remove(mut self, key: impl Into<String>) -> Self {
         self.env.push((key.into(), None));
         self
+    }
+
+    /// Batches of at most `max` messages, with a wait long enough (2 s) that a backlog
+    /// produced before the start fills them whole.
+    pub fn batches(self, max: usize) -> Self {
+        self.env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
+            .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
     }
 
     /// Adds a command-line argument.
