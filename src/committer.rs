@@ -42,7 +42,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Reason::Periodic => "periodic",
             Reason::Revoke => "revoke",

@@ -118,6 +118,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         source: metrics::process_source(settings.metric_source.as_deref()),
         metrics_interval: settings.metrics_interval,
         summaries_done: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
+        released_incomplete: AtomicBool::new(false),
         connectivity: Default::default(),
         group: group.clone(),
         runtime: tokio::runtime::Handle::current(),

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rdsys;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
@@ -119,6 +120,12 @@ pub struct GroupContext<P: Processor> {
     pub auth: crate::auth::AuthFailures,
     /// Whether the brokers are reachable, as far as librdkafka's errors tell.
     pub connectivity: Connectivity,
+    /// Set when the shutdown begins: partitions assigned after that get no worker.
+    pub stopping: AtomicBool,
+    /// Set when, while stopping, a revoke released partitions with acknowledged offsets
+    /// it could not commit (lost, refused, or a drain past its deadline): the stop is
+    /// then incomplete, as if the final commit had failed.
+    pub released_incomplete: AtomicBool,
 }
 
 /// How often a broker outage is reported again while it lasts.
@@ -351,6 +358,19 @@ impl<P: Processor> GroupContext<P> {
             return;
         };
         self.connectivity.reachable();
+        if self.stopping.load(Ordering::Acquire) {
+            // The shutdown serves a rebalance to commit; what it gets now it will not
+            // process (its acks could not be committed by a consumer that is closing).
+            for e in tpl.elements() {
+                tracing::info!(
+                    at = "assign_ignored",
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "stopping: not processed here; the next owner starts at the committed offset"
+                );
+            }
+            return;
+        }
         // Where each partition resumes: the group's committed offset, else the policy.
         let committed = base
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
@@ -364,6 +384,7 @@ impl<P: Processor> GroupContext<P> {
                 (tp, (e.offset(), committer::parse_metadata(e.metadata())))
             })
             .collect();
+        let generation = generation(base);
         let mut group = self.lock();
         for e in tpl.elements() {
             let tp: Tp = (Arc::from(e.topic()), e.partition());
@@ -379,6 +400,7 @@ impl<P: Processor> GroupContext<P> {
                         partition,
                         offset = o,
                         from = "committed",
+                        generation,
                         highest_processed = *processed,
                         redelivery
                     );
@@ -390,12 +412,19 @@ impl<P: Processor> GroupContext<P> {
                         topic,
                         partition,
                         from = self.start_from.as_str(),
+                        generation,
                         "no committed offset: the start policy applies"
                     );
                     None
                 }
                 None => {
-                    tracing::info!(at = "assigned", topic, partition, from = "unknown");
+                    tracing::info!(
+                        at = "assigned",
+                        topic,
+                        partition,
+                        from = "unknown",
+                        generation
+                    );
                     None
                 }
             };
@@ -444,6 +473,7 @@ impl<P: Processor> GroupContext<P> {
             .iter()
             .map(|e| (Arc::from(e.topic()), e.partition()))
             .collect();
+        let generation = generation(base);
         let started = Instant::now();
         let deadline = started + self.drain_timeout;
         let outcome = self.drain_and_commit(
@@ -451,8 +481,14 @@ impl<P: Processor> GroupContext<P> {
             deadline,
             deadline + COMMIT_BUDGET,
             (!lost).then_some(Reason::Revoke),
+            None,
         );
         let duration_ms = committer::millis(started.elapsed());
+        if self.stopping.load(Ordering::Acquire)
+            && (!outcome.complete || !outcome.not_committed.is_empty())
+        {
+            self.released_incomplete.store(true, Ordering::Release);
+        }
         for (tp, offset) in outcome.committed {
             tracing::info!(
                 at = "revoked",
@@ -460,6 +496,7 @@ impl<P: Processor> GroupContext<P> {
                 partition = tp.1,
                 offset,
                 lost,
+                generation,
                 duration_ms
             );
         }
@@ -469,6 +506,7 @@ impl<P: Processor> GroupContext<P> {
                 topic = &*tp.0,
                 partition = tp.1,
                 lost,
+                generation,
                 duration_ms
             );
         }
@@ -478,12 +516,20 @@ impl<P: Processor> GroupContext<P> {
     /// they acknowledged (unless `commit` is `None`: a lost assignment) until
     /// `commit_deadline`, and forgets the partitions. Used by revokes and by the
     /// shutdown: one drain, one rule.
+    ///
+    /// A commit refused because a rebalance is under way ([`rebalancing`]) can succeed
+    /// once the rebalance is over (Kafka's advice: serve the group, then commit again).
+    /// With `serve` (the shutdown, which owns the poll loop) that is what happens until
+    /// `commit_deadline`: the partitions stay owned meanwhile, so a revoke that arrives
+    /// while serving commits them itself, under the new generation. A revoke runs inside
+    /// the rebalance callback and cannot serve the group: it passes `None`.
     pub fn drain_and_commit(
         &self,
         tps: &[Tp],
         drain_deadline: Instant,
         commit_deadline: Instant,
         commit: Option<Reason>,
+        serve: Option<&dyn Fn(Instant)>,
     ) -> Drained {
         let mut complete = true;
         // Wait without holding the lock: the committer needs it meanwhile.
@@ -509,9 +555,13 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
-        let (pending, removed) = {
+        let (pending, commit_ok) = match commit {
+            None => (self.lock().uncommitted(Some(tps)), true),
+            Some(reason) => self.commit_owned(tps, reason, commit_deadline, serve),
+        };
+        complete &= commit_ok;
+        let removed: Vec<(Tp, Owned)> = {
             let mut group = self.lock();
-            let pending = group.uncommitted(Some(tps));
             let removed: Vec<(Tp, Owned)> = tps
                 .iter()
                 .filter_map(|tp| group.owned.remove(tp).map(|p| (tp.clone(), p)))
@@ -519,7 +569,7 @@ impl<P: Processor> GroupContext<P> {
             for (_, p) in &removed {
                 p.worker.shared.metrics.take_into(&mut group.retired);
             }
-            (pending, removed)
+            removed
         };
         for (_, p) in &removed {
             p.worker.abort();
@@ -537,31 +587,14 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
-        let Some(reason) = commit else {
+        if commit.is_none() {
             return Drained {
                 committed: Vec::new(),
                 without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
                 not_committed: pending,
                 complete,
             };
-        };
-        let commit_ok = match self.committer.get() {
-            Some(c) => match c.commit(pending.clone(), reason, commit_deadline) {
-                Ok(()) => true,
-                Err(e) => {
-                    // The committer logged a refusal per partition; a timeout is ours to say.
-                    if !matches!(e, committer::CommitError::Refused(_)) {
-                        for c in &pending {
-                            tracing::error!(at = "commit_failed", topic = &*c.tp.0, partition = c.tp.1, offset = c.offset, error = %e,
-                                "not committed; messages from the last committed offset will be redelivered");
-                        }
-                    }
-                    false
-                }
-            },
-            None => pending.is_empty(),
-        };
-        complete &= commit_ok;
+        }
         let mut committed = Vec::new();
         let mut without_commit = Vec::new();
         for (tp, p) in removed {
@@ -580,7 +613,93 @@ impl<P: Processor> GroupContext<P> {
             complete,
         }
     }
+
+    /// Commits what the partitions of `tps` that are still owned acknowledged; with
+    /// `serve`, retries a commit refused for a rebalance in progress after serving the
+    /// group, until `deadline`. Returns the last offsets tried and whether they are
+    /// committed.
+    fn commit_owned(
+        &self,
+        tps: &[Tp],
+        reason: Reason,
+        deadline: Instant,
+        serve: Option<&dyn Fn(Instant)>,
+    ) -> (Vec<CommitOffset>, bool) {
+        let Some(committer) = self.committer.get() else {
+            let pending = self.lock().uncommitted(Some(tps));
+            let ok = pending.is_empty();
+            return (pending, ok);
+        };
+        let mut wait = REBALANCE_WAIT_FIRST;
+        loop {
+            // Recomputed each time: a revoke served meanwhile commits and forgets its own.
+            let pending = self.lock().uncommitted(Some(tps));
+            let error = match committer.commit(pending.clone(), reason, deadline) {
+                Ok(()) => return (pending, true),
+                Err(e) => e,
+            };
+            let until = Instant::now() + wait;
+            match (serve, &error) {
+                (Some(serve), committer::CommitError::Refused(e))
+                    if rebalancing(e) && until < deadline =>
+                {
+                    tracing::warn!(
+                        at = "commit_retry",
+                        reason = reason.as_str(),
+                        partitions = pending.len(),
+                        wait_ms = wait.as_millis() as u64,
+                        "commit refused while the group rebalances: serving the rebalance, then committing again"
+                    );
+                    serve(until);
+                    wait = (wait * 2).min(REBALANCE_WAIT_MAX);
+                }
+                _ => {
+                    // The committer logged a refusal per partition; the rest is ours to say.
+                    if !matches!(error, committer::CommitError::Refused(_)) {
+                        for c in &pending {
+                            tracing::error!(at = "commit_failed", topic = &*c.tp.0, partition = c.tp.1, offset = c.offset, error = %error,
+                                "not committed; messages from the last committed offset will be redelivered");
+                        }
+                    }
+                    return (pending, false);
+                }
+            }
+        }
+    }
 }
+
+/// The group generation this member is in, as librdkafka knows it: in an assignment the
+/// one that made it, in an eager revoke the one being left. On `assigned`/`revoked`
+/// lines, so that who owned a partition when can be read across processes' logs.
+fn generation<C: ConsumerContext>(base: &BaseConsumer<C>) -> Option<i32> {
+    // SAFETY: rd_kafka_consumer_group_metadata returns a copy the caller owns (or null
+    // when the consumer is in no group), destroyed right after reading it.
+    unsafe {
+        let metadata = rdsys::rd_kafka_consumer_group_metadata(base.client().native_ptr());
+        if metadata.is_null() {
+            return None;
+        }
+        let generation = rdsys::rd_kafka_consumer_group_metadata_generation_id(metadata);
+        rdsys::rd_kafka_consumer_group_metadata_destroy(metadata);
+        (generation >= 0).then_some(generation)
+    }
+}
+
+/// Commit refusals that mean "a rebalance is in progress": once it completes, a member
+/// that still owns the partition can commit them under the new generation (KIP-429; the
+/// Java client calls these retriable: "complete the rebalance by calling poll() and then
+/// retry"). UNKNOWN_MEMBER_ID is not among them: the member was dropped from the group
+/// and its partitions may already be consumed by another.
+pub fn rebalancing(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)
+    )
+}
+
+/// How long the shutdown serves a rebalance before committing again, at first and at most.
+const REBALANCE_WAIT_FIRST: Duration = Duration::from_millis(250);
+const REBALANCE_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// How long a revoke's commit may take once the drain is done.
 const COMMIT_BUDGET: Duration = Duration::from_secs(10);

@@ -10,6 +10,7 @@
 //! sends in order, so a periodic commit can never follow a revoke's commit and send an
 //! older offset for a partition that has already moved to another member.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,7 @@ pub fn run<P: Processor>(
     };
     let started = Instant::now();
     let ctx = consumer.context();
+    ctx.stopping.store(true, Ordering::Release);
     let tps: Vec<Tp> = ctx.lock().owned.keys().cloned().collect();
     let halted: Vec<Tp> = ctx
         .lock()
@@ -88,16 +90,18 @@ pub fn run<P: Processor>(
     let drain_deadline = deadline - reserve;
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
+    let serve = |until: Instant| serve_until(&consumer, until);
     let drained = ctx.drain_and_commit(
         &tps,
         drain_deadline,
         deadline,
         commit.then_some(Reason::Shutdown),
+        Some(&serve),
     );
     tracing::info!(
         at = "drained",
         partitions = tps.len(),
-        complete = drained.complete,
+        complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire),
         duration_ms = millis(started.elapsed())
     );
     for (tp, offset) in &drained.committed {
@@ -135,7 +139,9 @@ pub fn run<P: Processor>(
             "a processor failure stopped this partition"
         );
     }
-    if code == exit::OK && (!drained.complete || !halted.is_empty()) {
+    // A revoke served while committing may have released partitions uncommitted.
+    let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
+    if code == exit::OK && (!complete || !halted.is_empty()) {
         code = exit::INCOMPLETE;
     }
     if !ctx.metrics_interval.is_zero() {
@@ -149,6 +155,32 @@ pub fn run<P: Processor>(
     drop(consumer);
     tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
     code
+}
+
+/// Serves the main queue (rebalances, errors) until `until`, while the shutdown waits for
+/// a rebalance to finish before it commits again. Every partition with a worker has its
+/// own queue; a message here belongs to a partition assigned while stopping, which is
+/// not processed: it is dropped uncommitted, for the next owner.
+fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
+    let ctx = consumer.context();
+    let serve = async {
+        loop {
+            match consumer.recv().await {
+                Ok(_unprocessed) => {}
+                // Nothing more will come (fenced): the commit is refused for good.
+                Err(KafkaError::MessageConsumptionFatal(_)) => return,
+                Err(e) => {
+                    if !ctx.connectivity.error(&e, None) {
+                        tracing::warn!(at = "kafka_error", error = %e);
+                    }
+                }
+            }
+        }
+    };
+    // The timer is made inside block_on: it needs the runtime's context.
+    ctx.runtime.block_on(async {
+        let _ = tokio::time::timeout_at(until.into(), serve).await;
+    });
 }
 
 /// Resolves when a partition reports its end; never without `ACKD_STOP_AT_END`.

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{field, is_processed, AckdBuilder, AckdProcess};
+use common::{at, field, is_processed, AckdBuilder, AckdProcess};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -192,4 +192,88 @@ fn a_dead_letter_that_cannot_be_delivered_halts_the_partition_uncommitted() {
         .any(|l| is_processed(l) && field(l, "offset").as_deref() == Some("2")));
     // Committed up to the message that went nowhere, not past it.
     assert_eq!(committed(&bootstrap, group, topic).0, Offset::Offset(1));
+}
+
+/// Ten messages processed, then SIGTERM with the broker refusing the next `refusals`
+/// OffsetCommit requests with `error`. Returns ackd (exited) and the exit code.
+fn stop_with_refused_commits(
+    topic: &str,
+    group: &str,
+    error: RDKafkaRespErr,
+    refusals: usize,
+) -> (
+    AckdProcess,
+    i32,
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+) {
+    let mock = mock_with_commit(topic, group, 0, "");
+    let ackd = ackd_on(&mock, topic, group);
+    ackd.wait_for_count(is_processed, 10, WAIT);
+    mock.request_errors(RDKafkaApiKey::OffsetCommit, &vec![error; refusals]);
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    (ackd, code, mock)
+}
+
+fn count_at(lines: &[String], what: &str) -> usize {
+    lines.iter().filter(|l| at(l, what)).count()
+}
+
+/// Whether a line `at=what` has `key=value`.
+fn has(lines: &[String], what: &str, key: &str, value: &str) -> bool {
+    lines
+        .iter()
+        .any(|l| at(l, what) && field(l, key).as_deref() == Some(value))
+}
+
+#[test]
+fn a_final_commit_refused_during_a_rebalance_is_sent_again_once_it_is_served() {
+    let (topic, group) = ("rip", "g-rip");
+    let (ackd, code, mock) = stop_with_refused_commits(
+        topic,
+        group,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS,
+        2,
+    );
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    assert_eq!(code, 0, "{all}");
+    assert!(count_at(&lines, "commit_failed") >= 1, "{all}");
+    assert!(count_at(&lines, "commit_retry") >= 1, "{all}");
+    let last = lines
+        .iter()
+        .rfind(|l| at(l, "committed"))
+        .expect("a commit went through");
+    assert_eq!(field(last, "offset").as_deref(), Some("10"), "{last}");
+    assert_eq!(field(last, "reason").as_deref(), Some("shutdown"), "{last}");
+    assert_eq!(
+        committed(&mock.bootstrap_servers(), group, topic).0,
+        Offset::Offset(10)
+    );
+}
+
+/// Outside a rebalance, librdkafka takes ILLEGAL_GENERATION on a commit to mean the
+/// group moved on without this member: it rejoins and revokes with `lost=true`. The
+/// partitions may be another member's already, so nothing is committed, and the stop
+/// says it is incomplete rather than exit 0 with acknowledged offsets left behind.
+#[test]
+fn a_final_commit_refused_for_a_stale_generation_is_not_forced_and_exits_1() {
+    let (topic, group) = ("illgen", "g-illgen");
+    let (ackd, code, mock) = stop_with_refused_commits(
+        topic,
+        group,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION,
+        1,
+    );
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    assert_eq!(code, 1, "{all}");
+    assert!(count_at(&lines, "commit_failed") >= 1, "{all}");
+    assert!(has(&lines, "revoked", "lost", "true"), "{all}");
+    assert!(has(&lines, "drained", "complete", "false"), "{all}");
+    // The previous owner's commit stands: the next owner redelivers from 0.
+    assert_eq!(
+        committed(&mock.bootstrap_servers(), group, topic).0,
+        Offset::Offset(0)
+    );
 }
