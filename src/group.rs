@@ -690,7 +690,7 @@ fn generation<C: ConsumerContext>(base: &BaseConsumer<C>) -> Option<i32> {
 /// Java client calls these retriable: "complete the rebalance by calling poll() and then
 /// retry"). UNKNOWN_MEMBER_ID is not among them: the member was dropped from the group
 /// and its partitions may already be consumed by another.
-pub fn rebalancing(error: &KafkaError) -> bool {
+fn rebalancing(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)

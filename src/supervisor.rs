@@ -98,10 +98,12 @@ pub fn run<P: Processor>(
         commit.then_some(Reason::Shutdown),
         Some(&serve),
     );
+    // A revoke served while committing may have released partitions uncommitted.
+    let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
     tracing::info!(
         at = "drained",
         partitions = tps.len(),
-        complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire),
+        complete,
         duration_ms = millis(started.elapsed())
     );
     for (tp, offset) in &drained.committed {
@@ -139,8 +141,6 @@ pub fn run<P: Processor>(
             "a processor failure stopped this partition"
         );
     }
-    // A revoke served while committing may have released partitions uncommitted.
-    let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
     if code == exit::OK && (!complete || !halted.is_empty()) {
         code = exit::INCOMPLETE;
     }
