@@ -205,10 +205,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     for (p, offsets) in per_partition(processed(&lines)) {
         assert_eq!(offsets, (0..ends[&p]).collect::<Vec<_>>(), "partition {p}");
     }
-    let committed = committed(&group, &topic, 2);
-    for (p, end) in &ends {
-        assert_eq!(committed[p], Some(*end), "partition {p}");
-    }
+    assert_committed_to_ends(&group, &topic, 2, &ends);
     // Every message's stderr line, tagged with the child.
     let stderr: Vec<_> = lines.iter().filter(|l| at(l, "exec_stderr")).collect();
     assert_eq!(stderr.len(), 40, "{}", lines.join("\n"));
@@ -607,10 +604,7 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
         "the handlers saw each partition in order, each message once"
     );
     assert_eq!(per_partition(processed(&lines)), expected);
-    let committed = committed(&group, &topic, 4);
-    for (p, end) in &ends {
-        assert_eq!(committed[p], Some(*end), "partition {p}");
-    }
+    assert_committed_to_ends(&group, &topic, 4, &ends);
 }
 
 /// A stray stdout line is a protocol error, never taken for a reply: the message is
@@ -835,10 +829,7 @@ fn the_readme_batch_handler_acks_everything_once() {
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-    let committed = committed(&group, &topic, 2);
-    for (p, end) in &ends {
-        assert_eq!(committed[p], Some(*end), "partition {p}");
-    }
+    assert_committed_to_ends(&group, &topic, 2, &ends);
 }
 
 /// 20 messages, batches of 8; a permanent failure reported at offset 13 (the second

@@ -304,10 +304,7 @@ fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
         assert!(v["timestamp_ms"].as_i64().is_some(), "{v}");
         assert_eq!(v["headers"], serde_json::json!([]));
     }
-    let committed = committed(&group, &topic, 2);
-    for (p, end) in &ends {
-        assert_eq!(committed[p], Some(*end), "partition {p}");
-    }
+    assert_committed_to_ends(&group, &topic, 2, &ends);
     assert!(
         !lines.iter().any(|l| l.contains("s3cr3t-t0ken")),
         "{}",
@@ -553,10 +550,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
         expected,
         "each posted once, in order"
     );
-    let committed = committed(&group, &topic, 2);
-    for (p, end) in &ends {
-        assert_eq!(committed[p], Some(*end), "partition {p}");
-    }
+    assert_committed_to_ends(&group, &topic, 2, &ends);
 }
 
 /// 7: the endpoint is down (connection refused): retryable; once it is up, acked.

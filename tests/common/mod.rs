@@ -659,6 +659,21 @@ pub fn log_ends(delivered: &[Delivered]) -> BTreeMap<i32, i64> {
     ends
 }
 
+/// Asserts that `group` has committed every partition of `topic` (of `partitions`) at
+/// its log end in `ends` (from [`log_ends`]): everything delivered was acknowledged.
+#[track_caller]
+pub fn assert_committed_to_ends(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    ends: &BTreeMap<i32, i64>,
+) {
+    let committed = committed(group, topic, partitions);
+    for (p, end) in ends {
+        assert_eq!(committed[p], Some(*end), "partition {p}");
+    }
+}
+
 /// Committed offsets of `group` for partitions `0..partitions` of `topic`
 /// (None where nothing is committed). Uses a consumer that never subscribes.
 pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
