@@ -5,34 +5,28 @@
 //! [`Processor`] by calling [`main_with`] from your `main`, exactly as `ackd` does with
 //! its built-in processors. See `examples/custom_processor.rs`.
 //!
-//! The pieces, one concept each: [`settings`] (every setting, validated),
-//! `client_config` (settings → librdkafka), `daemon` (signals, schedule, exit code),
-//! `supervisor` (the thread that owns the consumer), `group` (assignment, revoke,
-//! commit), `worker` (one task per partition), [`tracker`] (the committable offset),
-//! [`processor`] (the trait), [`processors`] (built-ins), `output` and [`logfmt`]
-//! (every line written).
+//! The pieces, in four folders of one concept each:
+//! - [`config`]: every setting, validated ([`settings`]), and settings → librdkafka;
+//! - [`consumer`]: the daemon (signals, exit code), the supervisor thread that owns the
+//!   consumer and the group, one worker task per partition, the offset [`tracker`], the
+//!   committer;
+//! - [`output`]: every line written, [`logfmt`], the l2met metrics;
+//! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`, `http`).
 
-mod auth;
-mod client_config;
-mod committer;
-mod daemon;
-mod dead_letter;
+pub mod config;
+pub mod consumer;
 pub mod exit;
-pub mod failure;
-mod group;
-pub mod kafka_url;
-pub mod logfmt;
-mod metrics;
-mod output;
-pub mod processor;
+pub mod output;
 pub mod processors;
-pub mod rdkafka_env;
-pub mod secret;
-pub mod security;
-pub mod settings;
-mod supervisor;
-pub mod tracker;
-mod worker;
+
+// Short paths for what embedders and the modules themselves use most.
+pub(crate) use config::client_config;
+pub use config::{kafka_url, rdkafka_env, secret, security, settings};
+pub(crate) use consumer::{auth, committer, daemon, dead_letter, group, supervisor, worker};
+pub use consumer::{failure, tracker};
+pub use output::logfmt;
+pub(crate) use output::metrics;
+pub use processors::processor;
 
 use std::process::ExitCode;
 
@@ -56,7 +50,7 @@ pub fn main_with<P: Processor>(
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
     };
-    let (guard, rust_log_error) = output::init(&level, &prefix);
+    let (guard, rust_log_error) = output::lines::init(&level, &prefix);
     install_panic_hook();
     if let Some(e) = rust_log_error {
         tracing::warn!(

@@ -19,7 +19,7 @@ use crate::secret::Secret;
 use crate::security::{self, Sasl, Tls};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
-pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 
 /// librdkafka properties ackd sets itself, and the setting to use instead.
 pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
