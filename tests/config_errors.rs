@@ -162,6 +162,37 @@ fn batch_settings_out_of_range_or_that_a_processor_cannot_carry() {
     );
 }
 
+/// A processor that may take longer than the drain could leave a message in flight at
+/// SIGTERM unfinished at the deadline: refused before anything starts.
+#[test]
+fn a_processor_timeout_that_does_not_fit_the_shutdown_is_refused() {
+    assert_config_error(
+        &with(
+            &[
+                ("ACKD_PROCESSOR", "http"),
+                ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+                ("ACKD_HTTP_TIMEOUT_MS", "30000"),
+            ],
+            &[],
+        ),
+        "ACKD_HTTP_TIMEOUT_MS",
+        "ACKD_SHUTDOWN_TIMEOUT_MS=25000",
+    );
+    assert_config_error(
+        &with(
+            &[
+                ("ACKD_PROCESSOR", "exec"),
+                ("ACKD_EXEC_COMMAND", "cat"),
+                ("ACKD_SHUTDOWN_TIMEOUT_MS", "10000"),
+                ("ACKD_EXEC_TIMEOUT_MS", "9000"),
+            ],
+            &[],
+        ),
+        "ACKD_EXEC_TIMEOUT_MS",
+        "8000 ms",
+    );
+}
+
 #[test]
 fn pass_through_properties_librdkafka_or_ackd_refuse() {
     // librdkafka refuses: the error names the variable it came from.

@@ -288,6 +288,12 @@ pub fn with_prefix(prefix: Option<&str>, name: &str) -> String {
 }
 
 impl Settings {
+    /// How long in-flight messages may take to finish after SIGTERM: the shutdown deadline
+    /// less [`commit_reserve`]. Processor timeouts and the dead-letter delivery fit in it.
+    pub fn drain_budget(&self) -> Duration {
+        self.shutdown_timeout - commit_reserve(self.shutdown_timeout)
+    }
+
     /// The full broker-side name of a topic or group: `KAFKA_PREFIX` applied once.
     /// Every topic and group name ackd uses goes through this (ACKD_DEAD_LETTER_TOPIC
     /// will too).
@@ -854,7 +860,7 @@ impl RawSettings {
             None
         };
 
-        Ok(Settings {
+        let settings = Settings {
             brokers,
             retry,
             on_failure,
@@ -915,8 +921,37 @@ impl RawSettings {
                 Duration::ZERO
             },
             rdkafka: self.rdkafka,
-        })
+        };
+        // A message in flight when SIGTERM arrives must be able to finish inside the drain.
+        let drain = settings.drain_budget();
+        let processor_timeout = match settings.processor.as_str() {
+            "exec" => Some(("exec_timeout_ms", settings.exec_timeout)),
+            "http" => Some(("http_timeout_ms", settings.http_timeout)),
+            _ => None,
+        };
+        if let Some((key, timeout)) = processor_timeout {
+            if timeout > drain {
+                return Err(SettingError::new(
+                    env_name(key),
+                    Some(&timeout.as_millis().to_string()),
+                    format!(
+                        "is longer than the {} ms that ACKD_SHUTDOWN_TIMEOUT_MS={} leaves in-flight messages \
+                         to finish (the rest is kept for the final commit): a message in flight at SIGTERM \
+                         could not finish before the deadline; lower it, or raise ACKD_SHUTDOWN_TIMEOUT_MS",
+                        drain.as_millis(),
+                        settings.shutdown_timeout.as_millis()
+                    ),
+                ));
+            }
+        }
+        Ok(settings)
     }
+}
+
+/// What a graceful stop keeps of its deadline for the final commit and leaving the group:
+/// a fifth, at most 5 s. In-flight messages get the rest ([`Settings::drain_budget`]).
+pub fn commit_reserve(budget: Duration) -> Duration {
+    (budget / 5).min(Duration::from_secs(5))
 }
 
 /// Kafka's rule for topic names.
@@ -959,6 +994,65 @@ mod tests {
 
     fn err(extra: &[(&str, &str)]) -> SettingError {
         Settings::from_vars(vars(extra)).expect_err("accepted")
+    }
+
+    /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in
+    /// the drain's share of the shutdown deadline (they were 30 s against a 20 s drain).
+    #[test]
+    fn default_processor_timeouts_fit_in_the_drain() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.drain_budget(), Duration::from_millis(20000));
+        assert!(s.exec_timeout <= s.drain_budget(), "{:?}", s.exec_timeout);
+        assert!(s.http_timeout <= s.drain_budget(), "{:?}", s.http_timeout);
+        // Both processors start with their defaults.
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+        ]))
+        .unwrap();
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "http"),
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+        ]))
+        .unwrap();
+        // The reserve for the commit: a fifth, at most 5 s.
+        assert_eq!(
+            commit_reserve(Duration::from_secs(5)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            commit_reserve(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn a_processor_timeout_longer_than_the_drain_is_refused() {
+        let e = err(&[
+            ("ACKD_PROCESSOR", "http"),
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+            ("ACKD_HTTP_TIMEOUT_MS", "30000"),
+        ]);
+        assert_eq!(e.setting, "ACKD_HTTP_TIMEOUT_MS", "{e}");
+        assert!(e.problem.contains("20000 ms"), "{e}");
+        assert!(e.problem.contains("ACKD_SHUTDOWN_TIMEOUT_MS=25000"), "{e}");
+        let e = err(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "5000"),
+            ("ACKD_EXEC_TIMEOUT_MS", "4500"),
+        ]);
+        assert_eq!(e.setting, "ACKD_EXEC_TIMEOUT_MS", "{e}");
+        assert!(e.problem.contains("4000 ms"), "{e}");
+        // Exactly the drain's share is allowed; a processor that does not use it is not checked.
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "5000"),
+            ("ACKD_EXEC_TIMEOUT_MS", "4000"),
+        ]))
+        .unwrap();
+        Settings::from_vars(vars(&[("ACKD_SHUTDOWN_TIMEOUT_MS", "1000")])).unwrap();
     }
 
     #[test]
@@ -1013,7 +1107,7 @@ mod tests {
         assert_eq!(s.log_level, "info");
         assert_eq!(s.exec_command, None);
         assert_eq!(s.exec_concurrency, 1);
-        assert_eq!(s.exec_timeout, Duration::from_millis(30000));
+        assert_eq!(s.exec_timeout, Duration::from_millis(15000));
         assert_eq!(s.batch_max_messages, 1);
         assert_eq!(s.batch_max_wait, Duration::from_millis(100));
         assert_eq!(
@@ -1215,7 +1309,7 @@ mod tests {
             (true, HttpBody::Json, 0)
         );
         assert_eq!(s.http_concurrency, 16);
-        assert_eq!(s.http_timeout, Duration::from_secs(30));
+        assert_eq!(s.http_timeout, Duration::from_secs(15));
 
         for bad in [
             "Bearer hunter2-token",

@@ -99,7 +99,11 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let processor = Arc::new(processor);
     let dead_letter = match (&settings.dead_letter_topic, settings.on_failure) {
         (Some(topic), OnFailure::DeadLetter) => {
-            match DeadLetter::new(base_config(&settings), topic.clone()) {
+            match DeadLetter::new(
+                base_config(&settings),
+                topic.clone(),
+                settings.drain_budget(),
+            ) {
                 Ok(d) => Some(Arc::new(d)),
                 Err(e) => return report_client_error(&settings, e),
             }

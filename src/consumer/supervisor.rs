@@ -86,7 +86,7 @@ pub fn run<P: Processor>(
     }
 
     // Keep a share of the budget for the commit and the close.
-    let reserve = (deadline.saturating_duration_since(started) / 5).min(Duration::from_secs(5));
+    let reserve = crate::settings::commit_reserve(deadline.saturating_duration_since(started));
     let drain_deadline = deadline - reserve;
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
