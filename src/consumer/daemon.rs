@@ -48,10 +48,12 @@ pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
     let code = runtime.block_on(run_async(settings, processor));
     // Workers of an abandoned shutdown may still be parked; they must not hold up exit.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    let dropped = crate::output::lines::dropped_lines();
     tracing::info!(
         at = "exit",
         code,
-        duration_ms = started.elapsed().as_millis() as u64
+        duration_ms = started.elapsed().as_millis() as u64,
+        lines_dropped = (dropped > 0).then_some(dropped)
     );
     code
 }
@@ -213,14 +215,15 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     };
     let begun = Instant::now();
     let deadline = begun + settings.shutdown_timeout;
+    // The stop first, the line after: writing a line may wait on a slow stdout.
+    let _ = shutdown_tx.send(Some(deadline));
+    ticker.abort();
     tracing::info!(
         at = "signal",
         signal = signal_name(signal),
         deadline_ms = settings.shutdown_timeout.as_millis() as u64,
         "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
     );
-    let _ = shutdown_tx.send(Some(deadline));
-    ticker.abort();
 
     let mut committed_rx = committed_rx;
     let mut committed_code = None;
