@@ -13,6 +13,7 @@
 //! (every line written).
 
 mod auth;
+pub mod cli;
 mod client_config;
 mod committer;
 mod daemon;
@@ -31,6 +32,7 @@ pub mod secret;
 pub mod security;
 pub mod settings;
 mod supervisor;
+mod topics;
 pub mod tracker;
 mod worker;
 
@@ -42,11 +44,24 @@ pub use processor::{
 pub use settings::{SettingError, Settings};
 
 /// Runs ackd with settings from the environment and the processor `make` builds from
-/// them; returns the exit code for `main` to return. Logging, the panic hook and
-/// configuration errors (exit 78, also for an `Err` from `make`) are handled here.
+/// them; returns the exit code for `main` to return. Arguments (`--help`, `--version`,
+/// usage errors: exit 64), logging, the panic hook and configuration errors (exit 78,
+/// also for an `Err` from `make`) are handled here.
 pub fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
+    // Arguments first: they answer without reading a setting, and never consume.
+    match cli::parse(std::env::args_os().skip(1)) {
+        Ok(cli::Command::Run) => {}
+        Ok(cli::Command::Help) => return print_out(&cli::help()),
+        Ok(cli::Command::Version) => return print_out(&format!("{}\n", cli::version())),
+        Err(e) => {
+            use std::io::Write;
+            // A closed stderr changes nothing: the exit code says it.
+            let _ = write!(std::io::stderr().lock(), "ackd: {e}\n\n{}\n", cli::USAGE);
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    }
     let settings = Settings::from_env();
     if let Ok(s) = &settings {
         // From here on no line carries a secret value, whatever path it takes.
@@ -76,6 +91,15 @@ pub fn main_with<P: Processor>(
     // Flushes every queued line before the process ends.
     drop(guard);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Writes `text` to stdout for `--help`/`--version`; a closed pipe (`ackd --help | head`)
+/// is no error worth a panic.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    ExitCode::SUCCESS
 }
 
 /// The one line a configuration error gets.
