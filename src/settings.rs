@@ -1191,6 +1191,51 @@ mod tests {
     }
 
     #[test]
+    fn missing_required_settings_are_named_together() {
+        let e = Settings::from_vars(Vec::new()).unwrap_err();
+        assert_eq!(e.setting, "KAFKA_URL,ACKD_TOPICS,ACKD_GROUP_ID");
+        assert_eq!(e.value, None);
+        for name in ["KAFKA_URL: ", "ACKD_TOPICS: ", "ACKD_GROUP_ID: "] {
+            assert!(e.problem.contains(name), "{e}");
+        }
+        let mut v = vars(&[("ACKD_PROCESSOR", "EXEC"), ("ACKD_EXEC_COMMAND", "  ")]);
+        v.retain(|(k, _)| k != "ACKD_GROUP_ID");
+        let e = Settings::from_vars(v).unwrap_err();
+        assert_eq!(e.setting, "ACKD_GROUP_ID,ACKD_EXEC_COMMAND");
+        // Alone, a processor's requirement is the processor's to report.
+        assert!(Settings::from_vars(vars(&[("ACKD_PROCESSOR", "http")])).is_ok());
+    }
+
+    #[test]
+    fn documented_defaults_are_the_defaults_in_force() {
+        let documented = documented();
+        let default = |name: &str| {
+            documented
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d.clone())
+                .unwrap_or_else(|| panic!("{name} not documented"))
+        };
+        assert_eq!(default("KAFKA_URL"), DefaultValue::Required);
+        assert_eq!(default("KAFKA_PREFIX"), DefaultValue::None);
+        assert_eq!(default("ACKD_METRIC_SOURCE"), DefaultValue::None);
+        assert_eq!(
+            default("ACKD_WAIT_FOR_TOPICS"),
+            DefaultValue::Value("false".into())
+        );
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            default("ACKD_COMMIT_INTERVAL_MS"),
+            DefaultValue::Value(s.commit_interval.as_millis().to_string())
+        );
+        assert!(!s.wait_for_topics);
+        assert!(!documented.iter().any(|(n, _)| n == "ACKD_TEST_DELAY_MS"));
+        assert!(rdkafka_defaults()
+            .iter()
+            .all(|(k, v)| s.rdkafka[k].value == *v));
+    }
+
+    #[test]
     fn invalid_values_name_the_setting_and_what_is_allowed() {
         for (name, value, allowed) in [
             ("ACKD_COMMIT_INTERVAL_MS", "5s", "milliseconds"),
