@@ -85,6 +85,7 @@ const KEYS: &[&str] = &[
     "http_headers",
     "http_concurrency",
     "http_timeout_ms",
+    "wait_for_topics",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -232,6 +233,9 @@ pub struct Settings {
     pub http_concurrency: usize,
     /// The `http` processor: how long one request may take, response body included.
     pub http_timeout: Duration,
+    /// Wait for topics of `topics` that do not exist yet (saying so periodically)
+    /// instead of stopping with exit 78.
+    pub wait_for_topics: bool,
     /// Per-message delay of the testkit's `slow` processor.
     #[cfg(feature = "testkit")]
     pub test_delay: Duration,
@@ -668,7 +672,72 @@ impl RawSettings {
         Ok(headers)
     }
 
+    /// Every required setting that is missing, in one error (one at a time makes a new
+    /// user start ackd once per setting). What a built-in processor or the dead-letter
+    /// policy requires counts too; alone, those are reported where they are checked.
+    fn missing(&self) -> Result<(), SettingError> {
+        let mut missing: Vec<(String, String)> = REQUIRED
+            .iter()
+            .filter(|(key, _)| self.get(key).is_empty())
+            .map(|(key, what)| (env_name(key), what.to_string()))
+            .collect();
+        let required_always = missing.len();
+        let processor = self.get("processor").to_ascii_lowercase();
+        for (processor_name, key, what) in [
+            (
+                "exec",
+                "exec_command",
+                "with ACKD_PROCESSOR=exec, the handler's command line",
+            ),
+            (
+                "http",
+                "http_url",
+                "with ACKD_PROCESSOR=http, the URL messages are POSTed to",
+            ),
+        ] {
+            if processor == processor_name && self.get(key).is_empty() {
+                missing.push((env_name(key), what.to_string()));
+            }
+        }
+        if OnFailure::parse(&self.get("on_failure").to_ascii_lowercase())
+            == Some(OnFailure::DeadLetter)
+            && self.get("dead_letter_topic").is_empty()
+        {
+            missing.push((
+                env_name("dead_letter_topic"),
+                "with ACKD_ON_FAILURE=dead-letter, the topic failed messages go to".into(),
+            ));
+        }
+        match missing.len() {
+            0 => Ok(()),
+            // One alone: the same error as the check that finds it.
+            1 if required_always == 1 => Err(SettingError::new(
+                &missing[0].0,
+                None,
+                format!("is required: {}", missing[0].1),
+            )),
+            1 => Ok(()),
+            _ => Err(SettingError::new(
+                missing
+                    .iter()
+                    .map(|(name, _)| name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                None,
+                format!(
+                    "are required: {}",
+                    missing
+                        .iter()
+                        .map(|(name, what)| format!("{name}: {what}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            )),
+        }
+    }
+
     fn validate(self) -> Result<Settings, SettingError> {
+        self.missing()?;
         let url = self.required("kafka_url", kafka_url::ALLOWED)?;
         let brokers = kafka_url::parse(url).map_err(|problem| {
             // A URL may carry credentials: show it only when it cannot.
@@ -700,7 +769,7 @@ impl RawSettings {
         };
         let prefix = kafka_prefix.as_deref();
 
-        let topics_raw = self.required("topics", "comma-separated topic names")?;
+        let topics_raw = self.required("topics", REQUIRED[1].1)?;
         let topics: Vec<String> = topics_raw
             .split(',')
             .map(str::trim)
@@ -719,13 +788,7 @@ impl RawSettings {
             }
         }
 
-        let group_id = with_prefix(
-            prefix,
-            self.required(
-                "group_id",
-                "the consumer group that this app's consumers share",
-            )?,
-        );
+        let group_id = with_prefix(prefix, self.required("group_id", REQUIRED[2].1)?);
 
         let value = |key: &'static str| self.values.get(key).map(String::as_str);
         let (tls, sasl) = security::validate(
@@ -914,6 +977,7 @@ impl RawSettings {
                 "expected a whole number from 1 to 1024",
             )?,
             http_timeout: self.millis("http_timeout_ms", 1, 3_600_000)?,
+            wait_for_topics: self.boolean("wait_for_topics")?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 self.millis("test_delay_ms", 0, 3_600_000)?
@@ -952,6 +1016,77 @@ impl RawSettings {
 /// a fifth, at most 5 s. In-flight messages get the rest ([`Settings::drain_budget`]).
 pub fn commit_reserve(budget: Duration) -> Duration {
     (budget / 5).min(Duration::from_secs(5))
+}
+
+/// The settings without a default, and what to give: `is required: <what>`.
+const REQUIRED: &[(&str, &str)] = &[
+    ("kafka_url", kafka_url::ALLOWED),
+    ("topics", "comma-separated topic names"),
+    (
+        "group_id",
+        "the consumer group that this app's consumers share",
+    ),
+];
+
+/// A setting's default, for `ackd --help`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// No default: ackd does not start without it.
+    Required,
+    /// Unset (or empty) unless given.
+    None,
+    Value(String),
+}
+
+/// Every setting a user can give (environment variable names), in the order `--help`
+/// lists them, with its default as `config/default.toml` has it: the same source the
+/// settings are layered on, so the list cannot drift from what ackd does. The
+/// testkit's settings are left out; `ACKD_RDKAFKA_<NAME>` stands for the pass-through.
+pub fn documented() -> Vec<(String, DefaultValue)> {
+    let defaults = Config::builder()
+        .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
+        .build()
+        .ok();
+    let default_of = |key: &str| -> DefaultValue {
+        if REQUIRED.iter().any(|(k, _)| *k == key) {
+            return DefaultValue::Required;
+        }
+        match defaults.as_ref().and_then(|c| c.get_string(key).ok()) {
+            Some(v) if !v.trim().is_empty() => DefaultValue::Value(v),
+            _ => DefaultValue::None,
+        }
+    };
+    let mut names: Vec<(String, DefaultValue)> = Vec::new();
+    for key in KEYS.iter().copied().filter(|k| *k != "test_delay_ms") {
+        names.push((env_name(key), default_of(key)));
+        // The platform's variables right after the required ones, as in the README.
+        if key == "group_id" {
+            names.extend(
+                KAFKA_VARS
+                    .iter()
+                    .map(|v| (v.to_string(), DefaultValue::None)),
+            );
+        }
+    }
+    names.push((format!("{}<NAME>", rdkafka_env::PREFIX), DefaultValue::None));
+    names
+}
+
+/// The librdkafka properties `config/default.toml` sets, with their values.
+pub fn rdkafka_defaults() -> Vec<(String, String)> {
+    Config::builder()
+        .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
+        .build()
+        .ok()
+        .and_then(|c| c.get_table("rdkafka").ok())
+        .map(|t| {
+            t.into_iter()
+                .filter_map(|(k, v)| v.into_string().ok().map(|v| (k, v)))
+                .collect::<BTreeMap<_, _>>()
+                .into_iter()
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Kafka's rule for topic names.
@@ -1147,6 +1282,51 @@ mod tests {
             assert!(e.problem.contains("required"), "{e}");
         }
         assert_eq!(err(&[("ACKD_TOPICS", " , ")]).setting, "ACKD_TOPICS");
+    }
+
+    #[test]
+    fn missing_required_settings_are_named_together() {
+        let e = Settings::from_vars(Vec::new()).unwrap_err();
+        assert_eq!(e.setting, "KAFKA_URL,ACKD_TOPICS,ACKD_GROUP_ID");
+        assert_eq!(e.value, None);
+        for name in ["KAFKA_URL: ", "ACKD_TOPICS: ", "ACKD_GROUP_ID: "] {
+            assert!(e.problem.contains(name), "{e}");
+        }
+        let mut v = vars(&[("ACKD_PROCESSOR", "EXEC"), ("ACKD_EXEC_COMMAND", "  ")]);
+        v.retain(|(k, _)| k != "ACKD_GROUP_ID");
+        let e = Settings::from_vars(v).unwrap_err();
+        assert_eq!(e.setting, "ACKD_GROUP_ID,ACKD_EXEC_COMMAND");
+        // Alone, a processor's requirement is the processor's to report.
+        assert!(Settings::from_vars(vars(&[("ACKD_PROCESSOR", "http")])).is_ok());
+    }
+
+    #[test]
+    fn documented_defaults_are_the_defaults_in_force() {
+        let documented = documented();
+        let default = |name: &str| {
+            documented
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d.clone())
+                .unwrap_or_else(|| panic!("{name} not documented"))
+        };
+        assert_eq!(default("KAFKA_URL"), DefaultValue::Required);
+        assert_eq!(default("KAFKA_PREFIX"), DefaultValue::None);
+        assert_eq!(default("ACKD_METRIC_SOURCE"), DefaultValue::None);
+        assert_eq!(
+            default("ACKD_WAIT_FOR_TOPICS"),
+            DefaultValue::Value("false".into())
+        );
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            default("ACKD_COMMIT_INTERVAL_MS"),
+            DefaultValue::Value(s.commit_interval.as_millis().to_string())
+        );
+        assert!(!s.wait_for_topics);
+        assert!(!documented.iter().any(|(n, _)| n == "ACKD_TEST_DELAY_MS"));
+        assert!(rdkafka_defaults()
+            .iter()
+            .all(|(k, v)| s.rdkafka[k].value == *v));
     }
 
     #[test]

@@ -85,6 +85,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         batch_max_bytes = (settings.batch_max_messages > 1 && settings.batch_max_bytes > 0)
             .then_some(settings.batch_max_bytes),
         dead_letter_topic = settings.dead_letter_topic.as_deref(),
+        wait_for_topics = settings.wait_for_topics.then_some(true),
         rdkafka
     );
 
@@ -161,6 +162,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             tracing::error!(at = "start_failed", error = %e, "cannot start the committer thread");
             return exit::SOFTWARE;
         }
+    }
+    // A missing topic would leave ackd idle forever: stop, or wait for it, first.
+    if let Err(code) = crate::topics::wait_until_present(&consumer, &settings, &mut signals).await {
+        return code;
     }
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     if let Err(e) = consumer.subscribe(&topics) {

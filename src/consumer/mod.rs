@@ -10,5 +10,6 @@ pub(crate) mod dead_letter;
 pub mod failure;
 pub(crate) mod group;
 pub(crate) mod supervisor;
+pub(crate) mod topics;
 pub mod tracker;
 pub(crate) mod worker;
