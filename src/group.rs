@@ -555,10 +555,16 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
+        // A consumer librdkafka declared dead (fenced, e.g. while it drained) commits
+        // nothing: its partitions are another process's now.
+        let mut fatal = self.fatal_error().is_some();
+        let commit = commit.filter(|_| !fatal);
         let (pending, commit_ok) = match commit {
             None => (self.lock().uncommitted(Some(tps)), true),
             Some(reason) => self.commit_owned(tps, reason, commit_deadline, serve),
         };
+        // Fenced while committing: the commit is refused for good, however it was.
+        fatal |= !commit_ok && self.fatal_error().is_some();
         complete &= commit_ok;
         let removed: Vec<(Tp, Owned)> = {
             let mut group = self.lock();
@@ -587,12 +593,13 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
-        if commit.is_none() {
+        if commit.is_none() || fatal {
             return Drained {
                 committed: Vec::new(),
                 without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
                 not_committed: pending,
                 complete,
+                fatal,
             };
         }
         let mut committed = Vec::new();
@@ -611,7 +618,15 @@ impl<P: Processor> GroupContext<P> {
             without_commit,
             not_committed: Vec::new(),
             complete,
+            fatal,
         }
+    }
+
+    /// librdkafka's fatal error, once it declared the consumer dead (for a consumer, the
+    /// one fatal error is FENCED_INSTANCE_ID).
+    pub fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        let consumer = self.consumer.get().and_then(Weak::upgrade)?;
+        consumer.client().fatal_error()
     }
 
     /// Commits what the partitions of `tps` that are still owned acknowledged; with
@@ -714,4 +729,7 @@ pub struct Drained {
     pub not_committed: Vec<CommitOffset>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
+    /// librdkafka declared the consumer dead (fenced) before or during the commit:
+    /// nothing was committed, `not_committed` says what was acknowledged.
+    pub fatal: bool,
 }
