@@ -50,11 +50,17 @@ pub struct Owned {
     pub cap: Option<i64>,
     /// The partition's high watermark, from librdkafka's statistics.
     pub high_watermark: i64,
+    /// This process's last accepted commit of it was a release (revoke, stop), not a
+    /// periodic one.
+    pub released: bool,
 }
 
 impl Owned {
-    /// What to commit, if the acknowledged offset moved past the committed one.
-    fn to_commit(&self, tp: &Tp) -> Option<CommitOffset> {
+    /// What to commit, if the acknowledged offset moved past the committed one; on a
+    /// release (`releasing`), also the same offset again when this process's last commit
+    /// of it was periodic, so that the metadata says it was released (the next owner then
+    /// knows it redelivers nothing).
+    fn to_commit(&self, tp: &Tp, releasing: bool) -> Option<CommitOffset> {
         let acked = self.worker.shared.committable()?;
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -66,7 +72,8 @@ impl Owned {
         } else {
             self.committed
         };
-        baseline.is_none_or(|c| acked > c).then(|| CommitOffset {
+        let mark = releasing && !self.released && self.committed == Some(acked);
+        (mark || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
             tp: tp.clone(),
             offset: acked,
             processed: self.worker.shared.highest_acked(),
@@ -91,10 +98,20 @@ pub struct Group {
 impl Group {
     /// Acknowledged offsets not yet committed, for `only` (all owned if `None`).
     pub fn uncommitted(&self, only: Option<&[Tp]>) -> Vec<CommitOffset> {
+        self.pending(only, false)
+    }
+
+    /// What releasing `only` commits: [`Group::uncommitted`], and the offsets last
+    /// committed periodically again, as released.
+    pub fn to_release(&self, only: &[Tp]) -> Vec<CommitOffset> {
+        self.pending(Some(only), true)
+    }
+
+    fn pending(&self, only: Option<&[Tp]>, releasing: bool) -> Vec<CommitOffset> {
         self.owned
             .iter()
             .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
-            .filter_map(|(tp, p)| p.to_commit(tp))
+            .filter_map(|(tp, p)| p.to_commit(tp, releasing))
             .collect()
     }
 }
@@ -376,7 +393,7 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
-        let resume: HashMap<Tp, (Offset, Option<i64>)> = committed
+        let resume: HashMap<Tp, (Offset, Option<committer::Previous>)> = committed
             .iter()
             .flat_map(|c| c.elements())
             .map(|e| {
@@ -390,10 +407,17 @@ impl<P: Processor> GroupContext<P> {
             let tp: Tp = (Arc::from(e.topic()), e.partition());
             let (topic, partition) = (&*tp.0, tp.1);
             let committed_offset = match resume.get(&tp) {
-                Some((Offset::Offset(o), processed)) => {
-                    // Redelivery is visible: the previous owner had processed through
-                    // `processed`, so everything from the resume offset to it comes again.
-                    let redelivery = processed.map(|h| (h + 1 - o).max(0));
+                Some((Offset::Offset(o), previous)) => {
+                    // Redelivery is visible: a previous owner that released the partition
+                    // had processed through `processed` and nothing after, so exactly the
+                    // offsets from the resume offset to it come again. One that did not
+                    // release it (crashed, fenced, lost it) may have processed on after
+                    // its last commit, which left no trace: how much comes again is not
+                    // known (the crash bound in the README bounds it).
+                    let redelivery = previous.map(|p| match p.released {
+                        true => (p.processed + 1 - o).max(0).to_string(),
+                        false => "unknown".to_string(),
+                    });
                     tracing::info!(
                         at = "assigned",
                         topic,
@@ -401,8 +425,9 @@ impl<P: Processor> GroupContext<P> {
                         offset = o,
                         from = "committed",
                         generation,
-                        highest_processed = *processed,
-                        redelivery
+                        highest_processed = previous.map(|p| p.processed),
+                        released = previous.map(|p| p.released),
+                        redelivery = redelivery.as_deref()
                     );
                     Some(*o)
                 }
@@ -453,6 +478,7 @@ impl<P: Processor> GroupContext<P> {
                     assigned_at: committed_offset,
                     cap: None,
                     high_watermark: -1,
+                    released: false,
                 },
             );
             if let Some(old) = previous {
@@ -641,14 +667,14 @@ impl<P: Processor> GroupContext<P> {
         serve: Option<&dyn Fn(Instant)>,
     ) -> (Vec<CommitOffset>, bool) {
         let Some(committer) = self.committer.get() else {
-            let pending = self.lock().uncommitted(Some(tps));
+            let pending = self.lock().to_release(tps);
             let ok = pending.is_empty();
             return (pending, ok);
         };
         let mut wait = REBALANCE_WAIT_FIRST;
         loop {
             // Recomputed each time: a revoke served meanwhile commits and forgets its own.
-            let pending = self.lock().uncommitted(Some(tps));
+            let pending = self.lock().to_release(tps);
             let error = match committer.commit(pending.clone(), reason, deadline) {
                 Ok(()) => return (pending, true),
                 Err(e) => e,
