@@ -5,6 +5,9 @@
 //! - commit metadata carries the highest offset ackd processed, and the next owner reads
 //!   it back to say how much it redelivers;
 //! - an out-of-range committed offset follows `ACKD_START_FROM`, and the reset is logged.
+//!
+//! (Both are also staged on Kafka now, with a crash and deleted records: see
+//! `tests/commit_metadata.rs`.)
 
 mod common;
 
@@ -104,9 +107,9 @@ fn an_out_of_range_offset_follows_the_start_policy_and_the_reset_is_logged() {
 #[test]
 fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     let (topic, group) = ("meta", "g-meta");
-    // A previous owner that processed through offset 7 but got only offset 4 committed
-    // (it crashed between commits): its metadata says so.
-    let mock = mock_with_commit(topic, group, 4, "ackd:processed=7");
+    // A previous owner that had processed through offset 7 when it released the
+    // partition at offset 4 (say, a message it could not account for capped it).
+    let mock = mock_with_commit(topic, group, 4, "ackd:processed=7;released");
     let bootstrap = mock.bootstrap_servers();
     let ackd = ackd_on(&mock, topic, group);
     let assigned = ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("assigned"), WAIT);
@@ -133,7 +136,7 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     // ackd's own final commit writes the metadata for the next owner.
     let (offset, metadata) = committed(&bootstrap, group, topic);
     assert_eq!(offset, Offset::Offset(10));
-    assert_eq!(metadata, "ackd:processed=9");
+    assert_eq!(metadata, "ackd:processed=9;released");
 }
 
 #[test]

@@ -100,6 +100,13 @@ pub fn run<P: Processor>(
     );
     // A revoke served while committing may have released partitions uncommitted.
     let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
+    // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
+    // while this one drains): say so, as when it happens while running.
+    if drained.fatal && code == exit::OK {
+        log_fatal(&consumer, None);
+        code = exit::UNAVAILABLE;
+    }
+    let commit = commit && !drained.fatal;
     tracing::info!(
         at = "drained",
         partitions = tps.len(),
@@ -183,6 +190,29 @@ fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
     });
 }
 
+/// The `at=kafka_fatal` line: librdkafka declared the consumer dead (`code` if it does not
+/// say why).
+fn log_fatal<P: Processor>(consumer: &AckdConsumer<P>, code: Option<RDKafkaErrorCode>) {
+    let (cause, reason) = match (consumer.client().fatal_error(), code) {
+        (Some((c, r)), _) => (c, r),
+        (None, Some(c)) => (c, String::new()),
+        (None, None) => return,
+    };
+    let fenced = cause == RDKafkaErrorCode::FencedInstanceId;
+    tracing::error!(
+        at = "kafka_fatal",
+        error = %cause,
+        reason,
+        fenced,
+        "librdkafka reported a fatal error: stopping without committing{}",
+        if fenced {
+            "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now"
+        } else {
+            ""
+        }
+    );
+}
+
 /// Resolves when a partition reports its end; never without `ACKD_STOP_AT_END`.
 async fn wait_at_end(at_end: Option<&Notify>) {
     match at_end {
@@ -239,23 +269,7 @@ async fn poll_loop<P: Processor>(
                     // the one fatal error is FENCED_INSTANCE_ID: another process joined with
                     // this group.instance.id and owns the partitions now. Committing would
                     // send stale offsets (or be refused): stop without it.
-                    let (cause, reason) = consumer
-                        .client()
-                        .fatal_error()
-                        .map_or((code, String::new()), |(c, r)| (c, r));
-                    let fenced = cause == RDKafkaErrorCode::FencedInstanceId;
-                    tracing::error!(
-                        at = "kafka_fatal",
-                        error = %cause,
-                        reason,
-                        fenced,
-                        "librdkafka reported a fatal error: stopping without committing{}",
-                        if fenced {
-                            "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now"
-                        } else {
-                            ""
-                        }
-                    );
+                    log_fatal(consumer, Some(code));
                     return Stop::Fatal { code: exit::UNAVAILABLE, commit: false };
                 }
                 Err(e) => {
