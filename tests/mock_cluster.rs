@@ -277,3 +277,48 @@ fn a_final_commit_refused_for_a_stale_generation_is_not_forced_and_exits_1() {
         Offset::Offset(0)
     );
 }
+
+/// A rolling restart of the brokers moves the group's coordinator, and the new one
+/// answers COORDINATOR_LOAD_IN_PROGRESS (or NOT_COORDINATOR) until it has read the group's
+/// offsets (seen in `tests/cluster.rs`). librdkafka hands that refusal to the application;
+/// a final commit refused so must be sent again once the coordinator is ready, not given
+/// up (exit 1, everything since the last periodic commit redelivered).
+/// COORDINATOR_LOAD_IN_PROGRESS reaches ackd; NOT_COORDINATOR librdkafka retries itself.
+#[test]
+fn a_final_commit_refused_while_the_coordinator_moves_is_sent_again() {
+    for (error, name) in [
+        (
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS,
+            "load",
+        ),
+        (
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+            "notcoord",
+        ),
+    ] {
+        let (topic, group) = (format!("coord-{name}"), format!("g-coord-{name}"));
+        let (ackd, code, mock) = stop_with_refused_commits(&topic, &group, error, 3);
+        let lines = ackd.lines();
+        let all = lines.join("\n");
+        assert_eq!(code, 0, "{error:?}: {all}");
+        // librdkafka itself retries NOT_COORDINATOR after a coordinator query; what it
+        // hands over (COORDINATOR_LOAD_IN_PROGRESS) ackd must send again.
+        if count_at(&lines, "commit_failed") > 0 {
+            assert!(count_at(&lines, "commit_retry") >= 1, "{error:?}: {all}");
+        }
+        assert!(
+            has(&lines, "drained", "complete", "true"),
+            "{error:?}: {all}"
+        );
+        assert_eq!(
+            committed(&mock.bootstrap_servers(), &group, &topic).0,
+            Offset::Offset(10),
+            "{error:?}: {all}"
+        );
+        eprintln!(
+            "final commit refused 3 times with {error:?}: {} commit_failed, {} commit_retry, exit {code}, committed 10",
+            count_at(&lines, "commit_failed"),
+            count_at(&lines, "commit_retry")
+        );
+    }
+}
