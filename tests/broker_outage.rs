@@ -195,9 +195,11 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
     }
     let failed = after.iter().filter(|l| at(l, "commit_failed")).count();
     eprintln!(
-        "broker restart: batch 1 {} and batch 2 {} processed once each (lost 0, duplicated 0), committed = log ends; node back in {restart_took:?}, outage to caught up {outage:?}, {reachable}; commit_failed lines during the outage: {failed}",
+        "broker restart: batch 1 {} and batch 2 {} processed once each (lost 0, duplicated 0), committed = log ends; node back in {restart_took:?}, outage to caught up {outage:?}, {reachable}; commit_failed lines during the outage: {failed}; node started in {:?} at first, peak RSS {} MiB after its restart",
         batch1.len(),
         batch2.len(),
+        broker.started_in(),
+        broker.node_peak_rss_kib(0).unwrap_or(0) / 1024,
     );
 }
 
