@@ -226,12 +226,18 @@ fn the_group_coordinators_broker_killed_mid_stream_loses_nothing() {
     let delivered = producer.finish();
     let (t, lines) = stop_and_tally(&b, &live, &delivered, &topic, &group);
     let after_kill = &lines[killed_at..];
+    // A commit in flight when the node died waits for the new coordinator.
+    let longest_commit_ms = after_kill
+        .iter()
+        .filter(|l| at(l, "committed"))
+        .filter_map(|l| field(l, "duration_ms")?.parse::<f64>().ok())
+        .fold(0.0, f64::max);
     let revoked_lost = after_kill
         .iter()
         .filter(|l| at(l, "revoked") && field(l, "lost").as_deref() == Some("true"))
         .count();
     eprintln!(
-        "coordinator killed: node {} (coordinator afterwards: node {}), first commit after the kill {commits_again_in:?} later ({committed_line}), node back in {started_in:?}; cluster started in {:?}, messages {}, processed {}, lost {}, duplicated {}, refused commits {:?}, assignments lost {revoked_lost}, exit code 0, whole test {:?}",
+        "coordinator killed: node {} (coordinator afterwards: node {}), commits accepted again within {commits_again_in:?} of the kill ({committed_line}), longest commit after the kill {longest_commit_ms} ms, node back in {started_in:?}; cluster started in {:?}, messages {}, processed {}, lost {}, duplicated {}, refused commits {:?}, assignments lost {revoked_lost}, exit code 0, whole test {:?}",
         b.node_id(coordinator),
         b.node_id(coordinator_after),
         b.started_in(),
