@@ -322,3 +322,63 @@ fn a_final_commit_refused_while_the_coordinator_moves_is_sent_again() {
         );
     }
 }
+
+/// The same refusal on a revoke's commit: a member joins while the coordinator loads, and
+/// the partition that moves to it must be committed on its way out, or the new owner
+/// processes it again from the start. The revoke runs in the rebalance callback and cannot
+/// serve the group: it waits and commits again.
+#[test]
+fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
+    let (topic, group) = ("coord-revoke", "g-coord-revoke");
+    let mock = MockCluster::new(1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    mock.create_topic(topic, 2, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for p in 0..2 {
+        for i in 0..10 {
+            let key = format!("k-{p}-{i}");
+            producer
+                .send(BaseRecord::to(topic).key(&key).payload("v").partition(p))
+                .unwrap();
+        }
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let member = || {
+        AckdBuilder::on(&bootstrap, topic, group)
+            .env("ACKD_COMMIT_INTERVAL_MS", "60000")
+            .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
+            .spawn()
+    };
+    let first = member();
+    first.wait_for_count(is_processed, 20, WAIT);
+    mock.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS; 3],
+    );
+    let second = member();
+    let moved = first.wait_for_line(|l| at(l, "revoked"), WAIT);
+    let assigned = second.wait_for_line(|l| at(l, "assigned"), WAIT);
+    for m in [&first, &second] {
+        m.sigterm();
+    }
+    let codes = [first.wait_exit(WAIT), second.wait_exit(WAIT)];
+    let (l1, l2) = (first.lines(), second.lines());
+    let all = format!("{}\n---\n{}", l1.join("\n"), l2.join("\n"));
+    assert_eq!(field(&moved, "offset").as_deref(), Some("10"), "{all}");
+    assert_eq!(field(&assigned, "offset").as_deref(), Some("10"), "{all}");
+    assert_eq!(
+        field(&assigned, "from").as_deref(),
+        Some("committed"),
+        "{all}"
+    );
+    assert!(!l2.iter().any(|l| is_processed(l)), "redelivered: {all}");
+    assert_eq!(codes, [0, 0], "{all}");
+    eprintln!(
+        "revoke commit refused 3 times with COORDINATOR_LOAD_IN_PROGRESS: {} commit_failed, {} commit_retry; {moved}; the new owner {assigned}",
+        count_at(&l1, "commit_failed"),
+        count_at(&l1, "commit_retry"),
+    );
+}
