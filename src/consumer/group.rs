@@ -548,7 +548,8 @@ impl<P: Processor> GroupContext<P> {
     /// With `serve` (the shutdown, which owns the poll loop) that is what happens until
     /// `commit_deadline`: the partitions stay owned meanwhile, so a revoke that arrives
     /// while serving commits them itself, under the new generation. A revoke runs inside
-    /// the rebalance callback and cannot serve the group: it passes `None`.
+    /// the rebalance callback and cannot serve the group: it passes `None`. A commit
+    /// refused while the coordinator moves ([`coordinator_moving`]) is retried by both.
     pub fn drain_and_commit(
         &self,
         tps: &[Tp],
@@ -694,6 +695,25 @@ impl<P: Processor> GroupContext<P> {
                     serve(until);
                     wait = (wait * 2).min(REBALANCE_WAIT_MAX);
                 }
+                // librdkafka finds the new coordinator on its own thread: waiting is enough,
+                // so a revoke (which cannot serve the group) retries too.
+                (_, committer::CommitError::Refused(e))
+                    if coordinator_moving(e) && until < deadline =>
+                {
+                    tracing::warn!(
+                        at = "commit_retry",
+                        reason = reason.as_str(),
+                        partitions = pending.len(),
+                        wait_ms = wait.as_millis() as u64,
+                        error = %e,
+                        "commit refused while the group's coordinator moves or loads: committing again"
+                    );
+                    match serve {
+                        Some(serve) => serve(until),
+                        None => std::thread::sleep(wait),
+                    }
+                    wait = (wait * 2).min(REBALANCE_WAIT_MAX);
+                }
                 _ => {
                     // The committer logged a refusal per partition; the rest is ours to say.
                     if !matches!(error, committer::CommitError::Refused(_)) {
@@ -735,6 +755,22 @@ fn rebalancing(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)
+    )
+}
+
+/// Commit refusals that mean "the group's coordinator is moving to another broker or is
+/// still loading the group's offsets" (a broker restarted or died). The member keeps its
+/// partitions meanwhile; the same commit succeeds once the new coordinator is ready (the
+/// Java client retries these within `commitSync`'s timeout). librdkafka gives them to the
+/// application as they are.
+fn coordinator_moving(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        )
     )
 }
 

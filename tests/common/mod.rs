@@ -1304,3 +1304,51 @@ impl SteadyProducer {
         std::mem::take(&mut *self.delivered.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
+
+/// A producer for a cluster of a test's own that rides through its nodes' restarts and
+/// deaths: every message acknowledged by all in-sync replicas, idempotent (librdkafka's
+/// retries, unbounded by count, write no duplicates), and up to 3 minutes per message
+/// for a leader to move (a killed node is fenced after `broker.session.timeout.ms`).
+pub fn producer_riding_restarts(b: &Broker) -> FutureProducer {
+    let mut extra = b.client_properties().to_vec();
+    extra.extend(
+        [
+            ("enable.idempotence", "true"),
+            ("message.timeout.ms", "180000"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    producer_with(&b.bootstrap(), &extra)
+}
+
+impl SteadyProducer {
+    /// Like [`SteadyProducer::start`], through `producer` (e.g. [`producer_riding_restarts`]
+    /// for a cluster of the test's own).
+    pub fn start_with(
+        producer: FutureProducer,
+        topic: &str,
+        batch: usize,
+        every: Duration,
+    ) -> SteadyProducer {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let delivered = Arc::new(Mutex::new(Vec::new()));
+        let (topic, s, d) = (topic.to_string(), stop.clone(), delivered.clone());
+        let thread = thread::Builder::new()
+            .name("steady-producer".into())
+            .spawn(move || {
+                let mut next = 0;
+                while !s.load(Ordering::Acquire) {
+                    let got = produce_with(&producer, &topic, &keyed_messages(batch, next));
+                    next += batch;
+                    d.lock().unwrap_or_else(|e| e.into_inner()).extend(got);
+                    thread::sleep(every);
+                }
+            })
+            .expect("spawn producer thread");
+        SteadyProducer {
+            stop,
+            delivered,
+            thread: Some(thread),
+        }
+    }
+}
