@@ -1077,6 +1077,8 @@ mod tests {
             ("ACKD_LOG_LEVEL", "loud", "info"),
             ("ACKD_EXEC_CONCURRENCY", "0", "from 1 to 256"),
             ("ACKD_EXEC_TIMEOUT_MS", "30s", "milliseconds"),
+            ("ACKD_EXEC_MAX_LINE_BYTES", "64k", "from 256 to 16777216"),
+            ("ACKD_EXEC_MAX_LINE_BYTES", "100", "bytes from 256"),
             ("ACKD_METRIC_PREFIX", "my app", "l2met"),
             ("ACKD_TOPICS", "ok,bad topic", "valid topic name"),
             ("KAFKA_URL", "localhost", "no port"),

@@ -8,8 +8,8 @@
 //!   time; the partition workers send a partition's next message only after the
 //!   previous one was answered, so per-partition order holds with any pool size.
 //! - A child that closes its stdout (exits), writes something that is not a reply to
-//!   the request in flight, or does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed (SIGTERM to its group,
-//!   SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
+//!   the request in flight, or does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed
+//!   (SIGTERM to its group, SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
 //!   `ACKD_ON_FAILURE` apply; the retry never overlaps the old attempt), and it is
 //!   started again after a backoff (100 ms, doubling to 10 s; back to
 //!   100 ms once a child answered). Each restart is an `at=exec_restart` line carrying
@@ -95,7 +95,7 @@ pub struct Sent {
     pub offsets: Offsets,
 }
 
-/// The offsets a request carries, which a reply may name.
+/// The offsets a request carries, which its reply names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Offsets {
     /// One message: a JSON object.
