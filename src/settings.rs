@@ -94,7 +94,7 @@ const KEYS: &[&str] = &[
 pub const MAX_BATCH: usize = 10_000;
 /// The largest `ACKD_BATCH_MAX_BYTES`: 1 GiB.
 pub const MAX_BATCH_BYTES: usize = 1 << 30;
-/// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (16 lines of a child may be queued).
+/// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (three lines of each child may be held).
 pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;
 
 /// Where a group without a committed offset starts.

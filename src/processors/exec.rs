@@ -445,7 +445,8 @@ impl Running {
             .spawn()?;
         let pid = child.id().unwrap_or(0);
         let stdin = child.stdin.take();
-        let (tx, lines) = mpsc::channel(16);
+        // One line waits, one is being read: at most two lines of it in memory.
+        let (tx, lines) = mpsc::channel(1);
         let max = config.max_line_bytes;
         if let Some(stdout) = child.stdout.take() {
             tokio::spawn(read_lines(stdout, max, move |line| {
