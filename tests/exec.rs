@@ -87,8 +87,9 @@ fn write_handler(dir: &Path, body: &str) -> String {
 }
 
 /// A test handler: `case` is Python run per message with `p`, `o`, `v` (partition,
-/// offset, value or None), `reply` (preset to ack) and `once(name)` in scope. It
-/// records each handled message in `handled` and each request line in `requests`,
+/// offset, value or None), `reply` (preset to ack) and `once(name)` in scope. Its reply
+/// names the message by its offset alone (the form handlers written before ackd required
+/// it keep working with). It records each handled message in `handled` and each request line in `requests`,
 /// and writes `eof-<pid>` when stdin ends. Like the README's, it ignores SIGTERM.
 fn test_handler(dir: &Path, case: &str) -> String {
     test_handler_with(dir, case, "")
@@ -105,6 +106,7 @@ for line in sys.stdin:
     p, o, v = msg["partition"], msg["offset"], msg.get("value")
     reply = {{"ack": True}}
 {case}
+    reply.setdefault("offset", o)
     handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
     print(json.dumps(reply), flush=True)
 {at_eof}"#
@@ -727,7 +729,8 @@ fn exec_without_a_command_is_a_configuration_error() {
 
 /// A batch handler: `case` is Python run per message of a batch with `p`, `o`, `v`,
 /// `reply` (preset to ack) and `once(name)` in scope; it may set `reply` (with the
-/// failing `"offset"`) and `break`, as the README's batched handler does. Each message
+/// failing `"offset"`) and `break`, as the README's batched handler does; the reply then
+/// gets the batch's `"first"` and `"last"`. Each message
 /// it went past is recorded in `handled`, each batch as `partition first count` in
 /// `batches`.
 fn batch_handler(dir: &Path, case: &str) -> String {
@@ -743,6 +746,7 @@ for line in sys.stdin:
         p, o, v = msg["partition"], msg["offset"], msg.get("value")
 {case}
         handled.write(f"{{p}} {{o}} {{os.getpid()}}\n"); handled.flush()
+    reply.update(first=batch[0]["offset"], last=batch[-1]["offset"])
     print(json.dumps(reply), flush=True)"#
     );
     write_handler(dir, &body)
@@ -1063,4 +1067,222 @@ fn exec_batches_stop_at_the_byte_limit() {
         (0..20).map(|o| (0, o)).collect::<Vec<_>>()
     );
     assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+}
+
+// ---- misbehaving handlers: no line acknowledges a message the handler did not answer ----
+
+/// ackd's PID's peak resident memory (VmHWM) in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"))
+}
+
+/// What ackd acknowledged that the handler never finished: acknowledged (partition,
+/// offset) pairs missing from `handled`.
+fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {
+    let handled: BTreeSet<(i32, i64)> = handled(dir).iter().map(|h| (h.0, h.1)).collect();
+    processed(lines)
+        .into_iter()
+        .filter(|m| !handled.contains(m))
+        .collect()
+}
+
+/// One message per request; the handler misbehaves once at each of four offsets and
+/// answers properly (naming topic, partition and offset) otherwise. At 2 a debug print
+/// that looks like an unnamed ack, then it dies before doing the work; at 4 an answer
+/// naming the previous offset (out of order), then it dies; at 6 no answer at all (the
+/// timeout); at 8 an extra unnamed ack after the real reply. None of these lines
+/// acknowledges anything: each is a protocol error (or a timeout) that replaces the
+/// child, the message in flight comes again, and every acknowledged message was handled.
+#[test]
+fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
+    let topic = unique_name("exec-misbehave");
+    let group = unique_name("g-exec-misbehave");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-misbehave");
+    let command = write_handler(
+        &dir,
+        r#"for line in sys.stdin:
+    msg = json.loads(line)
+    p, o = msg["partition"], msg["offset"]
+    name = {"topic": msg["topic"], "partition": p, "offset": o}
+    if o == 2 and once("debug-2"):
+        print(json.dumps({"ack": True}), flush=True)
+        time.sleep(0.5); os._exit(3)
+    if o == 4 and once("stale-4"):
+        print(json.dumps({"ack": True, "offset": o - 1}), flush=True)
+        time.sleep(0.5); os._exit(3)
+    if o == 6 and once("silent-6"):
+        time.sleep(3600)
+    handled.write(f"{p} {o} {os.getpid()}\n"); handled.flush()
+    print(json.dumps({"ack": True, **name}), flush=True)
+    if o == 8 and once("extra-8"):
+        print(json.dumps({"ack": True}), flush=True)
+"#,
+    );
+    produce_numbered(&topic, 10);
+    let ackd = exec_ackd(&topic, &group, &command)
+        .env("ACKD_EXEC_TIMEOUT_MS", "1500")
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed(l) && field(l, "offset").as_deref() == Some("9"),
+        WAIT,
+    );
+    let lines = stop_cleanly(&ackd);
+    let lost = acked_unhandled(&lines, &dir);
+    let counts = processed_counts(&lines);
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    eprintln!(
+        "misbehaving handler: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {}, committed {:?}",
+        processed(&lines).len(),
+        counts.len(),
+        restarts.len(),
+        committed(&group, &topic, 1)[&0]
+    );
+    assert_eq!(lost, vec![], "acknowledged without being handled");
+    assert_eq!(
+        processed(&lines),
+        (0..10).map(|o| (0, o)).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    for o in [2, 4, 6] {
+        assert!(
+            lines.iter().any(|l| at_offset(l, "retry", o)),
+            "offset {o} retried:\n{}",
+            lines.join("\n")
+        );
+    }
+    assert_eq!(restarts.len(), 4, "{}", lines.join("\n"));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(10));
+}
+
+/// Batches of 5 over 15 messages. The first batch is answered the way a handler that
+/// works on its messages in parallel might: the last message's own answer first (naming
+/// its offset), then it dies; the second is answered once per message with the
+/// README's bare `{"ack": true}`, and it dies at the third. A batch is acknowledged only
+/// by a reply naming its first and last offsets: nothing of either is acknowledged, both
+/// come again, and every acknowledged message was handled.
+#[test]
+fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer() {
+    let topic = unique_name("exec-batch-misbehave");
+    let group = unique_name("g-exec-batch-misbehave");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-batch-misbehave");
+    let command = write_handler(
+        &dir,
+        r#"for line in sys.stdin:
+    batch = json.loads(line)
+    p, first, last = batch[0]["partition"], batch[0]["offset"], batch[-1]["offset"]
+    if first == 0 and once("reordered"):
+        handled.write(f"{p} {last} {os.getpid()}\n"); handled.flush()
+        print(json.dumps({"ack": True, "partition": p, "offset": last}), flush=True)
+        time.sleep(0.5); os._exit(3)
+    if first == 5 and once("per-message"):
+        for msg in batch:
+            if msg["offset"] == first + 2:
+                time.sleep(0.5); os._exit(3)
+            handled.write(f"{p} {msg['offset']} {os.getpid()}\n"); handled.flush()
+            print(json.dumps({"ack": True}), flush=True)
+            time.sleep(0.2)
+    for msg in batch:
+        handled.write(f"{p} {msg['offset']} {os.getpid()}\n"); handled.flush()
+    print(json.dumps({"ack": True, "partition": p, "first": first, "last": last}), flush=True)
+"#,
+    );
+    produce_numbered(&topic, 15);
+    let ackd = exec_ackd(&topic, &group, &command).batches(5).spawn();
+    ackd.wait_for_line(
+        |l| is_processed(l) && field(l, "offset").as_deref() == Some("14"),
+        WAIT,
+    );
+    let lines = stop_cleanly(&ackd);
+    let lost = acked_unhandled(&lines, &dir);
+    let counts = processed_counts(&lines);
+    let restarts = lines.iter().filter(|l| at(l, "exec_restart")).count();
+    eprintln!(
+        "batch answered per message: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {restarts}, committed {:?}",
+        processed(&lines).len(),
+        counts.len(),
+        committed(&group, &topic, 1)[&0]
+    );
+    assert_eq!(lost, vec![], "acknowledged without being handled");
+    assert_eq!(
+        processed(&lines),
+        (0..15).map(|o| (0, o)).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    assert_eq!(restarts, 2, "{}", lines.join("\n"));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(15));
+}
+
+/// A handler that writes a 32 MiB line to stderr and, once, a 32 MiB reply: the stderr
+/// line is logged cut at ACKD_EXEC_MAX_LINE_BYTES (saying how much was dropped), the
+/// reply is a protocol error (the message comes again), and ackd's peak memory stays
+/// far below the size of one such line.
+#[test]
+fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
+    let topic = unique_name("exec-huge");
+    let group = unique_name("g-exec-huge");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-huge");
+    let command = write_handler(
+        &dir,
+        r#"HUGE = 32 * 1024 * 1024
+for line in sys.stdin:
+    msg = json.loads(line)
+    p, o = msg["partition"], msg["offset"]
+    if o == 1 and once("stderr-1"):
+        sys.stderr.write("e" * HUGE + "\n"); sys.stderr.flush()
+    if o == 2 and once("stdout-2"):
+        print(json.dumps({"ack": True, "offset": o, "pad": "x" * HUGE}), flush=True)
+        continue
+    handled.write(f"{p} {o} {os.getpid()}\n"); handled.flush()
+    print(json.dumps({"ack": True, "offset": o}), flush=True)
+"#,
+    );
+    produce_numbered(&topic, 4);
+    let ackd = exec_ackd(&topic, &group, &command).spawn();
+    ackd.wait_for_line(
+        |l| is_processed(l) && field(l, "offset").as_deref() == Some("3"),
+        WAIT,
+    );
+    let peak_kib = peak_rss_kib(ackd.pid());
+    let lines = stop_cleanly(&ackd);
+    let longest = lines.iter().map(String::len).max().unwrap_or(0);
+    eprintln!("huge lines: ackd's peak RSS {peak_kib} KiB, longest log line {longest} bytes");
+    let stderr = lines
+        .iter()
+        .find(|l| at(l, "exec_stderr"))
+        .expect("at=exec_stderr");
+    let logged = field(stderr, "line").unwrap();
+    assert_eq!(logged.len(), 65536, "cut at the default maximum");
+    assert!(logged.bytes().all(|b| b == b'e'));
+    assert_eq!(
+        field(stderr, "truncated_bytes").as_deref(),
+        Some((32 * 1024 * 1024 - 65536).to_string().as_str()),
+        "{}",
+        &stderr[stderr.len() - 100..]
+    );
+    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "the oversized reply replaced the child");
+    assert!(
+        field(restarts[0], "reason")
+            .unwrap()
+            .contains("longer than ACKD_EXEC_MAX_LINE_BYTES=65536"),
+        "{}",
+        restarts[0]
+    );
+    assert!(lines.iter().any(|l| at_offset(l, "retry", 2)));
+    assert!(longest < 200_000, "longest log line {longest} bytes");
+    assert!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB");
+    assert_eq!(acked_unhandled(&lines, &dir), vec![]);
+    assert_eq!(
+        processed(&lines),
+        (0..4).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
 }

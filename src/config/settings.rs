@@ -80,6 +80,7 @@ const KEYS: &[&str] = &[
     "exec_command",
     "exec_concurrency",
     "exec_timeout_ms",
+    "exec_max_line_bytes",
     "http_url",
     "http_body",
     "http_headers",
@@ -94,6 +95,8 @@ const KEYS: &[&str] = &[
 pub const MAX_BATCH: usize = 10_000;
 /// The largest `ACKD_BATCH_MAX_BYTES`: 1 GiB.
 pub const MAX_BATCH_BYTES: usize = 1 << 30;
+/// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (three lines of each child may be held).
+pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;
 
 /// Where a group without a committed offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +224,8 @@ pub struct Settings {
     pub exec_concurrency: usize,
     /// The `exec` processor: how long a child may take to answer one message.
     pub exec_timeout: Duration,
+    /// The `exec` processor: the longest line kept from a child's stdout or stderr.
+    pub exec_max_line_bytes: usize,
     /// The `http` processor: where each message is POSTed; required with
     /// `ACKD_PROCESSOR=http` (checked by the processor).
     pub http_url: Option<HttpUrl>,
@@ -964,6 +969,11 @@ impl RawSettings {
                 "expected a whole number from 1 to 256",
             )?,
             exec_timeout: self.millis("exec_timeout_ms", 1, 3_600_000)?,
+            exec_max_line_bytes: self.whole(
+                "exec_max_line_bytes",
+                256..=MAX_EXEC_LINE_BYTES,
+                format!("expected a whole number of bytes from 256 to {MAX_EXEC_LINE_BYTES}"),
+            )?,
             http_url: self.http_url()?,
             http_body: match self.get("http_body").to_ascii_lowercase().as_str() {
                 "json" => HttpBody::Json,
@@ -1243,6 +1253,7 @@ mod tests {
         assert_eq!(s.exec_command, None);
         assert_eq!(s.exec_concurrency, 1);
         assert_eq!(s.exec_timeout, Duration::from_millis(15000));
+        assert_eq!(s.exec_max_line_bytes, 65536);
         assert_eq!(s.batch_max_messages, 1);
         assert_eq!(s.batch_max_wait, Duration::from_millis(100));
         assert_eq!(
@@ -1340,6 +1351,8 @@ mod tests {
             ("ACKD_LOG_LEVEL", "loud", "info"),
             ("ACKD_EXEC_CONCURRENCY", "0", "from 1 to 256"),
             ("ACKD_EXEC_TIMEOUT_MS", "30s", "milliseconds"),
+            ("ACKD_EXEC_MAX_LINE_BYTES", "64k", "from 256 to 16777216"),
+            ("ACKD_EXEC_MAX_LINE_BYTES", "100", "bytes from 256"),
             ("ACKD_METRIC_PREFIX", "my app", "l2met"),
             ("ACKD_TOPICS", "ok,bad topic", "valid topic name"),
             ("KAFKA_URL", "localhost", "no port"),

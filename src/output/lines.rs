@@ -71,6 +71,9 @@ static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 pub fn dropped_lines() -> u64 {
     DROPPED.load(std::sync::atomic::Ordering::Relaxed)
 }
+/// Capacity a per-thread line buffer keeps: a bigger one (after a huge line) is shrunk
+/// back to this, so one huge line does not stay allocated on every thread.
+const KEEP_PER_THREAD: usize = 16 * 1024;
 
 /// Where every line goes: one buffer that threads append their lines to, under a lock
 /// held for a copy, and that the writer thread takes whole and writes to stdout in one
@@ -160,6 +163,9 @@ impl Shared {
             // A drain that went away must not stop ackd: the lines are lost then.
             let _ = out.write_all(&batch).and_then(|()| out.flush());
             batch.clear();
+            if batch.capacity() > 2 * MAX_QUEUED {
+                batch.shrink_to(MAX_QUEUED); // grown by a huge line: give it back
+            }
             state = self.lock();
             state.writing_since = None;
             state.stalled = false;
@@ -200,8 +206,10 @@ impl Lines {
 
     fn append(&self, line: &[u8]) {
         let mut state = self.0.lock();
-        while state.buf.len() >= MAX_QUEUED && !state.done {
-            // Full: wait for the writer, unless its write has been stuck for STALL.
+        // Queued bytes stay within MAX_QUEUED; a line longer than that waits for an
+        // empty buffer and goes alone. Wait for the writer, unless its write has been stuck
+        // for STALL: then the line is dropped and counted.
+        while !state.buf.is_empty() && state.buf.len() + line.len() > MAX_QUEUED && !state.done {
             let stuck_for = state.writing_since.map(|t| t.elapsed());
             if state.stalled || stuck_for.is_some_and(|d| d >= STALL) {
                 state.stalled = true;
@@ -362,7 +370,14 @@ where
             self.render(event, line, scratch);
             crate::secret::scrub(line); // no registered secret reaches a line (src/secret.rs)
             line.push('\n');
-            writer.write_str(line)
+            let written = writer.write_str(line);
+            for buf in [line, scratch] {
+                if buf.capacity() > KEEP_PER_THREAD {
+                    buf.clear();
+                    buf.shrink_to(KEEP_PER_THREAD);
+                }
+            }
+            written
         })
     }
 }
@@ -546,12 +561,77 @@ mod tests {
         };
         std::thread::sleep(Duration::from_millis(200));
         assert!(!writer.is_finished(), "the writer waits for room");
-        assert!(lines.0.lock().buf.len() <= MAX_QUEUED + line.len());
+        assert!(lines.0.lock().buf.len() <= MAX_QUEUED);
         *open.0.lock().unwrap() = true;
         open.1.notify_all();
         writer.join().unwrap();
         drop(guard);
         assert_eq!(out.0.lock().unwrap().len(), n * line.len());
+    }
+
+    /// A line over the bound goes only into an empty queue: queued bytes never exceed
+    /// MAX_QUEUED, or that one line alone.
+    #[test]
+    fn a_huge_line_never_queues_beside_others_and_is_written_whole() {
+        let out = Capture::default();
+        let open = Arc::new((Mutex::new(false), Condvar::new()));
+        let (lines, guard) = Lines::start(Gated {
+            out: out.clone(),
+            open: open.clone(),
+        });
+        let small = format!("{}\n", "s".repeat(99));
+        let huge = format!("{}\n", "h".repeat(3 * MAX_QUEUED));
+        let writer = {
+            let (lines, small, huge) = (lines.clone(), small.clone(), huge.clone());
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    write_line(&lines, &small);
+                }
+                write_line(&lines, &huge);
+                write_line(&lines, &small);
+            })
+        };
+        // The writer thread is stuck writing the first lines; a line that does not fit
+        // waits for room: the huge one for an empty queue, or the small one after it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = lines.0.lock();
+            if state.blocked == 1 {
+                // The small lines, or (if the writer thread took them all first) the
+                // huge line alone: never both.
+                let queued = state.buf.len();
+                assert!(
+                    queued <= 100 * small.len() || queued == huge.len(),
+                    "{queued} bytes queued"
+                );
+                break;
+            }
+            drop(state);
+            assert!(Instant::now() < deadline, "no writer ever waited for room");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        *open.0.lock().unwrap() = true;
+        open.1.notify_all();
+        writer.join().unwrap();
+        drop(guard);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text, [small.repeat(100), huge, small].concat());
+    }
+
+    /// The thread's reused buffers are shrunk back after a huge line.
+    #[test]
+    fn a_huge_line_does_not_stay_in_the_per_thread_buffer() {
+        let huge = "x".repeat(4 << 20);
+        let out = capture(|| tracing::info!(at = "big", line = huge.as_str()));
+        assert_eq!(out.len(), huge.len() + "at=big line=\n".len());
+        let kept = BUFFERS.with(|b| {
+            let b = b.borrow();
+            (b.0.capacity(), b.1.capacity())
+        });
+        assert!(
+            kept.0 <= KEEP_PER_THREAD && kept.1 <= KEEP_PER_THREAD,
+            "{kept:?}"
+        );
     }
 
     fn capture(f: impl FnOnce()) -> String {

@@ -32,9 +32,11 @@ pub fn message_processed(
     );
 }
 
-/// Durations are recorded in microseconds, 1 µs to 1 hour, 3 significant digits.
+/// Durations are recorded in microseconds, 1 µs to 1 hour, 2 significant digits (within
+/// 1%: enough for a mean and a p99 in a log line). Every assigned partition has one, so
+/// its size counts: 26 KiB (3 digits took 188 KiB, 37 MiB for 200 partitions).
 fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static histogram bounds are valid")
+    Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("static histogram bounds are valid")
 }
 
 /// Processor calls that take at least this long are all timed: two clock reads and a
@@ -371,7 +373,7 @@ mod tests {
         assert_eq!((i.received, i.processed, i.failed), (2, 1, 1));
         assert_eq!(i.durations.len(), 2);
         let (mean, p99) = mean_p99(&i.durations);
-        // HdrHistogram keeps 3 significant digits: 2 ms and 4 ms within 0.1%.
+        // HdrHistogram keeps 2 significant digits: 2 ms and 4 ms within 1%.
         let value = |s: Option<String>| {
             s.unwrap()
                 .strip_suffix("ms")
@@ -379,14 +381,22 @@ mod tests {
                 .parse::<f64>()
                 .unwrap()
         };
-        assert!((value(mean) - 3.0).abs() < 0.01);
-        assert!((value(p99) - 4.0).abs() < 0.01);
+        assert!((value(mean) - 3.0).abs() < 0.03);
+        assert!((value(p99) - 4.0).abs() < 0.04);
         let mut again = Interval::default();
         m.take_into(&mut again);
         assert_eq!(
             (again.received, again.processed, again.durations.len()),
             (0, 0, 0)
         );
+    }
+
+    /// Each partition's histogram is a fixed array of counters: its size is what the
+    /// README's memory table says.
+    #[test]
+    fn a_histogram_is_26_kib() {
+        let bytes = histogram().distinct_values() * std::mem::size_of::<u64>();
+        assert!((20_000..=27_000).contains(&bytes), "{bytes} bytes");
     }
 
     #[test]

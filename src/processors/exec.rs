@@ -7,14 +7,17 @@
 //!   and reads one reply line from its stdout. A child has at most one message at a
 //!   time; the partition workers send a partition's next message only after the
 //!   previous one was answered, so per-partition order holds with any pool size.
-//! - A child that closes its stdout (exits), writes something that is not a reply, or
-//!   does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed (SIGTERM to its group,
-//!   SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
+//! - A child that closes its stdout (exits), writes something that is not a reply to
+//!   the request in flight, or does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed
+//!   (SIGTERM to its group, SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
 //!   `ACKD_ON_FAILURE` apply; the retry never overlaps the old attempt), and it is
 //!   started again after a backoff (100 ms, doubling to 10 s; back to
 //!   100 ms once a child answered). Each restart is an `at=exec_restart` line carrying
 //!   `count#exec.restarts=1` (l2met sums them) and the total so far.
 //! - Its stderr is logged line by line as `at=exec_stderr child=N pid=P line="…"`.
+//! - No line is held longer than `ACKD_EXEC_MAX_LINE_BYTES`: a longer stdout line is a
+//!   protocol error, a longer stderr line is logged cut, with `truncated_bytes=`; the
+//!   rest of such a line is read and dropped, never buffered.
 //! - [`Exec::shutdown`]: a child finishes the message it has, then gets EOF on stdin;
 //!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
 //!
@@ -22,8 +25,9 @@
 //! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,
 //! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null; reply
-//! `{"ack":true}`, `{"retry":"reason"}` or `{"fail":"reason"}`, optionally with
-//! `"offset":N`, which must then be the request's.
+//! `{"ack":true,"offset":41}`, `{"retry":"reason","offset":41}` or
+//! `{"fail":"reason","offset":41}` (see [`parse_reply`]): every reply names what it
+//! answers, so that no stray, extra or late line can answer another request.
 
 use std::fmt;
 use std::process::Stdio;
@@ -36,7 +40,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::processor::{BatchError, Message, ProcessError};
+use crate::processor::{BatchError, FailureKind, Message, ProcessError};
 use crate::settings::{SettingError, Settings};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
@@ -55,6 +59,8 @@ pub struct ExecConfig {
     pub concurrency: usize,
     /// How long a child may take to answer one message (writing it included).
     pub timeout: Duration,
+    /// The longest line read from a child's stdout or stderr, newline excluded.
+    pub max_line_bytes: usize,
 }
 
 impl ExecConfig {
@@ -69,6 +75,7 @@ impl ExecConfig {
             command,
             concurrency: settings.exec_concurrency,
             timeout: settings.exec_timeout,
+            max_line_bytes: settings.exec_max_line_bytes,
         })
     }
 }
@@ -76,11 +83,19 @@ impl ExecConfig {
 /// One request for a child (a message, or a batch), and where its answer goes.
 struct Job {
     line: Vec<u8>,
-    offsets: Offsets,
+    sent: Sent,
     reply: oneshot::Sender<Result<(), BatchError>>,
 }
 
-/// The offsets a request carries, which a reply may name.
+/// What a request carried, which its reply must name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub topic: String,
+    pub partition: i32,
+    pub offsets: Offsets,
+}
+
+/// The offsets a request carries, which its reply names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Offsets {
     /// One message: a JSON object.
@@ -94,6 +109,13 @@ impl Offsets {
         match self {
             Offsets::One(o) => *o,
             Offsets::Batch(v) => v.first().copied().unwrap_or(-1),
+        }
+    }
+
+    fn last(&self) -> i64 {
+        match self {
+            Offsets::One(o) => *o,
+            Offsets::Batch(v) => v.last().copied().unwrap_or(-1),
         }
     }
 }
@@ -162,26 +184,34 @@ impl Exec {
     }
 
     pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
-        self.request(request_line(message), Offsets::One(message.offset()))
+        let sent = Sent {
+            topic: message.topic().to_string(),
+            partition: message.partition(),
+            offsets: Offsets::One(message.offset()),
+        };
+        self.request(request_line(message), sent)
             .await
             .map_err(|e| e.error)
     }
 
     /// A batch as one request: a JSON array line, answered by one reply line.
     pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
-        let offsets = Offsets::Batch(messages.iter().map(Message::offset).collect());
-        self.request(batch_line(messages), offsets).await
+        let Some(head) = messages.first() else {
+            return Ok(());
+        };
+        let sent = Sent {
+            topic: head.topic().to_string(),
+            partition: head.partition(),
+            offsets: Offsets::Batch(messages.iter().map(Message::offset).collect()),
+        };
+        self.request(batch_line(messages), sent).await
     }
 
-    async fn request(&self, line: Vec<u8>, offsets: Offsets) -> Result<(), BatchError> {
+    async fn request(&self, line: Vec<u8>, sent: Sent) -> Result<(), BatchError> {
         let pool = self.pool();
-        let first = offsets.first();
+        let first = sent.offsets.first();
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            line,
-            offsets,
-            reply,
-        };
+        let job = Job { line, sent, reply };
         if pool.jobs.send(job).await.is_err() {
             return Err(BatchError::new(
                 first,
@@ -228,43 +258,108 @@ pub fn batch_line(messages: &[Message<'_>]) -> Vec<u8> {
     line
 }
 
-/// What a reply line means. `Err`: not a reply (a protocol error).
+/// What a reply line means. `Err`: not a reply to `sent` (a protocol error).
 ///
-/// For one message, `"offset"`, when given, must be its offset. For a batch, `ack`
-/// acknowledges all of it (`"offset"`, when given, must be its last); `retry` and `fail`
-/// are for the message at `"offset"`, which must be one of the batch (the ones before it
-/// are acknowledged), or for its first message without one.
-pub fn parse_reply(line: &str, offsets: &Offsets) -> Result<Result<(), BatchError>, String> {
+/// Every reply names the request it answers, so that no line a handler writes (an
+/// extra one, a late one, a debug print, one answer per message of a batch) can answer
+/// a request it was not written for:
+/// - a message (a JSON object) by its `"offset"`;
+/// - a batch (a JSON array) by `"first"` and `"last"`, its first and last offsets. `ack`
+///   acknowledges all of it; `retry` and `fail` are for the message at `"offset"`,
+///   which must be one of the batch (the ones before it are acknowledged), or for its
+///   first message without one.
+///
+/// `"topic"` and `"partition"`, when given, must be the request's too.
+pub fn parse_reply(line: &str, sent: &Sent) -> Result<Result<(), BatchError>, String> {
     let value: Value = serde_json::from_str(line.trim())
         .map_err(|e| format!("reply is not JSON ({e}): {}", shorten(line)))?;
     let Value::Object(o) = value else {
         return Err(format!("reply is not a JSON object: {}", shorten(line)));
     };
-    let acked = matches!(o.get("ack"), Some(Value::Bool(true)));
-    let failed_at = match (o.get("offset"), offsets) {
-        (None, _) => offsets.first(),
-        (Some(named), Offsets::One(offset)) => {
-            if named.as_i64() != Some(*offset) {
+    let outcome = match (o.get("ack"), o.get("retry"), o.get("fail")) {
+        (Some(Value::Bool(true)), None, None) => None,
+        (None, Some(reason), None) => Some((FailureKind::Retryable, reason)),
+        (None, None, Some(reason)) => Some((FailureKind::Permanent, reason)),
+        _ => {
+            return Err(format!(
+                "reply needs exactly one of \"ack\":true, \"retry\":reason, \"fail\":reason: {}",
+                shorten(line)
+            ))
+        }
+    };
+    if let Some(topic) = o.get("topic") {
+        if topic.as_str() != Some(sent.topic.as_str()) {
+            return Err(format!(
+                "reply is for topic {topic}, the request sent was from {:?}: {}",
+                sent.topic,
+                shorten(line)
+            ));
+        }
+    }
+    if let Some(partition) = o.get("partition") {
+        if partition.as_i64() != Some(i64::from(sent.partition)) {
+            return Err(format!(
+                "reply is for partition {partition}, the request sent was from partition {}: {}",
+                sent.partition,
+                shorten(line)
+            ));
+        }
+    }
+    let named = |key: &str| o.get(key).map(|v| (v, v.as_i64()));
+    let failed_at = match &sent.offsets {
+        Offsets::One(offset) => {
+            if o.contains_key("first") || o.contains_key("last") {
                 return Err(format!(
-                    "reply is for offset {named}, the message sent was offset {offset}"
+                    "reply names a batch (\"first\", \"last\"), the request sent was one message, offset {offset}: {}",
+                    shorten(line)
                 ));
             }
-            *offset
-        }
-        (Some(named), Offsets::Batch(batch)) => {
-            let last = batch.last().copied().unwrap_or(-1);
-            match named.as_i64() {
-                Some(n) if acked && n == last => n,
-                Some(n) if !acked && batch.binary_search(&n).is_ok() => n,
-                _ if acked => {
+            match named("offset") {
+                Some((_, Some(n))) if n == *offset => *offset,
+                Some((v, _)) => {
                     return Err(format!(
-                        "an ack of a batch is for all of it: its \"offset\" must be the last one ({last}), not {named}"
+                        "reply is for offset {v}, the message sent was offset {offset}: {}",
+                        shorten(line)
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "reply names no \"offset\" (it must name the message it answers, {{\"ack\":true,\"offset\":{offset}}}): {}",
+                        shorten(line)
+                    ))
+                }
+            }
+        }
+        Offsets::Batch(batch) => {
+            let (first, last) = (sent.offsets.first(), sent.offsets.last());
+            match (named("first"), named("last")) {
+                (Some((_, Some(f))), Some((_, Some(l)))) if f == first && l == last => {}
+                (None, None) => {
+                    return Err(format!(
+                        "reply to a batch names no \"first\" and \"last\" (it must name the batch it answers, {{\"ack\":true,\"first\":{first},\"last\":{last}}}): {}",
+                        shorten(line)
                     ))
                 }
                 _ => {
                     return Err(format!(
-                        "reply names offset {named}, which is not in the batch sent ({} to {last})",
-                        offsets.first()
+                        "reply is not for the batch sent ({first} to {last}): {}",
+                        shorten(line)
+                    ))
+                }
+            }
+            match (named("offset"), outcome.is_some()) {
+                (None, _) => first,
+                (Some((_, Some(n))), true) if batch.binary_search(&n).is_ok() => n,
+                (Some(_), false) => {
+                    return Err(format!(
+                        "an ack of a batch is for all of it and names no \"offset\": {}",
+                        shorten(line)
+                    ))
+                }
+                (Some((v, _)), true) => {
+                    return Err(format!(
+                        "reply names offset {v}, which is not in the batch sent ({first} to {last}): {}",
+                        shorten(line)
                     ))
                 }
             }
@@ -274,21 +369,17 @@ pub fn parse_reply(line: &str, offsets: &Offsets) -> Result<Result<(), BatchErro
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    match (o.get("ack"), o.get("retry"), o.get("fail")) {
-        (Some(Value::Bool(true)), None, None) => Ok(Ok(())),
-        (None, Some(reason), None) => Ok(Err(BatchError::new(
+    Ok(match outcome {
+        None => Ok(()),
+        Some((FailureKind::Retryable, reason)) => Err(BatchError::new(
             failed_at,
             ProcessError::retryable(format!("handler: {}", text(reason))),
-        ))),
-        (None, None, Some(reason)) => Ok(Err(BatchError::new(
+        )),
+        Some((_, reason)) => Err(BatchError::new(
             failed_at,
             ProcessError::permanent(format!("handler: {}", text(reason))),
-        ))),
-        _ => Err(format!(
-            "reply needs exactly one of \"ack\":true, \"retry\":reason, \"fail\":reason: {}",
-            shorten(line)
         )),
-    }
+    })
 }
 
 fn shorten(line: &str) -> String {
@@ -321,7 +412,7 @@ struct Running {
     child: Child,
     stdin: Option<ChildStdin>,
     /// Lines of its stdout; closed at EOF.
-    lines: mpsc::Receiver<String>,
+    lines: mpsc::Receiver<Line>,
     /// Its stdout reached EOF (every process holding it is gone).
     eof: bool,
     /// Logs its stderr; awaited when it is gone, so that no line of it is lost.
@@ -354,16 +445,25 @@ impl Running {
             .spawn()?;
         let pid = child.id().unwrap_or(0);
         let stdin = child.stdin.take();
-        let (tx, lines) = mpsc::channel(16);
+        // One line waits, one is being read: at most two lines of it in memory.
+        let (tx, lines) = mpsc::channel(1);
+        let max = config.max_line_bytes;
         if let Some(stdout) = child.stdout.take() {
-            tokio::spawn(read_lines(stdout, move |line| {
+            tokio::spawn(read_lines(stdout, max, move |line| {
                 let tx = tx.clone();
                 async move { tx.send(line).await.is_ok() }
             }));
         }
         let stderr = child.stderr.take().map(|stderr| {
-            tokio::spawn(read_lines(stderr, move |line| async move {
-                tracing::info!(at = "exec_stderr", child = id, pid, line);
+            tokio::spawn(read_lines(stderr, max, move |line| async move {
+                let truncated_bytes = (line.cut > 0).then_some(line.cut);
+                tracing::info!(
+                    at = "exec_stderr",
+                    child = id,
+                    pid,
+                    line = line.text,
+                    truncated_bytes
+                );
                 true
             }))
         });
@@ -381,7 +481,7 @@ impl Running {
     }
 
     /// The next stdout line; `None` at EOF.
-    async fn next_line(&mut self) -> Option<String> {
+    async fn next_line(&mut self) -> Option<Line> {
         if self.eof {
             return None;
         }
@@ -461,30 +561,64 @@ impl Running {
     }
 }
 
-/// Reads `stream` line by line (lossy UTF-8, without the newline) into `each` until EOF
-/// or until `each` returns false.
-async fn read_lines<R, F, Fut>(stream: R, mut each: F)
+/// One line of a child's output (lossy UTF-8, without the newline), at most the
+/// configured maximum; `cut` bytes of it beyond that were dropped unread into memory.
+struct Line {
+    text: String,
+    cut: u64,
+}
+
+/// Reads `stream` line by line into `each` until EOF or until `each` returns false.
+/// At most `max` bytes of a line are kept: the rest of a longer one is consumed and
+/// counted as it arrives, so a handler writing without newlines costs no memory.
+async fn read_lines<R, F, Fut>(stream: R, max: usize, mut each: F)
 where
     R: AsyncRead + Unpin,
-    F: FnMut(String) -> Fut,
+    F: FnMut(Line) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
+    let mut cut = 0u64;
     loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf)
-                    .trim_end_matches(['\n', '\r'])
-                    .to_string();
-                if !each(line).await {
-                    return;
+        let (used, ended) = match reader.fill_buf().await {
+            Ok([]) | Err(_) => {
+                // EOF: a last line without a newline still counts.
+                if !buf.is_empty() || cut > 0 {
+                    each(take_line(&mut buf, &mut cut)).await;
                 }
+                return;
             }
+            Ok(chunk) => {
+                let (part, ended) = match chunk.iter().position(|b| *b == b'\n') {
+                    Some(i) => (&chunk[..i], true),
+                    None => (chunk, false),
+                };
+                let room = max.saturating_sub(buf.len()).min(part.len());
+                buf.extend_from_slice(&part[..room]);
+                cut += (part.len() - room) as u64;
+                (part.len() + usize::from(ended), ended)
+            }
+        };
+        reader.consume(used);
+        if ended && !each(take_line(&mut buf, &mut cut)).await {
+            return;
         }
     }
+}
+
+/// The line in `buf` (a `\r` before the newline dropped), leaving `buf` empty with
+/// its capacity (at most the maximum line) for the next one.
+fn take_line(buf: &mut Vec<u8>, cut: &mut u64) -> Line {
+    if *cut == 0 && buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    let line = Line {
+        text: String::from_utf8_lossy(buf).into_owned(),
+        cut: std::mem::take(cut),
+    };
+    buf.clear();
+    line
 }
 
 /// Why a child's service ended.
@@ -586,7 +720,7 @@ async fn serve(
             }
             line = running.next_line() => {
                 let reason = match line {
-                    Some(l) => format!("wrote to stdout with no message in flight: {}", shorten(&l)),
+                    Some(l) => format!("wrote to stdout with no message in flight: {}", shorten(&l.text)),
                     None => running.gone_reason().await,
                 };
                 return (Ended::Failed(reason, None), answered);
@@ -598,10 +732,10 @@ async fn serve(
         };
         let Job {
             line: request,
-            offsets,
+            sent,
             reply,
         } = job;
-        let offset = offsets.first();
+        let offset = sent.offsets.first();
         if reply.is_closed() {
             // Its worker was aborted (a drain that ran out of time) while it waited:
             // the partition may be someone else's now, so it is not handed out.
@@ -621,7 +755,13 @@ async fn serve(
                 .await
                 .map_err(|e| format!("cannot write to its stdin: {e}"))?;
             match running.next_line().await {
-                Some(line) => parse_reply(&line, &offsets),
+                Some(line) if line.cut > 0 => Err(format!(
+                    "wrote a line longer than ACKD_EXEC_MAX_LINE_BYTES={} ({} bytes): {}",
+                    config.max_line_bytes,
+                    line.text.len() as u64 + line.cut,
+                    shorten(&line.text)
+                )),
+                Some(line) => parse_reply(&line.text, &sent),
                 None => Err(running.gone_reason().await),
             }
         };
@@ -727,42 +867,68 @@ mod tests {
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
     }
 
+    fn one(offset: i64) -> Sent {
+        Sent {
+            topic: "t".into(),
+            partition: 2,
+            offsets: Offsets::One(offset),
+        }
+    }
+
+    fn batch(offsets: &[i64]) -> Sent {
+        Sent {
+            topic: "t".into(),
+            partition: 2,
+            offsets: Offsets::Batch(offsets.to_vec()),
+        }
+    }
+
     #[test]
-    fn replies_ack_retry_or_fail_and_anything_else_is_a_protocol_error() {
-        assert_eq!(
-            parse_reply("{\"ack\":true}\n", &Offsets::One(5)),
-            Ok(Ok(()))
-        );
-        assert_eq!(
-            parse_reply(" {\"ack\": true, \"offset\": 5} ", &Offsets::One(5)),
-            Ok(Ok(()))
-        );
-        let r = parse_reply("{\"retry\":\"db down\"}", &Offsets::One(5))
+    fn replies_ack_retry_or_fail_the_message_they_name() {
+        for ok in [
+            "{\"ack\":true,\"offset\":5}\n",
+            " {\"ack\": true, \"offset\": 5} ",
+            "{\"ack\":true,\"topic\":\"t\",\"partition\":2,\"offset\":5}",
+            "{\"offset\":5,\"ack\":true,\"note\":\"other keys are ignored\"}",
+        ] {
+            assert_eq!(parse_reply(ok, &one(5)), Ok(Ok(())), "{ok}");
+        }
+        let r = parse_reply("{\"retry\":\"db down\",\"offset\":5}", &one(5))
             .unwrap()
-            .unwrap_err()
-            .error;
-        assert_eq!(r.kind, crate::processor::FailureKind::Retryable);
-        assert!(r.reason.contains("db down"));
-        let r = parse_reply("{\"fail\":\"bad input\"}", &Offsets::One(5))
+            .unwrap_err();
+        assert_eq!((r.offset, r.error.kind), (5, FailureKind::Retryable));
+        assert!(r.error.reason.contains("db down"));
+        let r = parse_reply("{\"fail\":\"bad input\",\"offset\":5}", &one(5))
             .unwrap()
-            .unwrap_err()
-            .error;
-        assert_eq!(r.kind, crate::processor::FailureKind::Permanent);
-        assert!(r.reason.contains("bad input"));
+            .unwrap_err();
+        assert_eq!((r.offset, r.error.kind), (5, FailureKind::Permanent));
+        assert!(r.error.reason.contains("bad input"));
+    }
+
+    #[test]
+    fn a_line_that_does_not_name_the_message_sent_is_a_protocol_error() {
         for bad in [
             "ok",
             "",
             "[1]",
             "{}",
-            "{\"ack\":false}",
-            "{\"ack\":true,\"fail\":\"x\"}",
+            // Not naming the message: a debug print, an extra or a per-message line.
+            "{\"ack\":true}",
+            "{\"retry\":\"x\"}",
+            "{\"fail\":\"x\"}",
+            // Naming another one: a late or out-of-order answer.
             "{\"ack\":true,\"offset\":4}",
+            "{\"ack\":true,\"offset\":\"5\"}",
+            "{\"ack\":true,\"offset\":5,\"partition\":3}",
+            "{\"ack\":true,\"offset\":5,\"topic\":\"u\"}",
+            "{\"ack\":true,\"first\":5,\"last\":5}",
+            "{\"ack\":false,\"offset\":5}",
+            "{\"ack\":true,\"fail\":\"x\",\"offset\":5}",
         ] {
-            assert!(
-                parse_reply(bad, &Offsets::One(5)).is_err(),
-                "{bad:?} accepted"
-            );
+            assert!(parse_reply(bad, &one(5)).is_err(), "{bad:?} accepted");
         }
+        let e = parse_reply("{\"ack\":true}", &one(5)).unwrap_err();
+        assert!(e.contains("names no \"offset\""), "{e}");
     }
 
     #[test]
@@ -779,33 +945,90 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_reply_acks_all_or_names_the_first_failed_offset() {
-        let batch = Offsets::Batch(vec![10, 11, 13]);
-        assert_eq!(parse_reply("{\"ack\":true}", &batch), Ok(Ok(())));
-        assert_eq!(
-            parse_reply("{\"ack\":true,\"offset\":13}", &batch),
-            Ok(Ok(()))
-        );
-        let e = parse_reply("{\"retry\":\"later\",\"offset\":11}", &batch)
-            .unwrap()
-            .unwrap_err();
+    fn a_batch_reply_names_the_batch_and_acks_all_or_the_ones_before_a_failure() {
+        let sent = batch(&[10, 11, 13]);
+        for ok in [
+            "{\"ack\":true,\"first\":10,\"last\":13}",
+            "{\"ack\":true,\"topic\":\"t\",\"partition\":2,\"first\":10,\"last\":13}",
+        ] {
+            assert_eq!(parse_reply(ok, &sent), Ok(Ok(())), "{ok}");
+        }
+        let e = parse_reply(
+            "{\"retry\":\"later\",\"first\":10,\"last\":13,\"offset\":11}",
+            &sent,
+        )
+        .unwrap()
+        .unwrap_err();
         assert_eq!((e.offset, e.error.kind), (11, FailureKind::Retryable));
-        let e = parse_reply("{\"fail\":\"bad\",\"offset\":13}", &batch)
-            .unwrap()
-            .unwrap_err();
+        let e = parse_reply(
+            "{\"fail\":\"bad\",\"first\":10,\"last\":13,\"offset\":13}",
+            &sent,
+        )
+        .unwrap()
+        .unwrap_err();
         assert_eq!((e.offset, e.error.kind), (13, FailureKind::Permanent));
         // Without an offset, the failure is the batch's first message's.
-        let e = parse_reply("{\"fail\":\"bad\"}", &batch)
+        let e = parse_reply("{\"fail\":\"bad\",\"first\":10,\"last\":13}", &sent)
             .unwrap()
             .unwrap_err();
         assert_eq!(e.offset, 10);
         for bad in [
-            "{\"fail\":\"x\",\"offset\":12}",
-            "{\"fail\":\"x\",\"offset\":14}",
-            "{\"ack\":true,\"offset\":11}",
+            // The README's replies before replies named the batch, and per-message ones.
+            "{\"ack\":true}",
+            "{\"ack\":true,\"offset\":13}",
+            "{\"ack\":true,\"offset\":10}",
+            "{\"fail\":\"x\",\"offset\":10}",
+            // Another batch, or half a name.
+            "{\"ack\":true,\"first\":11,\"last\":13}",
+            "{\"ack\":true,\"first\":10,\"last\":11}",
+            "{\"ack\":true,\"first\":10}",
+            "{\"ack\":true,\"first\":10,\"last\":13,\"partition\":1}",
+            // An ack is for all of it; a failure's offset is one of the batch.
+            "{\"ack\":true,\"first\":10,\"last\":13,\"offset\":13}",
+            "{\"fail\":\"x\",\"first\":10,\"last\":13,\"offset\":12}",
+            "{\"fail\":\"x\",\"first\":10,\"last\":13,\"offset\":14}",
             "[{\"ack\":true}]",
         ] {
-            assert!(parse_reply(bad, &batch).is_err(), "{bad:?} accepted");
+            assert!(parse_reply(bad, &sent).is_err(), "{bad:?} accepted");
         }
+    }
+
+    /// Runs [`read_lines`] over `input` with lines of at most `max` bytes.
+    fn lines_of(input: &'static [u8], max: usize) -> Vec<(String, u64)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut got = Vec::new();
+            read_lines(input, max, |l| {
+                got.push((l.text, l.cut));
+                async { true }
+            })
+            .await;
+            got
+        })
+    }
+
+    #[test]
+    fn lines_longer_than_the_maximum_are_cut_and_counted() {
+        assert_eq!(
+            lines_of(b"short\r\nexactly\n0123456789abc\nlast", 7),
+            vec![
+                ("short".into(), 0),
+                ("exactly".into(), 0),
+                ("0123456".into(), 6),
+                ("last".into(), 0),
+            ]
+        );
+        // A line far longer than BufReader's buffer: cut, counted, the next one whole.
+        let huge: &'static [u8] = Box::leak(
+            [vec![b'x'; 100_000], b"\nnext\n".to_vec()]
+                .concat()
+                .into_boxed_slice(),
+        );
+        assert_eq!(
+            lines_of(huge, 256),
+            vec![("x".repeat(256), 100_000 - 256), ("next".into(), 0)]
+        );
     }
 }
