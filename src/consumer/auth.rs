@@ -67,21 +67,26 @@ pub fn broker_of(reason: &str) -> &str {
     "unknown"
 }
 
-/// What to check, for the log line.
-pub fn hint(error: &KafkaError, reason: &str) -> &'static str {
+/// What to check, for the log line. `client_cert`: whether ackd presents a client
+/// certificate (`KAFKA_CLIENT_CERT`).
+pub fn hint(error: &KafkaError, reason: &str, client_cert: bool) -> &'static str {
     let r = reason.to_ascii_lowercase();
-    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
-        "the broker refused the SASL login: check ACKD_SASL_MECHANISM and the user name and password"
-    } else if r.contains("certificate required") {
-        "the broker requires a client certificate: set KAFKA_CLIENT_CERT and KAFKA_CLIENT_CERT_KEY"
-    } else if r.contains("certificate verify failed") {
-        "the broker's certificate was not signed by KAFKA_TRUSTED_CERT (or, without it, by a system root with a matching host name)"
-    } else if r.contains("unknown ca")
+    let broker_alert = r.contains("unknown ca")
         || r.contains("bad certificate")
         || r.contains("certificate unknown")
         || r.contains("certificate expired")
         || r.contains("certificate revoked")
-    {
+        || r.contains("handshake failure");
+    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
+        "the broker refused the SASL login: check ACKD_SASL_MECHANISM and the user name and password"
+    } else if r.contains("certificate required") || (broker_alert && !client_cert) {
+        // Kafka's (Java's) TLS answers a missing client certificate with bad_certificate
+        // or handshake_failure, not TLS 1.3's certificate_required: without a client
+        // certificate, any refusal by the broker means it wants one.
+        "the broker requires a client certificate: set KAFKA_CLIENT_CERT and KAFKA_CLIENT_CERT_KEY"
+    } else if r.contains("certificate verify failed") {
+        "the broker's certificate was not signed by KAFKA_TRUSTED_CERT (or, without it, by a system root with a matching host name)"
+    } else if broker_alert {
         "the broker refused the client certificate (KAFKA_CLIENT_CERT)"
     } else if r.contains("wrong version number") {
         "the broker does not speak TLS on this port: check the KAFKA_URL scheme"
@@ -94,9 +99,19 @@ pub fn hint(error: &KafkaError, reason: &str) -> &'static str {
 #[derive(Debug, Default)]
 pub struct AuthFailures {
     failed: AtomicBool,
+    /// Whether ackd presents a client certificate: it decides the hint for a TLS alert.
+    client_cert: bool,
 }
 
 impl AuthFailures {
+    /// `client_cert`: whether ackd presents a client certificate (`KAFKA_CLIENT_CERT`).
+    pub fn new(client_cert: bool) -> Self {
+        AuthFailures {
+            failed: AtomicBool::new(false),
+            client_cert,
+        }
+    }
+
     /// Looks at an error from librdkafka's error callback. Returns true if it is an
     /// authentication failure (the first is logged here; later ones are not logged
     /// again), false for any other error, which the caller logs as usual.
@@ -110,7 +125,7 @@ impl AuthFailures {
                 broker = broker_of(reason),
                 error = %error,
                 reason,
-                hint = hint(error, reason),
+                hint = hint(error, reason, self.client_cert),
                 "authentication with the broker failed; librdkafka would retry forever: stopping (exit 77)"
             );
         }
@@ -131,8 +146,8 @@ mod tests {
         KafkaError::Global(code)
     }
 
-    // Reasons as librdkafka 2.12 wrote them against stunnel (TANSU.md) and as its
-    // sources word SASL failures.
+    // Reasons as librdkafka 2.12 wrote them against a TLS proxy (OpenSSL's server) and as
+    // its sources word SASL failures; Kafka's own are in the tests below.
     const NO_CLIENT_CERT: &str = "ssl://127.0.0.1:39202/bootstrap: Receive failed: error:0A00045C:SSL routines::tlsv13 alert certificate required: SSL alert number 116 (after 0ms in state APIVERSION_QUERY)";
     const WRONG_CA: &str = "ssl://127.0.0.1:39202/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified, verify that ssl.ca.location is correctly configured or root CA certificates are installed (install ca-certificates package) (after 6ms in state SSL_HANDSHAKE)";
     const WRONG_CA_TRANSPORT: &str = "ssl://127.0.0.1:39202/bootstrap: error:0A000086:SSL routines::certificate verify failed (after 5ms in state SSL_HANDSHAKE)";
@@ -156,9 +171,27 @@ mod tests {
             "127.0.0.1:33331"
         );
         assert_eq!(broker_of("1/1 brokers are down"), "unknown");
-        assert!(hint(&global(BrokerTransportFailure), NO_CLIENT_CERT).contains("KAFKA_CLIENT_CERT"));
-        assert!(hint(&global(SSL), WRONG_CA).contains("KAFKA_TRUSTED_CERT"));
-        assert!(hint(&global(Authentication), SASL).contains("password"));
+        assert!(hint(&global(BrokerTransportFailure), NO_CLIENT_CERT, false)
+            .contains("requires a client certificate"));
+        assert!(hint(&global(SSL), WRONG_CA, true).contains("KAFKA_TRUSTED_CERT"));
+        assert!(hint(&global(Authentication), SASL, false).contains("password"));
+    }
+
+    #[test]
+    fn a_bad_certificate_alert_means_a_missing_or_a_refused_client_certificate() {
+        // Apache Kafka 4.4 (Java 17) answers both a missing and an untrusted client
+        // certificate with this alert (tests/tls.rs).
+        let bad = "ssl://127.0.0.1:42915/bootstrap: Receive failed: error:0A000412:SSL routines::sslv3 alert bad certificate: SSL alert number 42 (after 16ms in state APIVERSION_QUERY)";
+        let e = global(RDKafkaErrorCode::BrokerTransportFailure);
+        assert!(is_auth_failure(&e, bad));
+        assert_eq!(
+            hint(&e, bad, false),
+            "the broker requires a client certificate: set KAFKA_CLIENT_CERT and KAFKA_CLIENT_CERT_KEY"
+        );
+        assert_eq!(
+            hint(&e, bad, true),
+            "the broker refused the client certificate (KAFKA_CLIENT_CERT)"
+        );
     }
 
     #[test]

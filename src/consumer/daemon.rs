@@ -146,7 +146,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
-        auth: Default::default(),
+        auth: crate::auth::AuthFailures::new(
+            settings.tls.as_ref().is_some_and(|t| t.client.is_some()),
+        ),
     };
     let consumer: Arc<AckdConsumer<P>> =
         match consumer_config(&settings).create_with_context(context) {

@@ -72,6 +72,9 @@ pub struct BrokerOptions {
     /// The client listener's security protocol (`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`,
     /// `SASL_SSL`); its settings go in `server_config`.
     pub security_protocol: String,
+    /// Extra `kafka-storage format` arguments for every node (e.g. `--add-scram
+    /// 'SCRAM-SHA-512=[name=alice,password=...]'`: SCRAM users exist from the start).
+    pub format_args: Vec<String>,
 }
 
 impl Default for BrokerOptions {
@@ -82,6 +85,7 @@ impl Default for BrokerOptions {
             server_config: Vec::new(),
             client_config: Vec::new(),
             security_protocol: "PLAINTEXT".into(),
+            format_args: Vec::new(),
         }
     }
 }
@@ -181,7 +185,11 @@ impl Broker {
         };
         broker.write_configs();
         // Formatting is one JVM per node (about 2 s each): run them side by side.
-        let formats: Vec<_> = broker.nodes.iter().map(|n| n.format()).collect();
+        let formats: Vec<_> = broker
+            .nodes
+            .iter()
+            .map(|n| n.format(&broker.options.format_args))
+            .collect();
         for (node, f) in broker.nodes.iter().zip(formats) {
             let out = f
                 .wait_with_output()
@@ -211,6 +219,17 @@ impl Broker {
     }
 
     fn write_configs(&self) {
+        self.write_configs_with(&[]);
+    }
+
+    /// Rewrites every node's `server.properties` with `overrides` after the options'
+    /// `server_config` (later keys win): a node started from now on (see
+    /// [`Broker::start_node`]) runs with them, e.g. a TLS listener that trusts another CA.
+    pub fn rewrite_server_config(&self, overrides: &[(String, String)]) {
+        self.write_configs_with(overrides);
+    }
+
+    fn write_configs_with(&self, overrides: &[(String, String)]) {
         let voters = self
             .nodes
             .iter()
@@ -274,6 +293,7 @@ impl Broker {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
             props.extend(self.options.server_config.iter().cloned());
+            props.extend(overrides.iter().cloned());
             let text: String = props.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
             let path = n.dir.join("server.properties");
             std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
@@ -480,6 +500,25 @@ impl Broker {
         config
     }
 
+    /// Waits until node `i` accepts TCP connections on its client port, without asking it
+    /// anything: for a listener that the harness's own clients cannot pass (a TLS listener
+    /// that no longer trusts their certificate).
+    pub fn wait_node_listening(&self, i: usize) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.nodes[i].port));
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            self.assert_node_running(i);
+            assert!(
+                Instant::now() < deadline,
+                "kafka node {} did not accept connections within {START_TIMEOUT:?}; log {}:\n{}",
+                self.nodes[i].id,
+                self.nodes[i].log_path.display(),
+                tail(&self.nodes[i].log_path)
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The first node's log.
     pub fn log_path(&self) -> &Path {
         &self.nodes[0].log_path
@@ -512,11 +551,12 @@ impl Broker {
 
 impl Node {
     /// `kafka-storage format` for this node, started (not waited for).
-    fn format(&self) -> Child {
+    fn format(&self, extra: &[String]) -> Child {
         let mut cmd = java(&["-Xmx256m", "-XX:TieredStopAtLevel=1"]);
         cmd.args(["kafka.tools.StorageTool", "format", "--ignore-formatted"])
             .args(["--cluster-id", CLUSTER_ID, "--config"])
             .arg(self.dir.join("server.properties"))
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         cmd.spawn()

@@ -39,6 +39,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 mod broker;
 pub use broker::*;
+/// A throwaway PKI for the TLS and SASL tests (`common::pki::Pki`).
+pub mod pki;
 
 // ---------------------------------------------------------------------------------------------
 // Spawning children that die with the test process
@@ -187,6 +189,11 @@ fn producer_config(bootstrap: &str, extra: &[(String, String)]) -> ClientConfig 
         config.set(k, v);
     }
     config
+}
+
+/// A producer for a cluster of the test's own, with its client properties (TLS, SASL).
+pub fn producer_on(b: &Broker) -> FutureProducer {
+    producer_with(&b.bootstrap(), b.client_properties())
 }
 
 fn producer() -> &'static FutureProducer {
@@ -460,6 +467,22 @@ pub fn committed_on(
     partitions: i32,
 ) -> BTreeMap<i32, Option<i64>> {
     committed_with(bootstrap, &[], group, topic, partitions)
+}
+
+/// [`committed`] on a cluster of the test's own, with its client properties (TLS, SASL).
+pub fn committed_at(
+    b: &Broker,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, Option<i64>> {
+    committed_with(
+        &b.bootstrap(),
+        b.client_properties(),
+        group,
+        topic,
+        partitions,
+    )
 }
 
 fn committed_with(
