@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::ConsumerContext;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
@@ -100,6 +101,11 @@ impl WorkerShared {
     pub fn wait_done(&self, deadline: Instant) -> bool {
         self.done.wait_until(deadline)
     }
+
+    /// Whether the worker has returned (and dropped its queue).
+    pub fn is_done(&self) -> bool {
+        self.done.is_set()
+    }
 }
 
 fn some(v: i64) -> Option<i64> {
@@ -107,17 +113,37 @@ fn some(v: i64) -> Option<i64> {
 }
 
 /// A one-way flag that threads can wait on with a deadline (the rebalance callback
-/// waits on plain threads, outside any async runtime).
+/// waits on plain threads, outside any async runtime), and tasks without blocking (a
+/// partition's next worker waits for its previous one).
 #[derive(Debug, Default)]
 struct Latch {
     set: Mutex<bool>,
     cond: Condvar,
+    notify: Notify,
 }
 
 impl Latch {
     fn set(&self) {
         *self.set.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.cond.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a set() in between still wakes us.
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn wait_until(&self, deadline: Instant) -> bool {
@@ -211,6 +237,18 @@ impl<P> Clone for WorkerConfig<P> {
     }
 }
 
+/// A partition's previous worker (of an earlier assignment of it to this process) that
+/// had not ended when the partition came back: it was aborted after its drain timed out,
+/// and its processor has not returned since. Both workers' queues are handles on one
+/// librdkafka queue, and dropping one unhooks the wake-up of every other (rdkafka's
+/// `StreamPartitionQueue` disables the queue's callback on drop): so the new worker
+/// touches the partition only once the old one is gone, then takes a fresh handle.
+pub struct Predecessor<C: ConsumerContext + 'static> {
+    pub shared: Arc<WorkerShared>,
+    /// Splits the partition's queue again (a handle whose wake-up is hooked anew).
+    pub resplit: Box<dyn FnOnce() -> Option<StreamPartitionQueue<C>> + Send>,
+}
+
 /// Starts the worker for one partition on `runtime`.
 pub fn spawn<C, P>(
     runtime: &tokio::runtime::Handle,
@@ -219,6 +257,7 @@ pub fn spawn<C, P>(
     partition: i32,
     resume: Option<i64>,
     config: WorkerConfig<P>,
+    predecessor: Option<Predecessor<C>>,
 ) -> WorkerHandle
 where
     C: ConsumerContext + 'static,
@@ -234,10 +273,12 @@ where
         config,
         shared.clone(),
         stop_rx,
+        predecessor,
     ));
     WorkerHandle { shared, stop, task }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
@@ -246,6 +287,7 @@ async fn run<C, P>(
     config: WorkerConfig<P>,
     shared: Arc<WorkerShared>,
     mut stop: watch::Receiver<bool>,
+    predecessor: Option<Predecessor<C>>,
 ) where
     C: ConsumerContext + 'static,
     P: Processor,
@@ -253,7 +295,74 @@ async fn run<C, P>(
     // Declared first, dropped last: the latch is set only once the queue (and with it
     // this worker's hold on the consumer) is gone, aborts included.
     let _done = SetOnDrop(shared.clone());
-    let queue = queue;
+    let queue = match predecessor {
+        None => queue,
+        Some(previous) => {
+            match after_predecessor(queue, previous, &topic, partition, &mut stop).await {
+                Some(queue) => queue,
+                None => return,
+            }
+        }
+    };
+    consume(queue, topic, partition, resume, config, &shared, stop).await
+}
+
+/// Waits for the partition's previous worker to end (or for a stop), then takes a fresh
+/// handle on the partition's queue. `None`: stopped meanwhile, or no queue.
+async fn after_predecessor<C: ConsumerContext + 'static>(
+    early: StreamPartitionQueue<C>,
+    previous: Predecessor<C>,
+    topic: &str,
+    partition: i32,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<StreamPartitionQueue<C>> {
+    let started = Instant::now();
+    tracing::warn!(
+        at = "partition_waiting",
+        topic,
+        partition,
+        "this partition's previous worker has not ended (its processor has not returned since its drain timed out): the partition is not read until it does"
+    );
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => return None,
+        _ = previous.shared.done.wait() => {}
+    }
+    // The previous worker's drop unhooked the wake-up this handle set up: replace it.
+    drop(early);
+    let queue = (previous.resplit)();
+    tracing::info!(
+        at = "partition_released",
+        topic,
+        partition,
+        waited_ms = started.elapsed().as_millis() as u64,
+        "the previous worker ended; this one reads the partition from here"
+    );
+    if queue.is_none() {
+        tracing::error!(
+            at = "assign_error",
+            topic,
+            partition,
+            "librdkafka gave no queue for this partition"
+        );
+    }
+    queue
+}
+
+/// Reads the partition until told to stop: the worker proper.
+async fn consume<C, P>(
+    queue: StreamPartitionQueue<C>,
+    topic: Arc<str>,
+    partition: i32,
+    resume: Option<i64>,
+    config: WorkerConfig<P>,
+    shared: &Arc<WorkerShared>,
+    mut stop: watch::Receiver<bool>,
+) where
+    C: ConsumerContext + 'static,
+    P: Processor,
+{
+    let shared = shared.clone();
     let mut stream = queue.stream();
     let mut first = true;
     let mut rng = fastrand::Rng::new();
@@ -268,13 +377,18 @@ async fn run<C, P>(
         partition,
         source: &source,
         log_messages: config.log_messages,
+        resume,
+        on_failure: config.on_failure,
+        fetch_error: None,
+        gaps: GapLines::default(),
     };
     let stop_at_end = config.at_end.is_some();
     // Messages taken in a row without waiting for the queue (see YIELD_EVERY).
     let mut ready = 0;
     // A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
-    // batch's first. Dropped unprocessed on a stop, like a batch being gathered.
-    let mut held: Option<BorrowedMessage<'_>> = None;
+    // batch's first. Dropped unprocessed on a stop, like a batch being gathered. Or a
+    // fetch error that ended the last batch, handled before anything after it.
+    let mut held: Option<KafkaResult<BorrowedMessage<'_>>> = None;
     loop {
         if ready >= YIELD_EVERY {
             ready = 0;
@@ -286,7 +400,7 @@ async fn run<C, P>(
             break;
         }
         let next = if let Some(m) = held.take() {
-            Some(Ok(m))
+            Some(m)
         } else {
             match stream.next().now_or_never() {
                 Some(next) => {
@@ -310,10 +424,13 @@ async fn run<C, P>(
                 reached_end(&shared, &config, &topic, partition, &mut stop).await;
                 break;
             }
-            Some(Err(e)) => {
-                tracing::warn!(at = "fetch_error", topic = &*topic, partition, error = %e);
-                continue;
-            }
+            Some(Err(e)) => match progress.fetch_failed(e) {
+                Ok(()) => continue,
+                Err(offset) => {
+                    halt(&shared, offset, &mut stop).await;
+                    break;
+                }
+            },
             None => break,
         };
         if first {
@@ -344,21 +461,34 @@ async fn run<C, P>(
                     .iter()
                     .map(|k| Message::from_kafka(k, &topic))
                     .collect();
-                if views.iter().all(|v| progress.dispatch(v.offset())) {
-                    shared.metrics.received_many(views.len() as u64);
+                // The batch ends before a message that may not be handed out (never
+                // commit past what we could not account for): the partition halts there.
+                let mut refused = None;
+                for (i, v) in views.iter().enumerate() {
+                    if let Err(at) = progress.dispatch(v.offset()) {
+                        refused = Some((i, at));
+                        break;
+                    }
+                }
+                let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];
+                let ended = if dispatched.is_empty() {
+                    BatchEnd::Done
+                } else {
+                    shared.metrics.received_many(dispatched.len() as u64);
                     let ended = Handler {
                         config: &config,
                         shared: &shared,
                         stop: &mut stop,
                         rng: &mut rng,
                     }
-                    .handle_batch(&views, &mut progress)
+                    .handle_batch(dispatched, &mut progress)
                     .await;
                     shared.in_flight.store(NONE, Ordering::Release);
-                    (ended, after)
-                } else {
-                    // Never commit past a message we could not account for.
-                    (BatchEnd::Halt(views[0].offset()), After::Closed)
+                    ended
+                };
+                match (ended, refused) {
+                    (BatchEnd::Done, Some((_, at))) => (BatchEnd::Halt(at), After::Closed),
+                    (ended, _) => (ended, after),
                 }
                 // The batch's messages are released here: holding librdkafka's messages
                 // while halted would keep the consumer from closing.
@@ -378,10 +508,10 @@ async fn run<C, P>(
             }
         }
         let offset = message.offset();
-        if !progress.dispatch(offset) {
+        if let Err(at) = progress.dispatch(offset) {
             // Never commit past a message we could not account for.
             drop(message);
-            halt(&shared, offset, &mut stop).await;
+            halt(&shared, at, &mut stop).await;
             break;
         }
         shared.in_flight.store(offset, Ordering::Release);
@@ -474,18 +604,173 @@ struct Progress<'a> {
     partition: i32,
     source: &'a str,
     log_messages: bool,
+    /// The committed offset the assignment resumed from, if any.
+    resume: Option<i64>,
+    on_failure: OnFailure,
+    /// A fetch error since the last message: offsets missing after it may be messages
+    /// librdkafka could not read, not offsets that hold none.
+    fetch_error: Option<KafkaError>,
+    gaps: GapLines,
+}
+
+/// How often a partition writes an `at=offset_gap` line at most (see [`Progress::gap`]).
+const GAP_LINE_EVERY: Duration = Duration::from_secs(10);
+
+/// The rate limit of a partition's `at=offset_gap` lines.
+#[derive(Default)]
+struct GapLines {
+    last_line: Option<Instant>,
+    /// Gaps, and offsets in them, since the last line that had no line of their own.
+    unlogged: u64,
+    unlogged_skipped: u64,
 }
 
 impl Progress<'_> {
-    /// `offset` goes to the processor. False (logged) if it cannot be accounted for.
-    fn dispatch(&mut self, offset: i64) -> bool {
-        match self.tracker.dispatch(offset) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e);
-                false
+    /// The offset the next message should have: one past the last handed out, else the
+    /// committed offset the assignment resumed from.
+    fn expected(&self) -> Option<i64> {
+        self.tracker
+            .last_dispatched()
+            .map(|o| o + 1)
+            .or(self.resume)
+    }
+
+    /// `offset` goes to the processor. `Err(at)` (logged): it may not, and the
+    /// partition must not be committed past `at`.
+    fn dispatch(&mut self, offset: i64) -> Result<(), i64> {
+        let after_error = self.fetch_error.take();
+        if let Some(from) = self.expected().filter(|&e| offset > e) {
+            match after_error {
+                Some(error) => self.unread(from, offset, &error)?,
+                // The first message's distance from the committed offset is logged
+                // by `resumed` (at=offset_reset).
+                None if self.tracker.last_dispatched().is_none() => {
+                    self.shared.metrics.offsets_skipped((offset - from) as u64)
+                }
+                None => self.gap(from, offset),
             }
         }
+        self.tracker.dispatch(offset).map_err(|e| {
+            tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e);
+            offset
+        })
+    }
+
+    /// Offsets `from..to` hold no message that reached ackd, and no fetch error came
+    /// before them: compaction, transaction markers and aborted transactions
+    /// (`isolation.level=read_committed`) leave such gaps as a matter of course;
+    /// retention passing the position, an offset reset (`ACKD_START_FROM`) or a
+    /// truncated log leave them too. Every gap is counted (`count#offsets.skipped`);
+    /// one of a single offset (a transaction's marker) is a debug line; a longer one is
+    /// an info line, at most one per partition every [`GAP_LINE_EVERY`], which counts
+    /// the gaps since the previous line that had none.
+    fn gap(&mut self, from: i64, to: i64) {
+        let skipped = (to - from) as u64;
+        self.shared.metrics.offsets_skipped(skipped);
+        let now = Instant::now();
+        let quiet = skipped == 1
+            || self
+                .gaps
+                .last_line
+                .is_some_and(|t| now.duration_since(t) < GAP_LINE_EVERY);
+        if quiet {
+            self.gaps.unlogged += 1;
+            self.gaps.unlogged_skipped += skipped;
+            tracing::debug!(
+                at = "offset_gap",
+                topic = self.topic,
+                partition = self.partition,
+                from,
+                to,
+                skipped
+            );
+            return;
+        }
+        tracing::info!(
+            at = "offset_gap",
+            topic = self.topic,
+            partition = self.partition,
+            from,
+            to,
+            skipped,
+            earlier_gaps = self.gaps.unlogged,
+            earlier_skipped = self.gaps.unlogged_skipped,
+            "no message at these offsets reached ackd (compacted, transaction markers, aborted transactions, deleted by retention, or passed by an offset reset): the committed offset passes them; none was a message that failed"
+        );
+        self.gaps = GapLines {
+            last_line: Some(now),
+            unlogged: 0,
+            unlogged_skipped: 0,
+        };
+    }
+
+    /// Offsets `from..to` are missing after a fetch error: they may be messages
+    /// librdkafka could not read and moved past. The failure policy decides: with
+    /// `skip` they are passed (a line says so), else the partition halts at `from`.
+    fn unread(&mut self, from: i64, to: i64, error: &KafkaError) -> Result<(), i64> {
+        let skipped = (to - from) as u64;
+        if self.on_failure == OnFailure::Skip {
+            self.shared.metrics.offsets_skipped(skipped);
+            self.shared.metrics.skipped();
+            tracing::warn!(
+                at = "skipped",
+                topic = self.topic,
+                partition = self.partition,
+                offset = from,
+                to,
+                skipped,
+                error = %error,
+                "offsets left unread after a fetch error, passed without processing (ACKD_ON_FAILURE=skip)"
+            );
+            return Ok(());
+        }
+        self.fetch_halt(from, Some(to), error);
+        Err(from)
+    }
+
+    /// The line of a partition halted by a fetch error at `offset`.
+    fn fetch_halt(&self, offset: i64, to: Option<i64>, error: &KafkaError) {
+        tracing::error!(
+            at = "fetch_failed",
+            topic = self.topic,
+            partition = self.partition,
+            offset,
+            to,
+            on_failure = self.on_failure.as_str(),
+            error = %error,
+            "messages from this offset could not be read: partition halted, its offset is not committed past them (a corrupt batch halts whatever ACKD_ON_FAILURE says; nothing unreadable can be dead-lettered)"
+        );
+    }
+
+    /// A fetch error on the partition's queue. A batch that fails its CRC check
+    /// (`check.crcs=true`) halts the partition at once, whatever `ACKD_ON_FAILURE` says:
+    /// librdkafka fetches that batch again and again and never delivers what follows,
+    /// so there is nothing to skip to (and nothing to dead-letter). Any other error is
+    /// logged, and the offsets missing before the next message are then treated as
+    /// unread ([`Progress::unread`]: an unsupported format, which librdkafka does move
+    /// past, is skipped with `skip` and halts the partition otherwise). `Err(at)`: halt
+    /// at `at`.
+    fn fetch_failed(&mut self, error: KafkaError) -> Result<(), i64> {
+        if matches!(
+            error,
+            KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage)
+        ) {
+            // Without a known position (no message yet, no committed offset) nothing
+            // can be committed by this worker anyway.
+            let at = self.expected().unwrap_or(0);
+            self.fetch_halt(at, None, &error);
+            return Err(at);
+        }
+        tracing::warn!(
+            at = "fetch_error",
+            topic = self.topic,
+            partition = self.partition,
+            expected_offset = self.expected(),
+            error = %error,
+            "offsets missing before the next message are treated as unread (ACKD_ON_FAILURE applies)"
+        );
+        self.fetch_error = Some(error);
+        Ok(())
     }
 
     /// `view` is acknowledged: by the processor (`processed`: its per-message line), or
@@ -526,7 +811,7 @@ enum After {
 /// waiting.
 async fn gather<'q, S>(
     batch: &mut Vec<BorrowedMessage<'q>>,
-    held: &mut Option<BorrowedMessage<'q>>,
+    held: &mut Option<KafkaResult<BorrowedMessage<'q>>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
@@ -544,6 +829,10 @@ where
         0
     };
     while batch.len() < batching.max_messages {
+        // A stop while filling from a backlog: nothing more is taken from the queue.
+        if stop.has_changed().unwrap_or(true) {
+            return After::Stop;
+        }
         let next = match stream.next().now_or_never() {
             Some(next) => next,
             None if batching.max_wait.is_zero() => break,
@@ -560,7 +849,7 @@ where
                     bytes += weight(&m);
                     if bytes > limit {
                         // Full by size: this one starts the next batch.
-                        *held = Some(m);
+                        *held = Some(Ok(m));
                         break;
                     }
                 }
@@ -568,7 +857,9 @@ where
             }
             Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => return After::End,
             Some(Err(e)) => {
-                tracing::warn!(at = "fetch_error", topic = batch[0].topic(), partition = batch[0].partition(), error = %e);
+                // The batch ends before it; the partition handles it next.
+                *held = Some(Err(e));
+                break;
             }
             None => return After::Closed,
         }
