@@ -368,3 +368,108 @@ fn a_batch_that_fails_its_crc_check_halts_the_partition_at_it() {
         started.elapsed()
     );
 }
+
+/// Item 3, the other side: on a transactional topic every transaction leaves a marker
+/// (one offset), and an aborted transaction's records are never delivered
+/// (read_committed). Markers are counted, not a line each; the aborted transaction's
+/// gap is one info line; everything committed is processed once and the commit ends
+/// one past the last message.
+#[test]
+fn transaction_markers_are_counted_not_a_line_each() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let topic = unique_name("txn");
+    let group = unique_name("g-txn");
+    create_topic(&topic, 1);
+    let producer: BaseProducer = broker()
+        .client_config()
+        .set("transactional.id", unique_name("txn-producer"))
+        .set("linger.ms", "1")
+        .create()
+        .expect("transactional producer");
+    let timeout = Duration::from_secs(30);
+    producer
+        .init_transactions(timeout)
+        .expect("init transactions");
+    const TRANSACTIONS: usize = 30;
+    const ABORTED: usize = 10;
+    let mut committed_bodies = Vec::new();
+    for t in 0..TRANSACTIONS {
+        producer.begin_transaction().expect("begin");
+        let n = if t == ABORTED { 5 } else { 2 };
+        for i in 0..n {
+            let body = format!("t{t}-{i}");
+            producer
+                .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(&body))
+                .map_err(|(e, _)| e)
+                .expect("send");
+            if t != ABORTED {
+                committed_bodies.push(body);
+            }
+        }
+        // Written before the end of the transaction: an abort would purge the rest.
+        producer.flush(timeout).expect("flush");
+        if t == ABORTED {
+            producer.abort_transaction(timeout).expect("abort");
+        } else {
+            producer.commit_transaction(timeout).expect("commit");
+        }
+    }
+    // 29 transactions of 2 committed, one of 5 aborted: offsets 0..=91 with markers.
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_METRICS_INTERVAL_MS", "300")
+        .spawn();
+    ackd.wait_for_count(is_processed, committed_bodies.len(), WAIT);
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    assert_eq!(code, 0, "{}", lines.join("\n"));
+    let got: Vec<i64> = processed(&lines).iter().map(|(_, o)| *o).collect();
+    // Transaction t (not the aborted one) holds offsets 3t and 3t+1 (its marker 3t+2),
+    // but the aborted one takes 6 (5 records and its marker).
+    let expected: Vec<i64> = (0..TRANSACTIONS as i64)
+        .filter(|t| *t != ABORTED as i64)
+        .flat_map(|t| {
+            let base = if t < ABORTED as i64 { 3 * t } else { 3 * t + 3 };
+            [base, base + 1]
+        })
+        .collect();
+    assert_eq!(got, expected, "processed offsets");
+    let gaps: Vec<&String> = lines.iter().filter(|l| at(l, "offset_gap")).collect();
+    assert_eq!(
+        gaps.len(),
+        1,
+        "one gap line (the aborted transaction): {gaps:?}"
+    );
+    let aborted_from = 3 * ABORTED as i64;
+    assert_eq!(number(gaps[0], "from"), aborted_from - 1, "{}", gaps[0]);
+    assert_eq!(number(gaps[0], "to"), aborted_from + 6, "{}", gaps[0]);
+    assert_eq!(number(gaps[0], "skipped"), 7, "{}", gaps[0]);
+    assert_eq!(
+        number(gaps[0], "earlier_gaps"),
+        ABORTED as i64 - 1,
+        "{}",
+        gaps[0]
+    );
+    let skipped_total: i64 = lines
+        .iter()
+        .filter(|l| at(l, "summary"))
+        .filter_map(|l| field(l, "count#ackd.offsets.skipped"))
+        .map(|v| v.parse::<i64>().unwrap())
+        .sum();
+    // A marker between each two committed transactions (28 pairs), one of which is
+    // the aborted transaction's gap (7 offsets: a marker, 5 records, a marker).
+    let markers = (TRANSACTIONS - 3) as i64;
+    assert_eq!(skipped_total, markers + 7);
+    let last = *expected.last().unwrap();
+    let committed = committed(&group, &topic, 1);
+    assert_eq!(committed[&0], Some(last + 1));
+    eprintln!(
+        "txn: {TRANSACTIONS} transactions ({} messages committed, 5 aborted), processed {}, lost 0, duplicated 0, gap lines 1 (from={} to={} skipped=7 earlier_gaps={}), offsets.skipped {skipped_total}, committed {}, exit {code}",
+        committed_bodies.len(),
+        got.len(),
+        aborted_from - 1,
+        aborted_from + 6,
+        ABORTED - 1,
+        last + 1
+    );
+}
