@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
-use rdkafka::consumer::ConsumerContext;
+use rdkafka::consumer::{ConsumerContext, MessageStream};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
@@ -349,7 +349,22 @@ async fn after_predecessor<C: ConsumerContext + 'static>(
     queue
 }
 
-/// Reads the partition until told to stop: the worker proper.
+/// Reads the partition until told to stop: the worker proper, a small state machine.
+///
+/// ```text
+///            ┌──────────── next message (or fetch error) ───────────┐
+///            ▼                                                      │
+///   Read ─▶ one message, or a batch (ACKD_BATCH_MAX_MESSAGES > 1) ──┘
+///    │           │                    │
+///    │           ▼                    ▼
+///    │   Halt(offset): idle,     End: idle, the partition
+///    │   nothing committed       reached its end
+///    │   past offset             (ACKD_STOP_AT_END)
+///    ▼           │                    │
+///   Stop ◀───────┴── told to stop ────┘
+/// ```
+/// `Halt` and `End` keep the partition (and its queue) until the stop: dropping the
+/// queue would silently stop the partition. `Stop` returns.
 async fn consume<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
@@ -357,188 +372,245 @@ async fn consume<C, P>(
     resume: Option<i64>,
     config: WorkerConfig<P>,
     shared: &Arc<WorkerShared>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) where
     C: ConsumerContext + 'static,
     P: Processor,
 {
-    let shared = shared.clone();
-    let mut stream = queue.stream();
-    let mut first = true;
-    let mut rng = fastrand::Rng::new();
     let source = config
         .message_source
         .clone()
         .unwrap_or_else(|| topic.clone());
-    let mut progress = Progress {
-        tracker: OffsetTracker::new(),
-        shared: &shared,
+    let mut worker = Worker {
+        stream: queue.stream(),
+        held: None,
+        progress: Progress {
+            tracker: OffsetTracker::new(),
+            shared,
+            topic: &topic,
+            partition,
+            source: &source,
+            log_messages: config.log_messages,
+            resume,
+            on_failure: config.on_failure,
+            fetch_error: None,
+            gaps: GapLines::default(),
+        },
+        config: &config,
+        shared,
         topic: &topic,
         partition,
-        source: &source,
-        log_messages: config.log_messages,
         resume,
-        on_failure: config.on_failure,
-        fetch_error: None,
-        gaps: GapLines::default(),
+        stop,
+        rng: fastrand::Rng::new(),
+        ready: 0,
+        first: true,
     };
-    let stop_at_end = config.at_end.is_some();
-    // Messages taken in a row without waiting for the queue (see YIELD_EVERY).
-    let mut ready = 0;
-    // A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
-    // batch's first. Dropped unprocessed on a stop, like a batch being gathered. Or a
-    // fetch error that ended the last batch, handled before anything after it.
-    let mut held: Option<KafkaResult<BorrowedMessage<'_>>> = None;
+    let mut step = Step::Read;
     loop {
-        if ready >= YIELD_EVERY {
-            ready = 0;
+        step = match step {
+            Step::Read => worker.read().await,
+            Step::Halt(offset) => {
+                halt(shared, offset, &mut worker.stop).await;
+                Step::Stop
+            }
+            Step::End => {
+                reached_end(shared, &config, &topic, partition, &mut worker.stop).await;
+                Step::Stop
+            }
+            Step::Stop => return,
+        };
+    }
+}
+
+/// What a partition's worker does next (see [`consume`]).
+enum Step {
+    /// Take what the queue has next and hand it to the processor.
+    Read,
+    /// Stay idle until stopped; nothing past this offset is committed.
+    Halt(i64),
+    /// Stay idle until stopped: the partition reached its end (`ACKD_STOP_AT_END`).
+    End,
+    /// Return (told to stop, or the queue is gone).
+    Stop,
+}
+
+/// One partition's reading state, between its queue and its processor.
+struct Worker<'a, C: ConsumerContext, P> {
+    stream: MessageStream<'a, C>,
+    /// A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
+    /// batch's first. Dropped unprocessed on a stop, like a batch being gathered. Or a
+    /// fetch error that ended the last batch, handled before anything after it.
+    held: Option<KafkaResult<BorrowedMessage<'a>>>,
+    progress: Progress<'a>,
+    config: &'a WorkerConfig<P>,
+    shared: &'a WorkerShared,
+    topic: &'a Arc<str>,
+    partition: i32,
+    resume: Option<i64>,
+    stop: watch::Receiver<bool>,
+    rng: fastrand::Rng,
+    /// Messages taken in a row without waiting for the queue (see YIELD_EVERY).
+    ready: usize,
+    /// No message read yet in this assignment.
+    first: bool,
+}
+
+impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
+    /// The next message or fetch error, and what follows from it.
+    async fn read(&mut self) -> Step {
+        let Some(next) = self.next().await else {
+            return Step::Stop;
+        };
+        let message = match next {
+            Ok(m) => m,
+            Err(KafkaError::PartitionEOF(_)) if self.config.at_end.is_some() => {
+                return Step::End;
+            }
+            Err(e) => {
+                return match self.progress.fetch_failed(e) {
+                    Ok(()) => Step::Read,
+                    Err(offset) => Step::Halt(offset),
+                };
+            }
+        };
+        if self.first {
+            self.first = false;
+            resumed(
+                self.shared,
+                self.topic,
+                self.partition,
+                self.resume,
+                message.offset(),
+            );
+        }
+        if self.config.batch.max_messages > 1 {
+            self.batch(message).await
+        } else {
+            self.single(message).await
+        }
+    }
+
+    /// What the queue has next; `None` when told to stop or the queue is gone.
+    async fn next(&mut self) -> Option<KafkaResult<BorrowedMessage<'a>>> {
+        if self.ready >= YIELD_EVERY {
+            self.ready = 0;
             tokio::task::yield_now().await;
         }
         // Stop is checked before every message, with one atomic load; the select (which
         // builds a notification future) only when the queue is empty and we must wait.
-        if stop.has_changed().unwrap_or(true) {
-            break;
+        if self.stop.has_changed().unwrap_or(true) {
+            return None;
         }
-        let next = if let Some(m) = held.take() {
-            Some(m)
-        } else {
-            match stream.next().now_or_never() {
-                Some(next) => {
-                    ready += 1;
-                    next
-                }
-                None => {
-                    // Waiting lets the other tasks run.
-                    ready = 0;
-                    tokio::select! {
-                        biased;
-                        _ = stop.changed() => break,
-                        next = stream.next() => next,
-                    }
-                }
-            }
-        };
-        let message = match next {
-            Some(Ok(m)) => m,
-            Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => {
-                reached_end(&shared, &config, &topic, partition, &mut stop).await;
-                break;
-            }
-            Some(Err(e)) => match progress.fetch_failed(e) {
-                Ok(()) => continue,
-                Err(offset) => {
-                    halt(&shared, offset, &mut stop).await;
-                    break;
-                }
-            },
-            None => break,
-        };
-        if first {
-            first = false;
-            resumed(&shared, &topic, partition, resume, message.offset());
+        if let Some(held) = self.held.take() {
+            return Some(held);
         }
-        if config.batch.max_messages > 1 {
-            let (ended, after) = {
-                let mut batch = Vec::with_capacity(config.batch.max_messages.min(1024));
-                batch.push(message);
-                let after = gather(
-                    &mut batch,
-                    &mut held,
-                    &mut stream,
-                    &config.batch,
-                    stop_at_end,
-                    &mut stop,
-                )
-                .await;
-                ready += batch.len() - 1;
-                if let After::Stop = after {
-                    // Not handed to the processor yet: whoever reads the partition next
-                    // gets these messages, for the first time.
-                    break;
-                }
-                let kafka: Vec<Kafka<'_>> = batch.iter().map(Kafka::new).collect();
-                let views: Vec<Message<'_>> = kafka
-                    .iter()
-                    .map(|k| Message::from_kafka(k, &topic))
-                    .collect();
-                // The batch ends before a message that may not be handed out (never
-                // commit past what we could not account for): the partition halts there.
-                let mut refused = None;
-                for (i, v) in views.iter().enumerate() {
-                    if let Err(at) = progress.dispatch(v.offset()) {
-                        refused = Some((i, at));
-                        break;
-                    }
-                }
-                let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];
-                let ended = if dispatched.is_empty() {
-                    BatchEnd::Done
-                } else {
-                    shared.metrics.received_many(dispatched.len() as u64);
-                    let ended = Handler {
-                        config: &config,
-                        shared: &shared,
-                        stop: &mut stop,
-                        rng: &mut rng,
-                    }
-                    .handle_batch(dispatched, &mut progress)
-                    .await;
-                    shared.in_flight.store(NONE, Ordering::Release);
-                    ended
-                };
-                match (ended, refused) {
-                    (BatchEnd::Done, Some((_, at))) => (BatchEnd::Halt(at), After::Closed),
-                    (ended, _) => (ended, after),
-                }
-                // The batch's messages are released here: holding librdkafka's messages
-                // while halted would keep the consumer from closing.
-            };
-            match (ended, after) {
-                (BatchEnd::Halt(offset), _) => {
-                    halt(&shared, offset, &mut stop).await;
-                    break;
-                }
-                (BatchEnd::Interrupted, _) => break,
-                (BatchEnd::Done, After::More) => continue,
-                (BatchEnd::Done, After::End) => {
-                    reached_end(&shared, &config, &topic, partition, &mut stop).await;
-                    break;
-                }
-                (BatchEnd::Done, After::Stop | After::Closed) => break,
-            }
+        if let Some(next) = self.stream.next().now_or_never() {
+            self.ready += 1;
+            return next;
         }
+        // Waiting lets the other tasks run.
+        self.ready = 0;
+        tokio::select! {
+            biased;
+            _ = self.stop.changed() => None,
+            next = self.stream.next() => next,
+        }
+    }
+
+    /// One message to the processor (`Processor::process`).
+    async fn single(&mut self, message: BorrowedMessage<'a>) -> Step {
         let offset = message.offset();
-        if let Err(at) = progress.dispatch(offset) {
+        if let Err(at) = self.progress.dispatch(offset) {
             // Never commit past a message we could not account for.
-            drop(message);
-            halt(&shared, at, &mut stop).await;
-            break;
+            return Step::Halt(at);
         }
-        shared.in_flight.store(offset, Ordering::Release);
-        shared.metrics.received();
+        self.shared.in_flight.store(offset, Ordering::Release);
+        self.shared.metrics.received();
         let kafka = Kafka::new(&message);
-        let view = Message::from_kafka(&kafka, &topic);
+        let view = Message::from_kafka(&kafka, self.topic);
         let outcome = Handler {
-            config: &config,
-            shared: &shared,
-            stop: &mut stop,
-            rng: &mut rng,
+            config: self.config,
+            shared: self.shared,
+            stop: &mut self.stop,
+            rng: &mut self.rng,
         }
         .handle(&view)
         .await;
-        shared.in_flight.store(NONE, Ordering::Release);
+        self.shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
-            Handled::Processed => progress.ack(&view, true),
+            Handled::Processed => self.progress.ack(&view, true),
             // Skipped and dead-lettered messages have their own lines.
-            Handled::Ack => progress.ack(&view, false),
+            Handled::Ack => self.progress.ack(&view, false),
             // Told to stop while waiting to retry: the message stays unacknowledged and
             // is redelivered to whoever owns the partition next.
-            Handled::Interrupted => break,
-            Handled::Halt => {
-                drop(message);
-                halt(&shared, offset, &mut stop).await;
+            Handled::Interrupted => return Step::Stop,
+            // The message is released on return: holding librdkafka's messages while
+            // halted would keep the consumer from closing.
+            Handled::Halt => return Step::Halt(offset),
+        }
+        Step::Read
+    }
+
+    /// A batch that starts with `first` to the processor (`Processor::process_batch`).
+    async fn batch(&mut self, first: BorrowedMessage<'a>) -> Step {
+        let mut batch = Vec::with_capacity(self.config.batch.max_messages.min(1024));
+        batch.push(first);
+        let after = gather(
+            &mut batch,
+            &mut self.held,
+            &mut self.stream,
+            &self.config.batch,
+            self.config.at_end.is_some(),
+            &mut self.stop,
+        )
+        .await;
+        self.ready += batch.len() - 1;
+        if let After::Stop = after {
+            // Not handed to the processor yet: whoever reads the partition next gets
+            // these messages, for the first time.
+            return Step::Stop;
+        }
+        let kafka: Vec<Kafka<'_>> = batch.iter().map(Kafka::new).collect();
+        let views: Vec<Message<'_>> = kafka
+            .iter()
+            .map(|k| Message::from_kafka(k, self.topic))
+            .collect();
+        // The batch ends before a message that may not be handed out (never commit
+        // past what we could not account for): the partition halts there.
+        let mut refused = None;
+        for (i, v) in views.iter().enumerate() {
+            if let Err(at) = self.progress.dispatch(v.offset()) {
+                refused = Some((i, at));
                 break;
             }
+        }
+        let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];
+        let ended = if dispatched.is_empty() {
+            BatchEnd::Done
+        } else {
+            self.shared.metrics.received_many(dispatched.len() as u64);
+            let ended = Handler {
+                config: self.config,
+                shared: self.shared,
+                stop: &mut self.stop,
+                rng: &mut self.rng,
+            }
+            .handle_batch(dispatched, &mut self.progress)
+            .await;
+            self.shared.in_flight.store(NONE, Ordering::Release);
+            ended
+        };
+        // The batch's messages are released on return: holding librdkafka's messages
+        // while halted would keep the consumer from closing.
+        match (ended, refused, after) {
+            (BatchEnd::Halt(offset), _, _) | (BatchEnd::Done, Some((_, offset)), _) => {
+                Step::Halt(offset)
+            }
+            (BatchEnd::Interrupted, _, _) => Step::Stop,
+            (BatchEnd::Done, None, After::More) => Step::Read,
+            (BatchEnd::Done, None, After::End) => Step::End,
+            (BatchEnd::Done, None, After::Stop | After::Closed) => Step::Stop,
         }
     }
 }
