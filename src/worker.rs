@@ -823,6 +823,10 @@ impl Progress<'_> {
     /// past, is skipped with `skip` and halts the partition otherwise). `Err(at)`: halt
     /// at `at`.
     fn fetch_failed(&mut self, error: KafkaError) -> Result<(), i64> {
+        // The end of the log is no error, and no message is missing after it.
+        if let KafkaError::PartitionEOF(_) = error {
+            return Ok(());
+        }
         if matches!(
             error,
             KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage)
