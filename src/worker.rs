@@ -1231,6 +1231,129 @@ async fn halt(shared: &WorkerShared, offset: i64, stop: &mut watch::Receiver<boo
 mod tests {
     use super::*;
 
+    fn progress<'a>(shared: &'a WorkerShared, on_failure: OnFailure) -> Progress<'a> {
+        Progress {
+            tracker: OffsetTracker::new(),
+            shared,
+            topic: "t",
+            partition: 0,
+            source: "t",
+            log_messages: false,
+            resume: Some(0),
+            on_failure,
+            fetch_error: None,
+            gaps: GapLines::default(),
+        }
+    }
+
+    fn counted(shared: &WorkerShared) -> (u64, u64) {
+        let mut i = metrics::Interval::default();
+        shared.metrics.take_into(&mut i);
+        (i.offsets_skipped, i.skipped)
+    }
+
+    fn transient() -> KafkaError {
+        KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)
+    }
+
+    #[test]
+    fn offsets_missing_after_a_fetch_error_halt_the_partition_unless_skip() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.dispatch(1), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(5), Err(2), "halted at the first unread offset");
+
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::DeadLetter);
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(3), Err(0), "unread from the committed offset");
+
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Skip);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(counted(&shared), (3, 1), "3 offsets passed, as one skip");
+    }
+
+    #[test]
+    fn a_fetch_error_with_nothing_missing_after_it_is_forgotten() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(1), Ok(()));
+        // A later gap is an ordinary one.
+        assert_eq!(p.dispatch(9), Ok(()));
+        assert_eq!(counted(&shared), (7, 0));
+    }
+
+    #[test]
+    fn a_corrupt_batch_halts_at_the_next_offset_whatever_the_policy() {
+        for policy in [OnFailure::Halt, OnFailure::Skip, OnFailure::DeadLetter] {
+            let shared = WorkerShared::new();
+            let mut p = progress(&shared, policy);
+            assert_eq!(p.dispatch(0), Ok(()));
+            let crc = KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage);
+            assert_eq!(p.fetch_failed(crc), Err(1), "{policy:?}");
+        }
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.fetch_failed(KafkaError::PartitionEOF(0)), Ok(()));
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(
+            p.dispatch(3),
+            Ok(()),
+            "the end of the log is no fetch error"
+        );
+    }
+
+    #[test]
+    fn gaps_are_counted_and_single_offsets_are_quiet() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        // The first message's distance from the committed offset: counted, no gap line
+        // (at=offset_reset says it).
+        assert_eq!(p.dispatch(2), Ok(()));
+        // Transaction markers: one offset each.
+        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(p.dispatch(6), Ok(()));
+        assert!(p.gaps.last_line.is_none());
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (2, 2));
+        // A longer gap is a line, which counts the quiet ones before it.
+        assert_eq!(p.dispatch(20), Ok(()));
+        assert!(p.gaps.last_line.is_some());
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (0, 0));
+        // The next within GAP_LINE_EVERY waits for the next line.
+        assert_eq!(p.dispatch(30), Ok(()));
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (1, 9));
+        assert_eq!(counted(&shared), (2 + 1 + 1 + 13 + 9, 0));
+    }
+
+    #[tokio::test]
+    async fn a_task_waiting_on_the_latch_wakes_when_it_is_set() {
+        let shared = Arc::new(WorkerShared::new());
+        let waiting = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.done.wait().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        let s2 = shared.clone();
+        std::thread::spawn(move || drop(SetOnDrop(s2)))
+            .join()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(shared.is_done());
+        // Already set: returns at once.
+        shared.done.wait().await;
+    }
+
     #[test]
     fn latch_waits_until_set_or_deadline() {
         let shared = Arc::new(WorkerShared::new());
