@@ -23,6 +23,10 @@ fn partition_of(line: &str) -> i32 {
         .unwrap_or_else(|| panic!("no partition= in {line}"))
 }
 
+fn partition_of_opt(line: &str) -> Option<i32> {
+    field(line, "partition").and_then(|p| p.parse().ok())
+}
+
 fn number(line: &str, key: &str) -> i64 {
     field(line, key)
         .and_then(|v| v.parse().ok())
@@ -56,7 +60,7 @@ fn a_jump_forward_mid_stream_is_a_line_with_from_to_and_count() {
     // Slow, and fetching a few messages at a time: the position stays far behind 200.
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")
-        .env("ACKD_TEST_DELAY_MS", "30")
+        .env("ACKD_TEST_DELAY_MS", "50")
         .env("ACKD_RDKAFKA_QUEUED_MIN_MESSAGES", "5")
         .env("ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES", "1")
         .env("ACKD_RDKAFKA_MAX_PARTITION_FETCH_BYTES", "512")
@@ -183,10 +187,30 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
         |l| at(l, "assigned") && partition_of(l) == moved,
         WAIT,
     );
+    let head = heads.iter().find(|(p, _)| *p == moved).expect("head").1;
+    // Messages for the partition while its old worker is still stuck: they wait.
+    let early_bodies: Vec<Vec<u8>> = (0..5).map(|i| format!("early-{i}").into_bytes()).collect();
+    let early: Vec<Record<'_>> = early_bodies
+        .iter()
+        .map(|b| (moved, None, b.as_slice(), &[][..]))
+        .collect();
+    let early = produce_records(&topic, &early);
+    let seen = a.wait_for_line_from(
+        after_revoke + 1,
+        |l| {
+            partition_of_opt(l) == Some(moved)
+                && (at(l, "partition_waiting") || (is_processed(l) && number(l, "offset") > head))
+        },
+        WAIT,
+    );
+    assert!(
+        at(&seen, "partition_waiting"),
+        "partition {moved} read by its new worker while the old one is stuck in it: {seen}\n{}",
+        a.lines().join("\n")
+    );
 
     // The old worker's processor returns: it acks into nothing and drops its queue.
     std::fs::write(&release, b"").expect("write release file");
-    let head = heads.iter().find(|(p, _)| *p == moved).expect("head").1;
     a.wait_for_line(
         |l| is_processed(l) && partition_of(l) == moved && number(l, "offset") == head,
         WAIT,
@@ -194,6 +218,7 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
     // Messages produced after that must reach the partition's new worker.
     let mut delivered: Vec<Delivered> = heads
         .iter()
+        .chain(&early)
         .map(|&(partition, offset)| Delivered {
             partition,
             offset,
