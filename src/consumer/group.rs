@@ -93,6 +93,10 @@ pub struct Group {
     pub owned: BTreeMap<Tp, Owned>,
     /// Counts of workers that ended during the current metrics interval.
     retired: Interval,
+    /// Workers released with their partition that had not ended (aborted while their
+    /// processor would not return): if the partition comes back, its next worker waits
+    /// for them ([`worker::Predecessor`]).
+    lingering: HashMap<Tp, Arc<worker::WorkerShared>>,
 }
 
 impl Group {
@@ -453,6 +457,30 @@ impl<P: Processor> GroupContext<P> {
                     None
                 }
             };
+            // Assigned twice without a revoke in between: the old worker's acks belong to
+            // a finished assignment and are dropped with it.
+            if let Some(old) = group.owned.remove(&tp) {
+                old.worker.stop();
+                old.worker.abort();
+                group
+                    .lingering
+                    .insert(tp.clone(), old.worker.shared.clone());
+            }
+            // A previous worker of this partition that has not ended still holds a
+            // handle on its queue: the new one must not read it before that is gone.
+            let predecessor = group
+                .lingering
+                .remove(&tp)
+                .filter(|s| !s.is_done())
+                .map(|shared| {
+                    let (consumer, topic) = (Arc::downgrade(&consumer), tp.0.clone());
+                    worker::Predecessor {
+                        shared,
+                        resplit: Box::new(move || {
+                            consumer.upgrade()?.split_partition_queue(&topic, partition)
+                        }),
+                    }
+                });
             let Some(queue) = consumer.split_partition_queue(topic, partition) else {
                 tracing::error!(
                     at = "assign_error",
@@ -469,8 +497,9 @@ impl<P: Processor> GroupContext<P> {
                 partition,
                 committed_offset,
                 self.worker.clone(),
+                predecessor,
             );
-            let previous = group.owned.insert(
+            group.owned.insert(
                 tp,
                 Owned {
                     worker,
@@ -481,12 +510,6 @@ impl<P: Processor> GroupContext<P> {
                     released: false,
                 },
             );
-            if let Some(old) = previous {
-                // Assigned twice without a revoke in between: the old worker's acks
-                // belong to a finished assignment and are dropped with it.
-                old.worker.stop();
-                old.worker.abort();
-            }
         }
     }
 
@@ -616,8 +639,11 @@ impl<P: Processor> GroupContext<P> {
                     at = "worker_stuck",
                     topic = &*tp.0,
                     partition = tp.1,
-                    "worker did not end after abort"
+                    "worker did not end after abort (its processor does not return); if the partition comes back, it is not read until this worker ends"
                 );
+                self.lock()
+                    .lingering
+                    .insert(tp.clone(), p.worker.shared.clone());
             }
         }
         if commit.is_none() || fatal {

@@ -90,6 +90,11 @@ impl OffsetTracker {
         Ok(self.committable)
     }
 
+    /// The last offset handed out, if any.
+    pub fn last_dispatched(&self) -> Option<i64> {
+        self.last_dispatched
+    }
+
     /// The next offset to read, if anything was acknowledged contiguously.
     pub fn committable(&self) -> Option<i64> {
         self.committable

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
-use rdkafka::consumer::ConsumerContext;
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{ConsumerContext, MessageStream};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
@@ -100,6 +101,11 @@ impl WorkerShared {
     pub fn wait_done(&self, deadline: Instant) -> bool {
         self.done.wait_until(deadline)
     }
+
+    /// Whether the worker has returned (and dropped its queue).
+    pub fn is_done(&self) -> bool {
+        self.done.is_set()
+    }
 }
 
 fn some(v: i64) -> Option<i64> {
@@ -107,17 +113,37 @@ fn some(v: i64) -> Option<i64> {
 }
 
 /// A one-way flag that threads can wait on with a deadline (the rebalance callback
-/// waits on plain threads, outside any async runtime).
+/// waits on plain threads, outside any async runtime), and tasks without blocking (a
+/// partition's next worker waits for its previous one).
 #[derive(Debug, Default)]
 struct Latch {
     set: Mutex<bool>,
     cond: Condvar,
+    notify: Notify,
 }
 
 impl Latch {
     fn set(&self) {
         *self.set.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.cond.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a set() in between still wakes us.
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn wait_until(&self, deadline: Instant) -> bool {
@@ -211,6 +237,18 @@ impl<P> Clone for WorkerConfig<P> {
     }
 }
 
+/// A partition's previous worker (of an earlier assignment of it to this process) that
+/// had not ended when the partition came back: it was aborted after its drain timed out,
+/// and its processor has not returned since. Both workers' queues are handles on one
+/// librdkafka queue, and dropping one unhooks the wake-up of every other (rdkafka's
+/// `StreamPartitionQueue` disables the queue's callback on drop): so the new worker
+/// touches the partition only once the old one is gone, then takes a fresh handle.
+pub struct Predecessor<C: ConsumerContext + 'static> {
+    pub shared: Arc<WorkerShared>,
+    /// Splits the partition's queue again (a handle whose wake-up is hooked anew).
+    pub resplit: Box<dyn FnOnce() -> Option<StreamPartitionQueue<C>> + Send>,
+}
+
 /// Starts the worker for one partition on `runtime`.
 pub fn spawn<C, P>(
     runtime: &tokio::runtime::Handle,
@@ -219,6 +257,7 @@ pub fn spawn<C, P>(
     partition: i32,
     resume: Option<i64>,
     config: WorkerConfig<P>,
+    predecessor: Option<Predecessor<C>>,
 ) -> WorkerHandle
 where
     C: ConsumerContext + 'static,
@@ -234,10 +273,12 @@ where
         config,
         shared.clone(),
         stop_rx,
+        predecessor,
     ));
     WorkerHandle { shared, stop, task }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
@@ -246,6 +287,7 @@ async fn run<C, P>(
     config: WorkerConfig<P>,
     shared: Arc<WorkerShared>,
     mut stop: watch::Receiver<bool>,
+    predecessor: Option<Predecessor<C>>,
 ) where
     C: ConsumerContext + 'static,
     P: Processor,
@@ -253,162 +295,322 @@ async fn run<C, P>(
     // Declared first, dropped last: the latch is set only once the queue (and with it
     // this worker's hold on the consumer) is gone, aborts included.
     let _done = SetOnDrop(shared.clone());
-    let queue = queue;
-    let mut stream = queue.stream();
-    let mut first = true;
-    let mut rng = fastrand::Rng::new();
+    let queue = match predecessor {
+        None => queue,
+        Some(previous) => {
+            match after_predecessor(queue, previous, &topic, partition, &mut stop).await {
+                Some(queue) => queue,
+                None => return,
+            }
+        }
+    };
+    consume(queue, topic, partition, resume, config, &shared, stop).await
+}
+
+/// Waits for the partition's previous worker to end (or for a stop), then takes a fresh
+/// handle on the partition's queue. `None`: stopped meanwhile, or no queue.
+async fn after_predecessor<C: ConsumerContext + 'static>(
+    early: StreamPartitionQueue<C>,
+    previous: Predecessor<C>,
+    topic: &str,
+    partition: i32,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<StreamPartitionQueue<C>> {
+    let started = Instant::now();
+    tracing::warn!(
+        at = "partition_waiting",
+        topic,
+        partition,
+        "this partition's previous worker has not ended (its processor has not returned since its drain timed out): the partition is not read until it does"
+    );
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => return None,
+        _ = previous.shared.done.wait() => {}
+    }
+    // The previous worker's drop unhooked the wake-up this handle set up: replace it.
+    drop(early);
+    let queue = (previous.resplit)();
+    tracing::info!(
+        at = "partition_released",
+        topic,
+        partition,
+        waited_ms = started.elapsed().as_millis() as u64,
+        "the previous worker ended; this one reads the partition from here"
+    );
+    if queue.is_none() {
+        tracing::error!(
+            at = "assign_error",
+            topic,
+            partition,
+            "librdkafka gave no queue for this partition"
+        );
+    }
+    queue
+}
+
+/// Reads the partition until told to stop: the worker proper, a small state machine.
+///
+/// ```text
+///            ┌──────────── next message (or fetch error) ───────────┐
+///            ▼                                                      │
+///   Read ─▶ one message, or a batch (ACKD_BATCH_MAX_MESSAGES > 1) ──┘
+///    │           │                    │
+///    │           ▼                    ▼
+///    │   Halt(offset): idle,     End: idle, the partition
+///    │   nothing committed       reached its end
+///    │   past offset             (ACKD_STOP_AT_END)
+///    ▼           │                    │
+///   Stop ◀───────┴── told to stop ────┘
+/// ```
+/// `Halt` and `End` keep the partition (and its queue) until the stop: dropping the
+/// queue would silently stop the partition. `Stop` returns.
+async fn consume<C, P>(
+    queue: StreamPartitionQueue<C>,
+    topic: Arc<str>,
+    partition: i32,
+    resume: Option<i64>,
+    config: WorkerConfig<P>,
+    shared: &Arc<WorkerShared>,
+    stop: watch::Receiver<bool>,
+) where
+    C: ConsumerContext + 'static,
+    P: Processor,
+{
     let source = config
         .message_source
         .clone()
         .unwrap_or_else(|| topic.clone());
-    let mut progress = Progress {
-        tracker: OffsetTracker::new(),
-        shared: &shared,
+    let mut worker = Worker {
+        stream: queue.stream(),
+        held: None,
+        progress: Progress {
+            tracker: OffsetTracker::new(),
+            shared,
+            topic: &topic,
+            partition,
+            source: &source,
+            log_messages: config.log_messages,
+            resume,
+            on_failure: config.on_failure,
+            fetch_error: None,
+            gaps: GapLines::default(),
+        },
+        config: &config,
+        shared,
         topic: &topic,
         partition,
-        source: &source,
-        log_messages: config.log_messages,
+        resume,
+        stop,
+        rng: fastrand::Rng::new(),
+        ready: 0,
+        first: true,
     };
-    let stop_at_end = config.at_end.is_some();
-    // Messages taken in a row without waiting for the queue (see YIELD_EVERY).
-    let mut ready = 0;
-    // A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
-    // batch's first. Dropped unprocessed on a stop, like a batch being gathered.
-    let mut held: Option<BorrowedMessage<'_>> = None;
+    let mut step = Step::Read;
     loop {
-        if ready >= YIELD_EVERY {
-            ready = 0;
+        step = match step {
+            Step::Read => worker.read().await,
+            Step::Halt(offset) => {
+                halt(shared, offset, &mut worker.stop).await;
+                Step::Stop
+            }
+            Step::End => {
+                reached_end(shared, &config, &topic, partition, &mut worker.stop).await;
+                Step::Stop
+            }
+            Step::Stop => return,
+        };
+    }
+}
+
+/// What a partition's worker does next (see [`consume`]).
+enum Step {
+    /// Take what the queue has next and hand it to the processor.
+    Read,
+    /// Stay idle until stopped; nothing past this offset is committed.
+    Halt(i64),
+    /// Stay idle until stopped: the partition reached its end (`ACKD_STOP_AT_END`).
+    End,
+    /// Return (told to stop, or the queue is gone).
+    Stop,
+}
+
+/// One partition's reading state, between its queue and its processor.
+struct Worker<'a, C: ConsumerContext, P> {
+    stream: MessageStream<'a, C>,
+    /// A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
+    /// batch's first. Dropped unprocessed on a stop, like a batch being gathered. Or a
+    /// fetch error that ended the last batch, handled before anything after it.
+    held: Option<KafkaResult<BorrowedMessage<'a>>>,
+    progress: Progress<'a>,
+    config: &'a WorkerConfig<P>,
+    shared: &'a WorkerShared,
+    topic: &'a Arc<str>,
+    partition: i32,
+    resume: Option<i64>,
+    stop: watch::Receiver<bool>,
+    rng: fastrand::Rng,
+    /// Messages taken in a row without waiting for the queue (see YIELD_EVERY).
+    ready: usize,
+    /// No message read yet in this assignment.
+    first: bool,
+}
+
+impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
+    /// The next message or fetch error, and what follows from it.
+    async fn read(&mut self) -> Step {
+        let Some(next) = self.next().await else {
+            return Step::Stop;
+        };
+        let message = match next {
+            Ok(m) => m,
+            Err(KafkaError::PartitionEOF(_)) if self.config.at_end.is_some() => {
+                return Step::End;
+            }
+            Err(e) => {
+                return match self.progress.fetch_failed(e) {
+                    Ok(()) => Step::Read,
+                    Err(offset) => Step::Halt(offset),
+                };
+            }
+        };
+        if self.first {
+            self.first = false;
+            resumed(
+                self.shared,
+                self.topic,
+                self.partition,
+                self.resume,
+                message.offset(),
+            );
+        }
+        if self.config.batch.max_messages > 1 {
+            self.batch(message).await
+        } else {
+            self.single(message).await
+        }
+    }
+
+    /// What the queue has next; `None` when told to stop or the queue is gone.
+    async fn next(&mut self) -> Option<KafkaResult<BorrowedMessage<'a>>> {
+        if self.ready >= YIELD_EVERY {
+            self.ready = 0;
             tokio::task::yield_now().await;
         }
         // Stop is checked before every message, with one atomic load; the select (which
         // builds a notification future) only when the queue is empty and we must wait.
-        if stop.has_changed().unwrap_or(true) {
-            break;
+        if self.stop.has_changed().unwrap_or(true) {
+            return None;
         }
-        let next = if let Some(m) = held.take() {
-            Some(Ok(m))
-        } else {
-            match stream.next().now_or_never() {
-                Some(next) => {
-                    ready += 1;
-                    next
-                }
-                None => {
-                    // Waiting lets the other tasks run.
-                    ready = 0;
-                    tokio::select! {
-                        biased;
-                        _ = stop.changed() => break,
-                        next = stream.next() => next,
-                    }
-                }
-            }
-        };
-        let message = match next {
-            Some(Ok(m)) => m,
-            Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => {
-                reached_end(&shared, &config, &topic, partition, &mut stop).await;
-                break;
-            }
-            Some(Err(e)) => {
-                tracing::warn!(at = "fetch_error", topic = &*topic, partition, error = %e);
-                continue;
-            }
-            None => break,
-        };
-        if first {
-            first = false;
-            resumed(&shared, &topic, partition, resume, message.offset());
+        if let Some(held) = self.held.take() {
+            return Some(held);
         }
-        if config.batch.max_messages > 1 {
-            let (ended, after) = {
-                let mut batch = Vec::with_capacity(config.batch.max_messages.min(1024));
-                batch.push(message);
-                let after = gather(
-                    &mut batch,
-                    &mut held,
-                    &mut stream,
-                    &config.batch,
-                    stop_at_end,
-                    &mut stop,
-                )
-                .await;
-                ready += batch.len() - 1;
-                if let After::Stop = after {
-                    // Not handed to the processor yet: whoever reads the partition next
-                    // gets these messages, for the first time.
-                    break;
-                }
-                let kafka: Vec<Kafka<'_>> = batch.iter().map(Kafka::new).collect();
-                let views: Vec<Message<'_>> = kafka
-                    .iter()
-                    .map(|k| Message::from_kafka(k, &topic))
-                    .collect();
-                if views.iter().all(|v| progress.dispatch(v.offset())) {
-                    shared.metrics.received_many(views.len() as u64);
-                    let ended = Handler {
-                        config: &config,
-                        shared: &shared,
-                        stop: &mut stop,
-                        rng: &mut rng,
-                    }
-                    .handle_batch(&views, &mut progress)
-                    .await;
-                    shared.in_flight.store(NONE, Ordering::Release);
-                    (ended, after)
-                } else {
-                    // Never commit past a message we could not account for.
-                    (BatchEnd::Halt(views[0].offset()), After::Closed)
-                }
-                // The batch's messages are released here: holding librdkafka's messages
-                // while halted would keep the consumer from closing.
-            };
-            match (ended, after) {
-                (BatchEnd::Halt(offset), _) => {
-                    halt(&shared, offset, &mut stop).await;
-                    break;
-                }
-                (BatchEnd::Interrupted, _) => break,
-                (BatchEnd::Done, After::More) => continue,
-                (BatchEnd::Done, After::End) => {
-                    reached_end(&shared, &config, &topic, partition, &mut stop).await;
-                    break;
-                }
-                (BatchEnd::Done, After::Stop | After::Closed) => break,
-            }
+        if let Some(next) = self.stream.next().now_or_never() {
+            self.ready += 1;
+            return next;
         }
+        // Waiting lets the other tasks run.
+        self.ready = 0;
+        tokio::select! {
+            biased;
+            _ = self.stop.changed() => None,
+            next = self.stream.next() => next,
+        }
+    }
+
+    /// One message to the processor (`Processor::process`).
+    async fn single(&mut self, message: BorrowedMessage<'a>) -> Step {
         let offset = message.offset();
-        if !progress.dispatch(offset) {
+        if let Err(at) = self.progress.dispatch(offset) {
             // Never commit past a message we could not account for.
-            drop(message);
-            halt(&shared, offset, &mut stop).await;
-            break;
+            return Step::Halt(at);
         }
-        shared.in_flight.store(offset, Ordering::Release);
-        shared.metrics.received();
+        self.shared.in_flight.store(offset, Ordering::Release);
+        self.shared.metrics.received();
         let kafka = Kafka::new(&message);
-        let view = Message::from_kafka(&kafka, &topic);
+        let view = Message::from_kafka(&kafka, self.topic);
         let outcome = Handler {
-            config: &config,
-            shared: &shared,
-            stop: &mut stop,
-            rng: &mut rng,
+            config: self.config,
+            shared: self.shared,
+            stop: &mut self.stop,
+            rng: &mut self.rng,
         }
         .handle(&view)
         .await;
-        shared.in_flight.store(NONE, Ordering::Release);
+        self.shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
-            Handled::Processed => progress.ack(&view, true),
+            Handled::Processed => self.progress.ack(&view, true),
             // Skipped and dead-lettered messages have their own lines.
-            Handled::Ack => progress.ack(&view, false),
+            Handled::Ack => self.progress.ack(&view, false),
             // Told to stop while waiting to retry: the message stays unacknowledged and
             // is redelivered to whoever owns the partition next.
-            Handled::Interrupted => break,
-            Handled::Halt => {
-                drop(message);
-                halt(&shared, offset, &mut stop).await;
+            Handled::Interrupted => return Step::Stop,
+            // The message is released on return: holding librdkafka's messages while
+            // halted would keep the consumer from closing.
+            Handled::Halt => return Step::Halt(offset),
+        }
+        Step::Read
+    }
+
+    /// A batch that starts with `first` to the processor (`Processor::process_batch`).
+    async fn batch(&mut self, first: BorrowedMessage<'a>) -> Step {
+        let mut batch = Vec::with_capacity(self.config.batch.max_messages.min(1024));
+        batch.push(first);
+        let after = gather(
+            &mut batch,
+            &mut self.held,
+            &mut self.stream,
+            &self.config.batch,
+            self.config.at_end.is_some(),
+            &mut self.stop,
+        )
+        .await;
+        self.ready += batch.len() - 1;
+        if let After::Stop = after {
+            // Not handed to the processor yet: whoever reads the partition next gets
+            // these messages, for the first time.
+            return Step::Stop;
+        }
+        let kafka: Vec<Kafka<'_>> = batch.iter().map(Kafka::new).collect();
+        let views: Vec<Message<'_>> = kafka
+            .iter()
+            .map(|k| Message::from_kafka(k, self.topic))
+            .collect();
+        // The batch ends before a message that may not be handed out (never commit
+        // past what we could not account for): the partition halts there.
+        let mut refused = None;
+        for (i, v) in views.iter().enumerate() {
+            if let Err(at) = self.progress.dispatch(v.offset()) {
+                refused = Some((i, at));
                 break;
             }
+        }
+        let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];
+        let ended = if dispatched.is_empty() {
+            BatchEnd::Done
+        } else {
+            self.shared.metrics.received_many(dispatched.len() as u64);
+            let ended = Handler {
+                config: self.config,
+                shared: self.shared,
+                stop: &mut self.stop,
+                rng: &mut self.rng,
+            }
+            .handle_batch(dispatched, &mut self.progress)
+            .await;
+            self.shared.in_flight.store(NONE, Ordering::Release);
+            ended
+        };
+        // The batch's messages are released on return: holding librdkafka's messages
+        // while halted would keep the consumer from closing.
+        match (ended, refused, after) {
+            (BatchEnd::Halt(offset), _, _) | (BatchEnd::Done, Some((_, offset)), _) => {
+                Step::Halt(offset)
+            }
+            (BatchEnd::Interrupted, _, _) => Step::Stop,
+            (BatchEnd::Done, None, After::More) => Step::Read,
+            (BatchEnd::Done, None, After::End) => Step::End,
+            (BatchEnd::Done, None, After::Stop | After::Closed) => Step::Stop,
         }
     }
 }
@@ -474,18 +676,177 @@ struct Progress<'a> {
     partition: i32,
     source: &'a str,
     log_messages: bool,
+    /// The committed offset the assignment resumed from, if any.
+    resume: Option<i64>,
+    on_failure: OnFailure,
+    /// A fetch error since the last message: offsets missing after it may be messages
+    /// librdkafka could not read, not offsets that hold none.
+    fetch_error: Option<KafkaError>,
+    gaps: GapLines,
+}
+
+/// How often a partition writes an `at=offset_gap` line at most (see [`Progress::gap`]).
+const GAP_LINE_EVERY: Duration = Duration::from_secs(10);
+
+/// The rate limit of a partition's `at=offset_gap` lines.
+#[derive(Default)]
+struct GapLines {
+    last_line: Option<Instant>,
+    /// Gaps, and offsets in them, since the last line that had no line of their own.
+    unlogged: u64,
+    unlogged_skipped: u64,
 }
 
 impl Progress<'_> {
-    /// `offset` goes to the processor. False (logged) if it cannot be accounted for.
-    fn dispatch(&mut self, offset: i64) -> bool {
-        match self.tracker.dispatch(offset) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e);
-                false
+    /// The offset the next message should have: one past the last handed out, else the
+    /// committed offset the assignment resumed from.
+    fn expected(&self) -> Option<i64> {
+        self.tracker
+            .last_dispatched()
+            .map(|o| o + 1)
+            .or(self.resume)
+    }
+
+    /// `offset` goes to the processor. `Err(at)` (logged): it may not, and the
+    /// partition must not be committed past `at`.
+    fn dispatch(&mut self, offset: i64) -> Result<(), i64> {
+        let after_error = self.fetch_error.take();
+        if let Some(from) = self.expected().filter(|&e| offset > e) {
+            match after_error {
+                Some(error) => self.unread(from, offset, &error)?,
+                // The first message's distance from the committed offset is logged
+                // by `resumed` (at=offset_reset).
+                None if self.tracker.last_dispatched().is_none() => {
+                    self.shared.metrics.offsets_skipped((offset - from) as u64)
+                }
+                None => self.gap(from, offset),
             }
         }
+        self.tracker.dispatch(offset).map_err(|e| {
+            tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e);
+            offset
+        })
+    }
+
+    /// Offsets `from..to` hold no message that reached ackd, and no fetch error came
+    /// before them: compaction, transaction markers and aborted transactions
+    /// (`isolation.level=read_committed`) leave such gaps as a matter of course;
+    /// retention passing the position, an offset reset (`ACKD_START_FROM`) or a
+    /// truncated log leave them too. Every gap is counted (`count#offsets.skipped`);
+    /// one of a single offset (a transaction's marker) is a debug line; a longer one is
+    /// an info line, at most one per partition every [`GAP_LINE_EVERY`], which counts
+    /// the gaps since the previous line that had none.
+    fn gap(&mut self, from: i64, to: i64) {
+        let skipped = (to - from) as u64;
+        self.shared.metrics.offsets_skipped(skipped);
+        let now = Instant::now();
+        let quiet = skipped == 1
+            || self
+                .gaps
+                .last_line
+                .is_some_and(|t| now.duration_since(t) < GAP_LINE_EVERY);
+        if quiet {
+            self.gaps.unlogged += 1;
+            self.gaps.unlogged_skipped += skipped;
+            tracing::debug!(
+                at = "offset_gap",
+                topic = self.topic,
+                partition = self.partition,
+                from,
+                to,
+                skipped
+            );
+            return;
+        }
+        tracing::info!(
+            at = "offset_gap",
+            topic = self.topic,
+            partition = self.partition,
+            from,
+            to,
+            skipped,
+            earlier_gaps = self.gaps.unlogged,
+            earlier_skipped = self.gaps.unlogged_skipped,
+            "no message at these offsets reached ackd (compacted, transaction markers, aborted transactions, deleted by retention, or passed by an offset reset): the committed offset passes them; none was a message that failed"
+        );
+        self.gaps = GapLines {
+            last_line: Some(now),
+            unlogged: 0,
+            unlogged_skipped: 0,
+        };
+    }
+
+    /// Offsets `from..to` are missing after a fetch error: they may be messages
+    /// librdkafka could not read and moved past. The failure policy decides: with
+    /// `skip` they are passed (a line says so), else the partition halts at `from`.
+    fn unread(&mut self, from: i64, to: i64, error: &KafkaError) -> Result<(), i64> {
+        let skipped = (to - from) as u64;
+        if self.on_failure == OnFailure::Skip {
+            self.shared.metrics.offsets_skipped(skipped);
+            self.shared.metrics.skipped();
+            tracing::warn!(
+                at = "skipped",
+                topic = self.topic,
+                partition = self.partition,
+                offset = from,
+                to,
+                skipped,
+                error = %error,
+                "offsets left unread after a fetch error, passed without processing (ACKD_ON_FAILURE=skip)"
+            );
+            return Ok(());
+        }
+        self.fetch_halt(from, Some(to), error);
+        Err(from)
+    }
+
+    /// The line of a partition halted by a fetch error at `offset`.
+    fn fetch_halt(&self, offset: i64, to: Option<i64>, error: &KafkaError) {
+        tracing::error!(
+            at = "fetch_failed",
+            topic = self.topic,
+            partition = self.partition,
+            offset,
+            to,
+            on_failure = self.on_failure.as_str(),
+            error = %error,
+            "messages from this offset could not be read: partition halted, its offset is not committed past them (a corrupt batch halts whatever ACKD_ON_FAILURE says; nothing unreadable can be dead-lettered)"
+        );
+    }
+
+    /// A fetch error on the partition's queue. A batch that fails its CRC check
+    /// (`check.crcs=true`) halts the partition at once, whatever `ACKD_ON_FAILURE` says:
+    /// librdkafka fetches that batch again and again and never delivers what follows,
+    /// so there is nothing to skip to (and nothing to dead-letter). Any other error is
+    /// logged, and the offsets missing before the next message are then treated as
+    /// unread ([`Progress::unread`]: an unsupported format, which librdkafka does move
+    /// past, is skipped with `skip` and halts the partition otherwise). `Err(at)`: halt
+    /// at `at`.
+    fn fetch_failed(&mut self, error: KafkaError) -> Result<(), i64> {
+        // The end of the log is no error, and no message is missing after it.
+        if let KafkaError::PartitionEOF(_) = error {
+            return Ok(());
+        }
+        if matches!(
+            error,
+            KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage)
+        ) {
+            // Without a known position (no message yet, no committed offset) nothing
+            // can be committed by this worker anyway.
+            let at = self.expected().unwrap_or(0);
+            self.fetch_halt(at, None, &error);
+            return Err(at);
+        }
+        tracing::warn!(
+            at = "fetch_error",
+            topic = self.topic,
+            partition = self.partition,
+            expected_offset = self.expected(),
+            error = %error,
+            "offsets missing before the next message are treated as unread (ACKD_ON_FAILURE applies)"
+        );
+        self.fetch_error = Some(error);
+        Ok(())
     }
 
     /// `view` is acknowledged: by the processor (`processed`: its per-message line), or
@@ -526,7 +887,7 @@ enum After {
 /// waiting.
 async fn gather<'q, S>(
     batch: &mut Vec<BorrowedMessage<'q>>,
-    held: &mut Option<BorrowedMessage<'q>>,
+    held: &mut Option<KafkaResult<BorrowedMessage<'q>>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
@@ -544,6 +905,10 @@ where
         0
     };
     while batch.len() < batching.max_messages {
+        // A stop while filling from a backlog: nothing more is taken from the queue.
+        if stop.has_changed().unwrap_or(true) {
+            return After::Stop;
+        }
         let next = match stream.next().now_or_never() {
             Some(next) => next,
             None if batching.max_wait.is_zero() => break,
@@ -560,7 +925,7 @@ where
                     bytes += weight(&m);
                     if bytes > limit {
                         // Full by size: this one starts the next batch.
-                        *held = Some(m);
+                        *held = Some(Ok(m));
                         break;
                     }
                 }
@@ -568,7 +933,9 @@ where
             }
             Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => return After::End,
             Some(Err(e)) => {
-                tracing::warn!(at = "fetch_error", topic = batch[0].topic(), partition = batch[0].partition(), error = %e);
+                // The batch ends before it; the partition handles it next.
+                *held = Some(Err(e));
+                break;
             }
             None => return After::Closed,
         }
@@ -863,6 +1230,129 @@ async fn halt(shared: &WorkerShared, offset: i64, stop: &mut watch::Receiver<boo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn progress<'a>(shared: &'a WorkerShared, on_failure: OnFailure) -> Progress<'a> {
+        Progress {
+            tracker: OffsetTracker::new(),
+            shared,
+            topic: "t",
+            partition: 0,
+            source: "t",
+            log_messages: false,
+            resume: Some(0),
+            on_failure,
+            fetch_error: None,
+            gaps: GapLines::default(),
+        }
+    }
+
+    fn counted(shared: &WorkerShared) -> (u64, u64) {
+        let mut i = metrics::Interval::default();
+        shared.metrics.take_into(&mut i);
+        (i.offsets_skipped, i.skipped)
+    }
+
+    fn transient() -> KafkaError {
+        KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)
+    }
+
+    #[test]
+    fn offsets_missing_after_a_fetch_error_halt_the_partition_unless_skip() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.dispatch(1), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(5), Err(2), "halted at the first unread offset");
+
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::DeadLetter);
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(3), Err(0), "unread from the committed offset");
+
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Skip);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(counted(&shared), (3, 1), "3 offsets passed, as one skip");
+    }
+
+    #[test]
+    fn a_fetch_error_with_nothing_missing_after_it_is_forgotten() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(1), Ok(()));
+        // A later gap is an ordinary one.
+        assert_eq!(p.dispatch(9), Ok(()));
+        assert_eq!(counted(&shared), (7, 0));
+    }
+
+    #[test]
+    fn a_corrupt_batch_halts_at_the_next_offset_whatever_the_policy() {
+        for policy in [OnFailure::Halt, OnFailure::Skip, OnFailure::DeadLetter] {
+            let shared = WorkerShared::new();
+            let mut p = progress(&shared, policy);
+            assert_eq!(p.dispatch(0), Ok(()));
+            let crc = KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage);
+            assert_eq!(p.fetch_failed(crc), Err(1), "{policy:?}");
+        }
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.fetch_failed(KafkaError::PartitionEOF(0)), Ok(()));
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(
+            p.dispatch(3),
+            Ok(()),
+            "the end of the log is no fetch error"
+        );
+    }
+
+    #[test]
+    fn gaps_are_counted_and_single_offsets_are_quiet() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        // The first message's distance from the committed offset: counted, no gap line
+        // (at=offset_reset says it).
+        assert_eq!(p.dispatch(2), Ok(()));
+        // Transaction markers: one offset each.
+        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(p.dispatch(6), Ok(()));
+        assert!(p.gaps.last_line.is_none());
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (2, 2));
+        // A longer gap is a line, which counts the quiet ones before it.
+        assert_eq!(p.dispatch(20), Ok(()));
+        assert!(p.gaps.last_line.is_some());
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (0, 0));
+        // The next within GAP_LINE_EVERY waits for the next line.
+        assert_eq!(p.dispatch(30), Ok(()));
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (1, 9));
+        assert_eq!(counted(&shared), (2 + 1 + 1 + 13 + 9, 0));
+    }
+
+    #[tokio::test]
+    async fn a_task_waiting_on_the_latch_wakes_when_it_is_set() {
+        let shared = Arc::new(WorkerShared::new());
+        let waiting = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.done.wait().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        let s2 = shared.clone();
+        std::thread::spawn(move || drop(SetOnDrop(s2)))
+            .join()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(shared.is_done());
+        // Already set: returns at once.
+        shared.done.wait().await;
+    }
 
     #[test]
     fn latch_waits_until_set_or_deadline() {

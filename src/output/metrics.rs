@@ -57,6 +57,8 @@ pub struct PartitionMetrics {
     retried: AtomicU64,
     skipped: AtomicU64,
     dead_lettered: AtomicU64,
+    /// Offsets passed with no message at them (gaps), or unread after a fetch error.
+    offsets_skipped: AtomicU64,
     durations: Mutex<Histogram<u64>>,
     /// Calls to leave untimed before the next timed one, and how many calls that one
     /// will stand for. Written only by the partition's worker.
@@ -96,6 +98,7 @@ impl Default for PartitionMetrics {
             retried: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
+            offsets_skipped: AtomicU64::new(0),
             durations: Mutex::new(histogram()),
             untimed: AtomicU32::new(0),
             weight: AtomicU32::new(1),
@@ -151,6 +154,10 @@ impl PartitionMetrics {
         self.dead_lettered.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn offsets_skipped(&self, n: u64) {
+        self.offsets_skipped.fetch_add(n, Ordering::Relaxed);
+    }
+
     fn record(&self, took: Took) {
         let Took(Some(took)) = took else { return };
         let micros = (took.as_micros() as u64).clamp(1, 3_600_000_000);
@@ -175,6 +182,7 @@ impl PartitionMetrics {
         into.retried += self.retried.swap(0, Ordering::Relaxed);
         into.skipped += self.skipped.swap(0, Ordering::Relaxed);
         into.dead_lettered += self.dead_lettered.swap(0, Ordering::Relaxed);
+        into.offsets_skipped += self.offsets_skipped.swap(0, Ordering::Relaxed);
         if let Ok(mut h) = self.durations.lock() {
             let _ = into.durations.add(&*h);
             h.reset();
@@ -226,6 +234,7 @@ pub struct Interval {
     pub retried: u64,
     pub skipped: u64,
     pub dead_lettered: u64,
+    pub offsets_skipped: u64,
     pub durations: Histogram<u64>,
     pub commits: u64,
     pub commit_failures: u64,
@@ -241,6 +250,7 @@ impl Default for Interval {
             retried: 0,
             skipped: 0,
             dead_lettered: 0,
+            offsets_skipped: 0,
             durations: histogram(),
             commits: 0,
             commit_failures: 0,
@@ -288,6 +298,7 @@ pub fn emit_summary(
         "count#retried" = interval.retried,
         "count#skipped" = interval.skipped,
         "count#dead_lettered" = interval.dead_lettered,
+        "count#offsets.skipped" = interval.offsets_skipped,
         "measure#process.duration.mean" = process_mean.as_deref(),
         "measure#process.duration.p99" = process_p99.as_deref(),
         "count#commits" = interval.commits,

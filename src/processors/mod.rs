@@ -39,7 +39,9 @@ pub enum Builtin {
     #[cfg(feature = "testkit")]
     Slow(std::time::Duration),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
-    /// panics, `retry:N` fails retryably N times before it succeeds; anything else acks.
+    /// panics, `retry:N` fails retryably N times before it succeeds, `block:PATH` blocks
+    /// its thread (never yielding, like a processor stuck in a blocking call) until the
+    /// file PATH exists (two minutes at most), then acks; anything else acks.
     #[cfg(feature = "testkit")]
     Faulty(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(i32, i64), u32>>>),
 }
@@ -99,6 +101,24 @@ impl Processor for Builtin {
                 match payload {
                     b"fail" => Err(ProcessError::permanent("the payload says fail")),
                     b"panic" => panic!("the payload says panic"),
+                    p if p.starts_with(b"block:") => {
+                        let path = std::path::Path::new(std::str::from_utf8(&p[6..]).unwrap_or(""));
+                        tracing::info!(
+                            at = "test_blocked",
+                            partition = _message.partition(),
+                            offset = _message.offset()
+                        );
+                        let until = Instant::now() + std::time::Duration::from_secs(120);
+                        while !path.exists() && Instant::now() < until {
+                            std::thread::sleep(std::time::Duration::from_millis(10));
+                        }
+                        tracing::info!(
+                            at = "test_unblocked",
+                            partition = _message.partition(),
+                            offset = _message.offset()
+                        );
+                        Ok(())
+                    }
                     p if p.starts_with(b"retry:") => {
                         let wanted: u32 = std::str::from_utf8(&p[6..])
                             .ok()

@@ -544,6 +544,11 @@ impl Broker {
     }
 
     /// Number of nodes.
+    /// Node `i`'s data directory (`log.dirs`): `<topic>-<partition>/` segment files.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.nodes[i].dir.join("data")
+    }
+
     pub fn nodes(&self) -> usize {
         self.nodes.len()
     }
