@@ -378,11 +378,8 @@ impl<P: Processor> GroupContext<P> {
             .ok();
         let resume: HashMap<Tp, (Offset, Option<i64>)> = committed
             .iter()
-            .flat_map(|c| c.elements())
-            .map(|e| {
-                let tp = (Arc::from(e.topic()), e.partition());
-                (tp, (e.offset(), committer::parse_metadata(e.metadata())))
-            })
+            .flat_map(committer::committed_with_metadata)
+            .map(|(tp, offset, processed)| (tp, (offset, processed)))
             .collect();
         let generation = generation(base);
         let mut group = self.lock();
@@ -445,6 +442,9 @@ impl<P: Processor> GroupContext<P> {
                 committed_offset,
                 self.worker.clone(),
             );
+            if let Some(c) = self.committer.get() {
+                c.acquire(&tp);
+            }
             let previous = group.owned.insert(
                 tp,
                 Owned {
@@ -560,6 +560,12 @@ impl<P: Processor> GroupContext<P> {
             Some(reason) => self.commit_owned(tps, reason, commit_deadline, serve),
         };
         complete &= commit_ok;
+        // From here no commit for these partitions is sent (src/committer.rs): one that
+        // timed out above but is still queued is dropped, one inside librdkafka is
+        // waited for.
+        if let Some(c) = self.committer.get() {
+            c.release(tps);
+        }
         let removed: Vec<(Tp, Owned)> = {
             let mut group = self.lock();
             let removed: Vec<(Tp, Owned)> = tps
@@ -597,19 +603,24 @@ impl<P: Processor> GroupContext<P> {
         }
         let mut committed = Vec::new();
         let mut without_commit = Vec::new();
+        let mut not_committed = Vec::new();
         for (tp, p) in removed {
-            match pending.iter().find(|c| c.tp == tp) {
-                Some(c) if commit_ok => committed.push((tp, c.offset)),
-                _ => match p.committed {
-                    Some(o) => committed.push((tp, o)),
-                    None => without_commit.push(tp),
-                },
+            // Per partition: the committer sets `committed` only where the broker accepted.
+            let refused = pending
+                .iter()
+                .find(|c| c.tp == tp && p.committed != Some(c.offset));
+            if let Some(c) = refused {
+                not_committed.push(c.clone());
+            }
+            match p.committed {
+                Some(o) => committed.push((tp, o)),
+                None => without_commit.push(tp),
             }
         }
         Drained {
             committed,
             without_commit,
-            not_committed: Vec::new(),
+            not_committed,
             complete,
         }
     }
@@ -710,7 +721,8 @@ pub struct Drained {
     pub committed: Vec<(Tp, i64)>,
     /// Partitions released with nothing committed by this process.
     pub without_commit: Vec<Tp>,
-    /// Without a commit (`commit: None`): what was acknowledged and is left uncommitted.
+    /// What was acknowledged and is left uncommitted: all of it without a commit
+    /// (`commit: None`), else the partitions whose commit was refused or not answered.
     pub not_committed: Vec<CommitOffset>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
