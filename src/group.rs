@@ -665,8 +665,12 @@ impl<P: Processor> GroupContext<P> {
                     wait = (wait * 2).min(REBALANCE_WAIT_MAX);
                 }
                 _ => {
-                    // The committer logged a refusal per partition; the rest is ours to say.
-                    if !matches!(error, committer::CommitError::Refused(_)) {
+                    // The committer logged a refusal (or a drop) per partition; the rest is
+                    // ours to say.
+                    if !matches!(
+                        error,
+                        committer::CommitError::Refused(_) | committer::CommitError::NotSent
+                    ) {
                         for c in &pending {
                             tracing::error!(at = "commit_failed", topic = &*c.tp.0, partition = c.tp.1, offset = c.offset, error = %error,
                                 "not committed; messages from the last committed offset will be redelivered");
