@@ -659,7 +659,8 @@ mod tests {
     fn a_commit_queued_under_a_previous_assignment_is_not_sent() {
         let mock = MockCluster::new(1).unwrap();
         let (c, committer, metrics) = start(&mock);
-        mock.broker_round_trip_time(1, Duration::from_secs(1))
+        // Long enough that the job below is still queued when the test releases.
+        mock.broker_round_trip_time(1, Duration::from_secs(3))
             .unwrap();
         committer.periodic(vec![offset(1, 2)]);
         // Queued behind it, under the first assignment of partition 0.
