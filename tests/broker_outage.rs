@@ -119,6 +119,10 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
     let batch1 = produce_with(&producer, &topic, &keyed_messages(90, 0));
     let ackd = AckdBuilder::on(&broker.bootstrap(), &topic, &group)
         .env("ACKD_COMMIT_INTERVAL_MS", "500")
+        // ackd may rejoin the second broker before the test has created the topic there:
+        // it is then assigned nothing, and librdkafka looks for the topic again only at
+        // the next metadata refresh (every 5 min by default).
+        .env("ACKD_RDKAFKA_TOPIC_METADATA_REFRESH_INTERVAL_MS", "1000")
         .spawn();
     ackd.wait_for_count(is_processed, batch1.len(), WAIT);
     // Batch 1 committed before the broker goes: the restarted broker keeps those commits.

@@ -13,7 +13,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{at, field, is_processed, AckdBuilder, AckdProcess};
+use common::{
+    at, commit_raw_metadata_on, committed_raw_metadata_on, field, is_processed, AckdBuilder,
+    AckdProcess,
+};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -137,6 +140,44 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     let (offset, metadata) = committed(&bootstrap, group, topic);
     assert_eq!(offset, Offset::Offset(10));
     assert_eq!(metadata, "ackd:processed=9;released");
+}
+
+/// Commit metadata is bytes: another client (in another language) may write any. The
+/// mock broker keeps them as they are (Apache Kafka would turn invalid UTF-8 into U+FFFD,
+/// tests/commits.rs), so this is where bytes that are not UTF-8 reach ackd.
+#[test]
+fn commit_metadata_that_is_not_utf8_is_ignored_not_a_crash() {
+    let (topic, group) = ("raw-meta", "g-raw-meta");
+    let mock = mock_with_commit(topic, group, 0, "");
+    let bootstrap = mock.bootstrap_servers();
+    let foreign: &[u8] = b"\xff\xfe\xc3(";
+    commit_raw_metadata_on(&bootstrap, group, topic, 0, 4, foreign);
+    assert_eq!(
+        committed_raw_metadata_on(&bootstrap, group, topic, 0),
+        (Some(4), foreign.to_vec())
+    );
+    let ackd = ackd_on(&mock, topic, group);
+    let assigned = ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(
+        field(&assigned, "offset").as_deref(),
+        Some("4"),
+        "{assigned}"
+    );
+    assert_eq!(field(&assigned, "highest_processed"), None, "{assigned}");
+    ackd.wait_for_count(is_processed, 6, WAIT);
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    assert_eq!(code, 0, "{}", lines.join("\n"));
+    let offsets: Vec<i64> = common::processed(&lines)
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect();
+    assert_eq!(offsets, (4..10).collect::<Vec<_>>());
+    assert_eq!(
+        committed(&bootstrap, group, topic),
+        (Offset::Offset(10), "ackd:processed=9".to_string())
+    );
 }
 
 #[test]

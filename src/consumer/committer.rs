@@ -7,6 +7,22 @@
 //! known (and logged), and a periodic commit queued before a revoke's final commit is
 //! sent before it, so the broker never sees an older offset after a newer one.
 //!
+//! **A commit is never sent for a partition this process has released.** A caller that
+//! stops waiting (its deadline passed) cannot take its commit back from the queue, and
+//! one that librdkafka already holds cannot be recalled at all; sent late, it would carry
+//! this member's *current* generation and overwrite the newer offset of the partition's
+//! next owner. So every partition is registered while owned ([`Committer::acquire`],
+//! with an epoch per assignment), each queued offset carries the epoch it was queued
+//! under, and under one lock the thread drops what is no longer owned (or whose waiter's
+//! deadline passed) and marks what it sends; [`Committer::release`] waits until no send
+//! holds the partition, then unregisters it. Once `release` returned, nothing queued
+//! for the partition can be sent. The wait is bounded by librdkafka itself: a commit
+//! waits for a coordinator at most `session.timeout.ms`, and its request
+//! `socket.timeout.ms`.
+//!
+//! A commit is accounted for per partition: a partition the broker refused does not make
+//! the others' commit a failure (see [`commit_sync`]).
+//!
 //! Each commit carries metadata `ackd:processed=H`, the highest offset this process had
 //! acknowledged on that partition, and `;released` when it is a revoke's or a stop's
 //! commit, after which this process processes nothing more of the partition. The next
@@ -14,13 +30,17 @@
 //! periodic commit (the owner crashed, or was fenced or lost the partition, before
 //! releasing it) it cannot, because what was processed after that commit left no trace.
 
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::error::{IsError, KafkaError};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::group::{Group, Tp};
@@ -57,9 +77,15 @@ impl Reason {
 /// How a waited-for commit ended.
 #[derive(Debug)]
 pub enum CommitError {
+    /// The broker (or librdkafka) refused at least one partition; the error of the first.
+    /// The partitions it accepted are committed (and logged `at=committed`).
     Refused(KafkaError),
-    /// Not answered before the deadline (the commit may still happen later).
+    /// Not answered before the deadline. If it was still queued it is never sent; if
+    /// librdkafka had it already, it may still be committed.
     TimedOut,
+    /// Not sent for some partitions: their waiter's deadline passed in the queue, or they
+    /// were released meanwhile.
+    NotSent,
     /// The consumer is gone.
     Closed,
 }
@@ -69,15 +95,42 @@ impl std::fmt::Display for CommitError {
         match self {
             CommitError::Refused(e) => write!(f, "{e}"),
             CommitError::TimedOut => f.write_str("no answer before the deadline"),
+            CommitError::NotSent => f.write_str("not sent: given up before its turn"),
             CommitError::Closed => f.write_str("the consumer is closed"),
         }
     }
 }
 
 struct Job {
-    offsets: Vec<CommitOffset>,
+    /// Each offset with the epoch of the assignment it was queued under (0: not owned).
+    offsets: Vec<(CommitOffset, u64)>,
     reason: Reason,
+    /// When the waiter gives up: a job still queued then is dropped, never sent.
+    deadline: Option<Instant>,
     reply: Option<mpsc::SyncSender<Result<(), CommitError>>>,
+}
+
+/// The partitions commits may be sent for; see the module's documentation.
+#[derive(Default)]
+struct Ownership {
+    /// Owned partitions and the epoch of their current assignment.
+    owned: HashMap<Tp, u64>,
+    last_epoch: u64,
+    /// The partitions of the commit being sent right now (inside librdkafka).
+    sending: Vec<Tp>,
+}
+
+#[derive(Default)]
+struct Shared {
+    ownership: Mutex<Ownership>,
+    /// Notified when a send ends.
+    sent: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Ownership> {
+        self.ownership.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The metadata a commit carries, and how it is read back.
@@ -100,8 +153,10 @@ pub struct Previous {
 
 /// Reads commit metadata written by [`metadata`] (`None` for anything else). Metadata
 /// without `;released` (a periodic commit, or an older ackd's) is not a release.
-pub fn parse_metadata(metadata: &str) -> Option<Previous> {
-    let rest = metadata.strip_prefix("ackd:processed=")?;
+/// Metadata is bytes to Kafka: another client's may be anything, UTF-8 or not, and is
+/// ignored.
+pub fn parse_metadata(metadata: &[u8]) -> Option<Previous> {
+    let rest = std::str::from_utf8(metadata.strip_prefix(b"ackd:processed=")?).ok()?;
     let (processed, released) = match rest.split_once(';') {
         Some((h, flags)) => (h, flags.split(';').any(|f| f == "released")),
         None => (rest, false),
@@ -112,11 +167,41 @@ pub fn parse_metadata(metadata: &str) -> Option<Previous> {
     })
 }
 
+/// Each partition of `tpl` (committed offsets, as librdkafka returned them) with its
+/// offset and what its metadata says. Reads the metadata as the bytes it is:
+/// rust-rdkafka's `metadata()` panics when they are not UTF-8.
+pub fn committed_with_metadata(tpl: &TopicPartitionList) -> Vec<(Tp, Offset, Option<Previous>)> {
+    // SAFETY: `tpl` owns its list for the duration of the borrow; `elements()` and the
+    // raw array are the same `cnt` elements in the same order, and each element's
+    // metadata is `metadata_size` bytes at `metadata` (or null).
+    let raw: Vec<Option<Previous>> = unsafe {
+        let list = &*tpl.ptr();
+        (0..usize::try_from(list.cnt).unwrap_or(0))
+            .map(|i| {
+                let e = &*list.elems.add(i);
+                if e.metadata.is_null() || e.metadata_size == 0 {
+                    return None;
+                }
+                parse_metadata(std::slice::from_raw_parts(
+                    e.metadata.cast::<u8>(),
+                    e.metadata_size,
+                ))
+            })
+            .collect()
+    };
+    tpl.elements()
+        .iter()
+        .zip(raw)
+        .map(|(e, previous)| ((Arc::from(e.topic()), e.partition()), e.offset(), previous))
+        .collect()
+}
+
 /// A handle on the committer thread; clones share it.
 #[derive(Clone)]
 pub struct Committer {
     jobs: mpsc::Sender<Job>,
     periodic_queued: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl Committer {
@@ -134,6 +219,8 @@ impl Committer {
         let (jobs, rx) = mpsc::channel::<Job>();
         let periodic_queued = Arc::new(AtomicBool::new(false));
         let queued = periodic_queued.clone();
+        let shared = Arc::new(Shared::default());
+        let on_thread = shared.clone();
         std::thread::Builder::new()
             .name("ackd-committer".into())
             .spawn(move || {
@@ -142,7 +229,7 @@ impl Committer {
                         queued.store(false, Ordering::Release);
                     }
                     let result = match consumer.upgrade() {
-                        Some(c) => send(&*c, &job, &group, &metrics),
+                        Some(c) => run(&*c, &job, &on_thread, &group, &metrics),
                         None => Err(CommitError::Closed),
                     };
                     if let Some(reply) = job.reply {
@@ -153,7 +240,43 @@ impl Committer {
         Ok(Committer {
             jobs,
             periodic_queued,
+            shared,
         })
+    }
+
+    /// Registers `tp` as owned under a new assignment: commits queued for it before (a
+    /// previous assignment of it) are not sent.
+    pub fn acquire(&self, tp: &Tp) {
+        let mut o = self.shared.lock();
+        o.last_epoch += 1;
+        let epoch = o.last_epoch;
+        o.owned.insert(tp.clone(), epoch);
+    }
+
+    /// Unregisters `tps`, once no commit holding one of them is inside librdkafka. When
+    /// this returns, no commit for them will be sent, queued or not.
+    pub fn release(&self, tps: &[Tp]) {
+        let o = self.shared.lock();
+        let mut o = self
+            .shared
+            .sent
+            .wait_while(o, |o| o.sending.iter().any(|tp| tps.contains(tp)))
+            .unwrap_or_else(|e| e.into_inner());
+        for tp in tps {
+            o.owned.remove(tp);
+        }
+    }
+
+    /// Tags each offset with the epoch of its partition's assignment (0: not owned).
+    fn tag(&self, offsets: Vec<CommitOffset>) -> Vec<(CommitOffset, u64)> {
+        let o = self.shared.lock();
+        offsets
+            .into_iter()
+            .map(|c| {
+                let epoch = o.owned.get(&c.tp).copied().unwrap_or(0);
+                (c, epoch)
+            })
+            .collect()
     }
 
     /// Queues a periodic commit unless one is already waiting (the next one will carry
@@ -163,13 +286,15 @@ impl Committer {
             return;
         }
         let _ = self.jobs.send(Job {
-            offsets,
+            offsets: self.tag(offsets),
             reason: Reason::Periodic,
+            deadline: None,
             reply: None,
         });
     }
 
-    /// Commits and waits for the broker's answer until `deadline`.
+    /// Commits and waits for the broker's answer until `deadline`. A commit still queued
+    /// at the deadline is dropped, never sent.
     pub fn commit(
         &self,
         offsets: Vec<CommitOffset>,
@@ -182,8 +307,9 @@ impl Committer {
         let (reply, answer) = mpsc::sync_channel(1);
         self.jobs
             .send(Job {
-                offsets,
+                offsets: self.tag(offsets),
                 reason,
+                deadline: Some(deadline),
                 reply: Some(reply),
             })
             .map_err(|_| CommitError::Closed)?;
@@ -195,60 +321,233 @@ impl Committer {
     }
 }
 
-fn send<X: Consumer<C>, C: ConsumerContext>(
+/// One job on the committer thread: drop what may no longer be sent, send the rest,
+/// account for each partition's answer.
+fn run<X: Consumer<C>, C: ConsumerContext>(
     consumer: &X,
     job: &Job,
+    shared: &Shared,
     group: &Mutex<Group>,
     metrics: &CommitMetrics,
 ) -> Result<(), CommitError> {
-    let mut tpl = TopicPartitionList::with_capacity(job.offsets.len());
-    for c in &job.offsets {
+    let reason = job.reason.as_str();
+    // Decided and marked under the lock `release` takes: no release completes between
+    // the check and the send.
+    let (to_send, dropped, why) = {
+        let mut o = shared.lock();
+        let (to_send, dropped, why): (Vec<&CommitOffset>, Vec<&CommitOffset>, _) =
+            if job.deadline.is_some_and(|d| Instant::now() >= d) {
+                let all = job.offsets.iter().map(|(c, _)| c).collect();
+                (
+                    Vec::new(),
+                    all,
+                    "not sent: the deadline passed before its turn",
+                )
+            } else {
+                let (send, drop): (Vec<_>, Vec<_>) = job
+                    .offsets
+                    .iter()
+                    .partition(|(c, epoch)| o.owned.get(&c.tp) == Some(epoch));
+                (
+                    send.into_iter().map(|(c, _)| c).collect(),
+                    drop.into_iter().map(|(c, _)| c).collect(),
+                    "not sent: the partition was released before its turn",
+                )
+            };
+        o.sending = to_send.iter().map(|c| c.tp.clone()).collect();
+        (to_send, dropped, why)
+    };
+    for c in &dropped {
+        tracing::error!(
+            at = "commit_failed",
+            topic = &*c.tp.0,
+            partition = c.tp.1,
+            offset = c.offset,
+            reason,
+            error = why,
+            "not committed: if the partition moves or the process stops first, messages from the last committed offset are redelivered"
+        );
+    }
+    if to_send.is_empty() {
+        return if dropped.is_empty() {
+            Ok(())
+        } else {
+            Err(CommitError::NotSent)
+        };
+    }
+    let started = Instant::now();
+    let answers = commit_sync(consumer, &to_send, job.reason);
+    let took = started.elapsed();
+    metrics.record(took, answers.iter().all(Result::is_ok));
+    let duration_ms = millis(took);
+    let mut first_error = None;
+    {
+        let mut group = group.lock().unwrap_or_else(|e| e.into_inner());
+        for (c, answer) in to_send.iter().zip(answers) {
+            match answer {
+                Ok(()) => {
+                    tracing::info!(
+                        at = "committed",
+                        topic = &*c.tp.0,
+                        partition = c.tp.1,
+                        offset = c.offset,
+                        reason,
+                        duration_ms
+                    );
+                    if let Some(p) = group.owned.get_mut(&c.tp) {
+                        // FIFO: the last commit accepted is what the group has.
+                        p.committed = Some(c.offset);
+                        p.released = job.reason != Reason::Periodic;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(
+                        at = "commit_failed",
+                        topic = &*c.tp.0,
+                        partition = c.tp.1,
+                        offset = c.offset,
+                        reason,
+                        error = %e,
+                        "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered"
+                    );
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+    // The send is over: a release waiting for these partitions may go on.
+    shared.lock().sending.clear();
+    shared.sent.notify_all();
+    match first_error {
+        Some(e) => Err(CommitError::Refused(e)),
+        None if dropped.is_empty() => Ok(()),
+        None => Err(CommitError::NotSent),
+    }
+}
+
+/// Commits `offsets` synchronously; returns each partition's answer, in order.
+///
+/// The broker answers an OffsetCommit per partition, but librdkafka (2.12) reports one
+/// error for the whole commit (the last refused partition's) and, before it hands the
+/// list back, writes that error on every partition the broker accepted too. So the
+/// commit goes through `rd_kafka_commit_queue`, whose list keeps the refused
+/// partitions' own errors, and when a refusal can be one partition's
+/// ([`partition_scoped`]) the group's committed offsets are read back: a partition
+/// whose committed offset is the one just sent was accepted.
+fn commit_sync<X: Consumer<C>, C: ConsumerContext>(
+    consumer: &X,
+    offsets: &[&CommitOffset],
+    reason: Reason,
+) -> Vec<Result<(), KafkaError>> {
+    let mut tpl = TopicPartitionList::with_capacity(offsets.len());
+    for c in offsets {
         let mut e = tpl.add_partition(&c.tp.0, c.tp.1);
         // Offsets come from the tracker: always >= 0, so this cannot fail.
         let _ = e.set_offset(Offset::Offset(c.offset));
-        e.set_metadata(metadata(c.processed, job.reason));
+        e.set_metadata(metadata(c.processed, reason));
     }
-    let started = Instant::now();
-    let result = consumer.commit(&tpl, CommitMode::Sync);
-    let took = started.elapsed();
-    drop(tpl);
-    metrics.record(took, result.is_ok());
-    let reason = job.reason.as_str();
-    let duration_ms = millis(took);
-    match result {
-        Ok(()) => {
-            let mut group = group.lock().unwrap_or_else(|e| e.into_inner());
-            for c in &job.offsets {
-                tracing::info!(
-                    at = "committed",
-                    topic = &*c.tp.0,
-                    partition = c.tp.1,
-                    offset = c.offset,
-                    reason,
-                    duration_ms
-                );
-                if let Some(p) = group.owned.get_mut(&c.tp) {
-                    // FIFO: the last commit sent is what the group has.
-                    p.committed = Some(c.offset);
-                    p.released = job.reason != Reason::Periodic;
-                }
+    let mut answer = PerPartition::default();
+    // SAFETY: with no queue, rd_kafka_commit_queue blocks until the commit is answered
+    // and calls `per_partition` on this thread before it returns, so `answer` outlives
+    // every use of the pointer; `tpl` is copied by librdkafka.
+    let overall = unsafe {
+        rdsys::rd_kafka_commit_queue(
+            consumer.client().native_ptr(),
+            tpl.ptr(),
+            std::ptr::null_mut(),
+            Some(per_partition),
+            (&mut answer as *mut PerPartition).cast::<c_void>(),
+        )
+    };
+    if !overall.is_error() {
+        return offsets.iter().map(|_| Ok(())).collect();
+    }
+    let accepted: Vec<bool> = if offsets.len() > 1 && partition_scoped(overall.into()) {
+        match consumer.committed_offsets(tpl, READ_BACK_TIMEOUT) {
+            Ok(now) => offsets
+                .iter()
+                .map(|c| {
+                    now.find_partition(&c.tp.0, c.tp.1)
+                        .is_some_and(|e| e.offset() == Offset::Offset(c.offset))
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(at = "commit_unknown", error = %e, "could not read back which partitions the refused commit committed: all are counted as not committed");
+                vec![false; offsets.len()]
             }
-            Ok(())
         }
-        Err(e) => {
-            for c in &job.offsets {
-                tracing::error!(
-                    at = "commit_failed",
-                    topic = &*c.tp.0,
-                    partition = c.tp.1,
-                    offset = c.offset,
-                    reason,
-                    error = %e,
-                    "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered"
-                );
+    } else {
+        vec![false; offsets.len()]
+    };
+    offsets
+        .iter()
+        .zip(accepted)
+        .map(|(c, accepted)| {
+            if accepted {
+                return Ok(());
             }
-            Err(CommitError::Refused(e))
+            let own = answer
+                .errors
+                .get(&(c.tp.0.to_string(), c.tp.1))
+                .copied()
+                .filter(|e| e.is_error())
+                .unwrap_or(overall);
+            Err(KafkaError::ConsumerCommit(own.into()))
+        })
+        .collect()
+}
+
+/// How long reading back a partly refused commit may take.
+const READ_BACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether a commit error can be one partition's alone (the others may be committed).
+/// Errors about the group, the member or the coordinator refuse the whole request, as
+/// do librdkafka's own (negative) codes.
+fn partition_scoped(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as E;
+    (code as i32) > 0
+        && !matches!(
+            code,
+            E::NotCoordinator
+                | E::CoordinatorNotAvailable
+                | E::CoordinatorLoadInProgress
+                | E::IllegalGeneration
+                | E::UnknownMemberId
+                | E::RebalanceInProgress
+                | E::FencedInstanceId
+                | E::GroupAuthorizationFailed
+                | E::StaleMemberEpoch
+                | E::InvalidGroupId
+                | E::RequestTimedOut
+                | E::NetworkException
+        )
+}
+
+/// Each partition's error as librdkafka's commit callback reported it.
+#[derive(Default)]
+struct PerPartition {
+    errors: HashMap<(String, i32), rdsys::rd_kafka_resp_err_t>,
+}
+
+unsafe extern "C" fn per_partition(
+    _rk: *mut rdsys::rd_kafka_t,
+    _err: rdsys::rd_kafka_resp_err_t,
+    offsets: *mut rdsys::rd_kafka_topic_partition_list_t,
+    opaque: *mut c_void,
+) {
+    // SAFETY: `opaque` is the `PerPartition` of `commit_sync`, alive while it blocks;
+    // `offsets` (maybe null) is librdkafka's list, valid during the call.
+    let answer = &mut *opaque.cast::<PerPartition>();
+    let Some(list) = offsets.as_ref() else {
+        return;
+    };
+    for i in 0..usize::try_from(list.cnt).unwrap_or(0) {
+        let e = &*list.elems.add(i);
+        if e.topic.is_null() {
+            continue;
         }
+        let topic = CStr::from_ptr(e.topic).to_string_lossy().into_owned();
+        answer.errors.insert((topic, e.partition), e.err);
     }
 }
 
@@ -260,6 +559,158 @@ pub fn millis(d: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::consumer::{BaseConsumer, CommitMode, DefaultConsumerContext};
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::ClientConfig;
+
+    const TOPIC: &str = "t";
+
+    fn tp(partition: i32) -> Tp {
+        (Arc::from(TOPIC), partition)
+    }
+
+    fn offset(partition: i32, offset: i64) -> CommitOffset {
+        CommitOffset {
+            tp: tp(partition),
+            offset,
+            processed: Some(offset - 1),
+        }
+    }
+
+    /// A consumer of group `g` on `bootstrap` that never subscribes, with a coordinator
+    /// already found (so that a later slow broker delays only what the test sends).
+    fn consumer(bootstrap: &str) -> Arc<BaseConsumer> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "g")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(TOPIC, 1);
+        c.committed_offsets(tpl, Duration::from_secs(30)).unwrap();
+        Arc::new(c)
+    }
+
+    fn committed_offset(c: &BaseConsumer, partition: i32) -> Offset {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(TOPIC, partition);
+        let got = c.committed_offsets(tpl, Duration::from_secs(30)).unwrap();
+        let offset = got.elements()[0].offset();
+        offset
+    }
+
+    fn start(
+        mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    ) -> (Arc<BaseConsumer>, Committer, Arc<CommitMetrics>) {
+        mock.create_topic(TOPIC, 2, 1).unwrap();
+        let c = consumer(&mock.bootstrap_servers());
+        let metrics = Arc::new(CommitMetrics::default());
+        let committer = Committer::start::<BaseConsumer, DefaultConsumerContext>(
+            Arc::downgrade(&c),
+            Arc::new(Mutex::new(Group::default())),
+            metrics.clone(),
+        )
+        .unwrap();
+        committer.acquire(&tp(0));
+        committer.acquire(&tp(1));
+        (c, committer, metrics)
+    }
+
+    /// Issue 13, item 8: a revoke's commit that waited in the queue past its deadline (the
+    /// committer thread was busy with a slow commit) was sent once its turn came, after
+    /// the partition had been released, and overwrote the next owner's newer offset.
+    #[test]
+    fn a_commit_given_up_in_the_queue_is_never_sent() {
+        let mock = MockCluster::new(1).unwrap();
+        let (_c, committer, metrics) = start(&mock);
+        let next_owner = consumer(&mock.bootstrap_servers());
+        // Every answer of the broker now comes 3 s late (requests are applied at once).
+        mock.broker_round_trip_time(1, Duration::from_secs(3))
+            .unwrap();
+        // A periodic commit of partition 1 holds the committer thread for 3 s...
+        committer.periodic(vec![offset(1, 2)]);
+        // ... while partition 0's revoke commit waits behind it; its waiter gives up.
+        let given_up = committer.commit(
+            vec![offset(0, 5)],
+            Reason::Revoke,
+            Instant::now() + Duration::from_millis(300),
+        );
+        assert!(
+            matches!(given_up, Err(CommitError::TimedOut)),
+            "{given_up:?}"
+        );
+        // The partition is released, and its next owner commits further.
+        committer.release(&[tp(0)]);
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(TOPIC, 0, Offset::Offset(20))
+            .unwrap();
+        next_owner.commit(&tpl, CommitMode::Sync).unwrap();
+        // Everything queued before it has had its turn once this commit is answered.
+        committer
+            .commit(
+                vec![offset(1, 3)],
+                Reason::Periodic,
+                Instant::now() + Duration::from_secs(60),
+            )
+            .unwrap();
+        mock.broker_round_trip_time(1, Duration::ZERO).unwrap();
+        assert_eq!(committed_offset(&next_owner, 0), Offset::Offset(20));
+        assert_eq!(committed_offset(&next_owner, 1), Offset::Offset(3));
+        // Sent: the two commits of partition 1; not the one of partition 0.
+        assert_eq!(metrics.counts(), (2, 0));
+    }
+
+    /// A commit already inside librdkafka cannot be recalled: the release waits for its
+    /// answer, so it is never sent after the release returned.
+    #[test]
+    fn a_release_waits_for_the_commit_being_sent() {
+        let mock = MockCluster::new(1).unwrap();
+        let (_c, committer, metrics) = start(&mock);
+        mock.broker_round_trip_time(1, Duration::from_secs(2))
+            .unwrap();
+        committer.periodic(vec![offset(0, 5)]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !committer.shared.lock().sending.contains(&tp(0)) {
+            assert!(Instant::now() < deadline, "the commit was never sent");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        committer.release(&[tp(0)]);
+        // Recorded right after the broker answered, before the release could go on.
+        assert_eq!(metrics.counts(), (1, 0));
+        mock.broker_round_trip_time(1, Duration::ZERO).unwrap();
+    }
+
+    /// Commits for a partition assigned again are those of the new assignment only.
+    #[test]
+    fn a_commit_queued_under_a_previous_assignment_is_not_sent() {
+        let mock = MockCluster::new(1).unwrap();
+        let (c, committer, metrics) = start(&mock);
+        // Long enough that the job below is still queued when the test releases.
+        mock.broker_round_trip_time(1, Duration::from_secs(3))
+            .unwrap();
+        committer.periodic(vec![offset(1, 2)]);
+        // Queued behind it, under the first assignment of partition 0.
+        let (reply, answer) = mpsc::sync_channel(1);
+        committer
+            .jobs
+            .send(Job {
+                offsets: committer.tag(vec![offset(0, 5)]),
+                reason: Reason::Periodic,
+                deadline: None,
+                reply: Some(reply),
+            })
+            .unwrap();
+        committer.release(&[tp(0)]);
+        committer.acquire(&tp(0));
+        assert!(matches!(
+            answer.recv_timeout(Duration::from_secs(60)),
+            Ok(Err(CommitError::NotSent))
+        ));
+        mock.broker_round_trip_time(1, Duration::ZERO).unwrap();
+        assert_eq!(committed_offset(&c, 0), Offset::Invalid);
+        assert_eq!(metrics.counts(), (1, 0));
+    }
 
     #[test]
     fn metadata_round_trips_and_ignores_foreign_metadata() {
@@ -270,26 +721,28 @@ mod tests {
             })
         };
         assert_eq!(
-            parse_metadata(&metadata(Some(41), Reason::Periodic)),
+            parse_metadata(metadata(Some(41), Reason::Periodic).as_bytes()),
             read(41, false)
         );
         assert_eq!(
-            parse_metadata(&metadata(Some(41), Reason::Shutdown)),
+            parse_metadata(metadata(Some(41), Reason::Shutdown).as_bytes()),
             read(41, true)
         );
         assert_eq!(
-            parse_metadata(&metadata(Some(41), Reason::Revoke)),
+            parse_metadata(metadata(Some(41), Reason::Revoke).as_bytes()),
             read(41, true)
         );
         // An older ackd's metadata, and flags a newer one may add.
-        assert_eq!(parse_metadata("ackd:processed=41"), read(41, false));
+        assert_eq!(parse_metadata(b"ackd:processed=41"), read(41, false));
         assert_eq!(
-            parse_metadata("ackd:processed=41;x;released"),
+            parse_metadata(b"ackd:processed=41;x;released"),
             read(41, true)
         );
         assert_eq!(metadata(None, Reason::Shutdown), "");
-        assert_eq!(parse_metadata(""), None);
-        assert_eq!(parse_metadata("ackd:processed=x;released"), None);
-        assert_eq!(parse_metadata("written by another tool"), None);
+        assert_eq!(parse_metadata(b""), None);
+        assert_eq!(parse_metadata(b"ackd:processed=x;released"), None);
+        assert_eq!(parse_metadata(b"written by another tool"), None);
+        assert_eq!(parse_metadata(b"\xff\xfe\x00binary"), None);
+        assert_eq!(parse_metadata(b"ackd:processed=\xff"), None);
     }
 }

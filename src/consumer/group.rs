@@ -399,11 +399,8 @@ impl<P: Processor> GroupContext<P> {
             .ok();
         let resume: HashMap<Tp, (Offset, Option<committer::Previous>)> = committed
             .iter()
-            .flat_map(|c| c.elements())
-            .map(|e| {
-                let tp = (Arc::from(e.topic()), e.partition());
-                (tp, (e.offset(), committer::parse_metadata(e.metadata())))
-            })
+            .flat_map(committer::committed_with_metadata)
+            .map(|(tp, offset, processed)| (tp, (offset, processed)))
             .collect();
         let generation = generation(base);
         let mut group = self.lock();
@@ -499,6 +496,9 @@ impl<P: Processor> GroupContext<P> {
                 self.worker.clone(),
                 predecessor,
             );
+            if let Some(c) = self.committer.get() {
+                c.acquire(&tp);
+            }
             group.owned.insert(
                 tp,
                 Owned {
@@ -616,6 +616,12 @@ impl<P: Processor> GroupContext<P> {
         // Fenced while committing: the commit is refused for good, however it was.
         fatal |= !commit_ok && self.fatal_error().is_some();
         complete &= commit_ok;
+        // From here no commit for these partitions is sent (src/committer.rs): one that
+        // timed out above but is still queued is dropped, one inside librdkafka is
+        // waited for.
+        if let Some(c) = self.committer.get() {
+            c.release(tps);
+        }
         let removed: Vec<(Tp, Owned)> = {
             let mut group = self.lock();
             let removed: Vec<(Tp, Owned)> = tps
@@ -657,19 +663,24 @@ impl<P: Processor> GroupContext<P> {
         }
         let mut committed = Vec::new();
         let mut without_commit = Vec::new();
+        let mut not_committed = Vec::new();
         for (tp, p) in removed {
-            match pending.iter().find(|c| c.tp == tp) {
-                Some(c) if commit_ok => committed.push((tp, c.offset)),
-                _ => match p.committed {
-                    Some(o) => committed.push((tp, o)),
-                    None => without_commit.push(tp),
-                },
+            // Per partition: the committer sets `committed` only where the broker accepted.
+            let refused = pending
+                .iter()
+                .find(|c| c.tp == tp && p.committed != Some(c.offset));
+            if let Some(c) = refused {
+                not_committed.push(c.clone());
+            }
+            match p.committed {
+                Some(o) => committed.push((tp, o)),
+                None => without_commit.push(tp),
             }
         }
         Drained {
             committed,
             without_commit,
-            not_committed: Vec::new(),
+            not_committed,
             complete,
             fatal,
         }
@@ -741,8 +752,12 @@ impl<P: Processor> GroupContext<P> {
                     wait = (wait * 2).min(REBALANCE_WAIT_MAX);
                 }
                 _ => {
-                    // The committer logged a refusal per partition; the rest is ours to say.
-                    if !matches!(error, committer::CommitError::Refused(_)) {
+                    // The committer logged a refusal (or a drop) per partition; the rest is
+                    // ours to say.
+                    if !matches!(
+                        error,
+                        committer::CommitError::Refused(_) | committer::CommitError::NotSent
+                    ) {
                         for c in &pending {
                             tracing::error!(at = "commit_failed", topic = &*c.tp.0, partition = c.tp.1, offset = c.offset, error = %error,
                                 "not committed; messages from the last committed offset will be redelivered");
@@ -813,7 +828,8 @@ pub struct Drained {
     pub committed: Vec<(Tp, i64)>,
     /// Partitions released with nothing committed by this process.
     pub without_commit: Vec<Tp>,
-    /// Without a commit (`commit: None`): what was acknowledged and is left uncommitted.
+    /// What was acknowledged and is left uncommitted: all of it without a commit
+    /// (`commit: None`), else the partitions whose commit was refused or not answered.
     pub not_committed: Vec<CommitOffset>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,

@@ -127,11 +127,11 @@ pub fn run<P: Processor>(
             topic = &*c.tp.0,
             partition = c.tp.1,
             acked_offset = c.offset,
-            "acknowledged but not committed (no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
+            "acknowledged but not committed (refused, or no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
         );
     }
     for tp in &drained.without_commit {
-        if commit {
+        if commit && !drained.not_committed.iter().any(|c| &c.tp == tp) {
             tracing::info!(
                 at = "final_commit",
                 topic = &*tp.0,

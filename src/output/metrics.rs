@@ -216,6 +216,12 @@ impl CommitMetrics {
         }
     }
 
+    /// Commits recorded and not yet summarized: (accepted, failed).
+    #[cfg(test)]
+    pub fn counts(&self) -> (u64, u64) {
+        self.state.lock().map_or((0, 0), |s| (s.0, s.1))
+    }
+
     fn take_into(&self, into: &mut Interval) {
         if let Ok(mut s) = self.state.lock() {
             into.commits += std::mem::take(&mut s.0);

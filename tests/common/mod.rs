@@ -534,6 +534,86 @@ fn committed_with(
         .collect()
 }
 
+/// Commits `offset` for `topic`/`partition` in `group` on the (plaintext) brokers at
+/// `bootstrap` with `metadata` as raw bytes (not necessarily UTF-8), from a consumer that
+/// never subscribes, as a client in another language could: rust-rdkafka's
+/// `set_metadata` takes only `&str`, so this sets librdkafka's `metadata` field through
+/// the C API.
+pub fn commit_raw_metadata_on(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    metadata: &[u8],
+) {
+    use rdkafka::consumer::CommitMode;
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create().expect("create committing consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .expect("offset");
+    // SAFETY: the list has one element, with no metadata yet; librdkafka frees the
+    // malloc'd copy with the list.
+    unsafe {
+        let e = &mut *(*tpl.ptr()).elems;
+        let buf = libc::malloc(metadata.len().max(1));
+        assert!(!buf.is_null());
+        std::ptr::copy_nonoverlapping(metadata.as_ptr(), buf.cast::<u8>(), metadata.len());
+        e.metadata = buf;
+        e.metadata_size = metadata.len();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => return,
+            Err(e) if is_coordinator_moving(&e) && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("commit {topic}/{partition} for group {group}: {e}"),
+        }
+    }
+}
+
+/// The committed offset of `group` on `topic`/`partition` at the (plaintext) brokers at
+/// `bootstrap`, and its metadata as the raw bytes the broker returned (rust-rdkafka's
+/// `metadata()` panics when they are not UTF-8).
+pub fn committed_raw_metadata_on(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partition: i32,
+) -> (Option<i64>, Vec<u8>) {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group);
+    let consumer: BaseConsumer = config.create().expect("create committed-offsets consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("committed offsets of group {group} on {topic}: {e}"));
+    // SAFETY: one element, as asked; its metadata is `metadata_size` bytes (or null).
+    let metadata = unsafe {
+        let e = &*(*got.ptr()).elems;
+        if e.metadata.is_null() {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(e.metadata.cast::<u8>(), e.metadata_size).to_vec()
+        }
+    };
+    let offset = match got.elements()[0].offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    };
+    (offset, metadata)
+}
+
 /// True for the errors a group's coordinator answers while it moves or loads.
 pub fn is_coordinator_moving(e: &KafkaError) -> bool {
     matches!(

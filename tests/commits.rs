@@ -1,0 +1,200 @@
+//! What the broker does with ackd's commits, per partition, on a real Kafka broker:
+//! - a partition whose commit the broker refuses does not fail the commit of the others,
+//!   and the ones it accepted are logged and counted as committed (issue 13, item 9);
+//! - commit metadata another client wrote is ignored (issue 13, item 10). Kafka decodes
+//!   metadata as UTF-8 and stores what it got, so bytes that are not UTF-8 come back as
+//!   U+FFFD: the crash on such bytes is staged in `tests/mock_cluster.rs`, whose broker
+//!   keeps them as they are.
+//!
+//! The broker limits commit metadata to 17 bytes (`offset.metadata.max.bytes`): ackd's
+//! `ackd:processed=H` fits while H < 100, and is refused with OFFSET_METADATA_TOO_LARGE for
+//! that partition alone once H >= 100. That is a per-partition refusal from a real broker,
+//! as a deleted topic or a topic-level ACL would give.
+
+mod common;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{
+    at, broker_with, commit_raw_metadata_on, committed, committed_raw_metadata_on, create_topic,
+    field, is_processed, processed, produce_records, unique_name, AckdBuilder, Broker,
+    BrokerOptions,
+};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The longest metadata the test broker keeps.
+const METADATA_MAX: usize = 17;
+
+fn kafka() -> &'static Broker {
+    static B: OnceLock<&'static Broker> = OnceLock::new();
+    B.get_or_init(|| {
+        broker_with(BrokerOptions {
+            server_config: vec![("offset.metadata.max.bytes".into(), METADATA_MAX.to_string())],
+            ..BrokerOptions::default()
+        })
+    })
+}
+
+/// Produces `n` messages to `partition` of `topic`.
+fn produce_to(topic: &str, partition: i32, n: usize) {
+    let value = vec![b'.'; 50];
+    let records: Vec<_> = (0..n)
+        .map(|_| (partition, None, value.as_slice(), &[][..]))
+        .collect();
+    produce_records(topic, &records);
+}
+
+fn on(line: &str, what: &str, partition: i32) -> bool {
+    at(line, what) && field(line, "partition").as_deref() == Some(&partition.to_string())
+}
+
+#[test]
+fn a_partition_the_broker_refuses_does_not_fail_the_others() {
+    kafka();
+    let topic = unique_name("per-partition");
+    let group = unique_name("g-per-partition");
+    create_topic(&topic, 2);
+    // Partition 0: offsets 0..=4, metadata "ackd:processed=4" (16 bytes): accepted.
+    // Partition 1: offsets 0..=119, metadata "ackd:processed=119" (18 bytes): refused.
+    produce_to(&topic, 0, 5);
+    produce_to(&topic, 1, 120);
+    assert!(
+        committer_metadata_len(4) <= METADATA_MAX && committer_metadata_len(119) > METADATA_MAX
+    );
+
+    let started = Instant::now();
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_COMMIT_INTERVAL_MS", "200")
+        .spawn();
+    ackd.wait_for_count(is_processed, 125, WAIT);
+    // Partition 0 is committed although every commit it went out with also carried the
+    // refused partition 1.
+    let committed_line = ackd.wait_for_line(|l| on(l, "committed", 0), WAIT);
+    assert_eq!(field(&committed_line, "offset").as_deref(), Some("5"));
+    // Partition 1 goes on being refused, each time alone: partition 0 is done.
+    let refused = ackd.wait_for_count(|l| on(l, "commit_failed", 1), 3, WAIT);
+    assert!(
+        refused[0].contains("too large") || refused[0].contains("TooLarge"),
+        "{}",
+        refused[0]
+    );
+    assert_eq!(
+        committed(&group, &topic, 2),
+        [(0, Some(5)), (1, None)].into()
+    );
+
+    // New messages on partition 0 are committed while partition 1 still fails.
+    produce_to(&topic, 0, 3);
+    ackd.wait_for_line(
+        |l| on(l, "committed", 0) && field(l, "offset").as_deref() == Some("8"),
+        WAIT,
+    );
+    ackd.sigterm();
+    // Incomplete: partition 1's final commit is refused too.
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    assert_eq!(code, 1, "{all}");
+    assert!(
+        !lines.iter().any(|l| on(l, "commit_failed", 0)),
+        "a partition the broker accepted is logged as failed:\n{all}"
+    );
+    // Each accepted offset is committed once: partition 0 is not sent again with 1's.
+    let commits_0: Vec<i64> = lines
+        .iter()
+        .filter(|l| on(l, "committed", 0))
+        .filter_map(|l| field(l, "offset")?.parse().ok())
+        .collect();
+    assert!(
+        commits_0.first() == Some(&5)
+            && commits_0.last() == Some(&8)
+            && commits_0.windows(2).all(|w| w[0] < w[1]),
+        "partition 0 committed {commits_0:?}:\n{all}"
+    );
+    let final_0 = lines
+        .iter()
+        .find(|l| on(l, "final_commit", 0))
+        .unwrap_or_else(|| panic!("no final_commit for partition 0:\n{all}"));
+    assert_eq!(field(final_0, "offset").as_deref(), Some("8"), "{final_0}");
+    // Partition 1's acknowledged offset is reported as not committed, not as "nothing
+    // acknowledged".
+    assert!(
+        !lines.iter().any(|l| on(l, "final_commit", 1)),
+        "partition 1 was never committed:\n{all}"
+    );
+    let not_committed_1 = lines
+        .iter()
+        .find(|l| on(l, "not_committed", 1))
+        .unwrap_or_else(|| panic!("no not_committed line for partition 1:\n{all}"));
+    assert_eq!(
+        field(not_committed_1, "acked_offset").as_deref(),
+        Some("120"),
+        "{not_committed_1}"
+    );
+    let failed_1 = lines.iter().filter(|l| on(l, "commit_failed", 1)).count();
+    assert_eq!(
+        committed(&group, &topic, 2),
+        [(0, Some(8)), (1, None)].into()
+    );
+    eprintln!(
+        "per-partition: 128 messages processed {} times, partition 0 committed at {commits_0:?}, partition 1 refused {failed_1} times, exit {code}, {:?}",
+        processed(&lines).len(),
+        started.elapsed()
+    );
+}
+
+/// The length of ackd's commit metadata for highest processed offset `h`.
+fn committer_metadata_len(h: i64) -> usize {
+    format!("ackd:processed={h}").len()
+}
+
+#[test]
+fn metadata_another_client_wrote_is_ignored() {
+    kafka();
+    let topic = unique_name("foreign-meta");
+    let group = unique_name("g-foreign-meta");
+    create_topic(&topic, 1);
+    produce_to(&topic, 0, 10);
+    // Another client committed offset 4 with metadata that is not UTF-8.
+    let foreign: &[u8] = b"\xff\xfe\xc3(";
+    let bootstrap = kafka().bootstrap();
+    commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 4, foreign);
+    let (offset, stored) = committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+    assert_eq!(offset, Some(4));
+    // Kafka replaced each invalid sequence with U+FFFD (EF BF BD).
+    assert_eq!(stored, "\u{FFFD}\u{FFFD}\u{FFFD}(".as_bytes());
+
+    let started = Instant::now();
+    let ackd = AckdBuilder::new(&topic, &group).spawn();
+    let assigned = ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(
+        field(&assigned, "offset").as_deref(),
+        Some("4"),
+        "{assigned}"
+    );
+    assert_eq!(
+        field(&assigned, "from").as_deref(),
+        Some("committed"),
+        "{assigned}"
+    );
+    assert_eq!(field(&assigned, "highest_processed"), None, "{assigned}");
+    ackd.wait_for_count(is_processed, 6, WAIT);
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    assert_eq!(code, 0, "{}", lines.join("\n"));
+    let offsets: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
+    assert_eq!(offsets, (4..10).collect::<Vec<_>>());
+    // ackd's own commit replaces the foreign metadata with its own.
+    assert_eq!(
+        committed_raw_metadata_on(&bootstrap, &group, &topic, 0),
+        (Some(10), b"ackd:processed=9".to_vec())
+    );
+    eprintln!(
+        "foreign metadata: resumed at 4, processed {} messages, exit {code}, {:?}",
+        offsets.len(),
+        started.elapsed()
+    );
+}
