@@ -334,3 +334,55 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
         (Some(10), "ackd:processed=9;released".to_string())
     );
 }
+
+/// Commit metadata another client wrote is ignored (issue 13, item 10). Kafka decodes
+/// metadata as UTF-8 and stores what it got, so bytes that are not UTF-8 come back as
+/// U+FFFD: the crash such bytes caused is staged in `tests/mock_cluster.rs`, whose broker
+/// keeps them as they are.
+#[test]
+fn metadata_another_client_wrote_is_ignored() {
+    let topic = unique_name("foreign-meta");
+    let group = unique_name("g-foreign-meta");
+    create_topic(&topic, 1);
+    produce_numbered(&topic, 10);
+    // Another client committed offset 4 with metadata that is not UTF-8.
+    let foreign: &[u8] = b"\xff\xfe\xc3(";
+    let bootstrap = broker().bootstrap();
+    commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 4, foreign);
+    let (offset, stored) = committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+    assert_eq!(offset, Some(4));
+    // Kafka replaced each invalid sequence with U+FFFD (EF BF BD).
+    assert_eq!(stored, "\u{FFFD}\u{FFFD}\u{FFFD}(".as_bytes());
+
+    let started = std::time::Instant::now();
+    let ackd = AckdBuilder::new(&topic, &group).spawn();
+    let assigned = ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(
+        field(&assigned, "offset").as_deref(),
+        Some("4"),
+        "{assigned}"
+    );
+    assert_eq!(
+        field(&assigned, "from").as_deref(),
+        Some("committed"),
+        "{assigned}"
+    );
+    assert_eq!(field(&assigned, "highest_processed"), None, "{assigned}");
+    ackd.wait_for_count(is_processed, 6, WAIT);
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    assert_eq!(code, 0, "{}", lines.join("\n"));
+    let offsets: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
+    assert_eq!(offsets, (4..10).collect::<Vec<_>>());
+    // ackd's own commit replaces the foreign metadata with its own.
+    assert_eq!(
+        committed_raw_metadata_on(&bootstrap, &group, &topic, 0),
+        (Some(10), b"ackd:processed=9;released".to_vec())
+    );
+    eprintln!(
+        "foreign metadata: resumed at 4, processed {} messages, exit {code}, {:?}",
+        offsets.len(),
+        started.elapsed()
+    );
+}

@@ -176,7 +176,7 @@ fn commit_metadata_that_is_not_utf8_is_ignored_not_a_crash() {
     assert_eq!(offsets, (4..10).collect::<Vec<_>>());
     assert_eq!(
         committed(&bootstrap, group, topic),
-        (Offset::Offset(10), "ackd:processed=9".to_string())
+        (Offset::Offset(10), "ackd:processed=9;released".to_string())
     );
 }
 

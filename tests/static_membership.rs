@@ -356,7 +356,8 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
     create_topic(&topic, 1);
     let hold = log_dir().join(format!("{}.hold", unique_name("static-drain")));
     let handler = format!(
-        "while read -r line; do if [ -f '{h}' ]; then echo held >&2; while [ -f '{h}' ]; do sleep 0.05; done; fi; echo '{{\"ack\":true}}'; done",
+        // Replies name the offset they answer (the exec protocol).
+        "while read -r line; do off=$(printf '%s' \"$line\" | sed -n 's/.*\"offset\":\\([0-9]*\\).*/\\1/p'); if [ -f '{h}' ]; then echo held >&2; while [ -f '{h}' ]; do sleep 0.05; done; fi; echo \"{{\\\"ack\\\":true,\\\"offset\\\":$off}}\"; done",
         h = hold.display()
     );
     let mut delivered = produce_keyed(&topic, 20, 0);
