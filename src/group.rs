@@ -517,12 +517,14 @@ impl<P: Processor> GroupContext<P> {
     /// `commit_deadline`, and forgets the partitions. Used by revokes and by the
     /// shutdown: one drain, one rule.
     ///
-    /// A commit refused because a rebalance is under way ([`rebalancing`]) can succeed
-    /// once the rebalance is over (Kafka's advice: serve the group, then commit again).
-    /// With `serve` (the shutdown, which owns the poll loop) that is what happens until
-    /// `commit_deadline`: the partitions stay owned meanwhile, so a revoke that arrives
-    /// while serving commits them itself, under the new generation. A revoke runs inside
-    /// the rebalance callback and cannot serve the group: it passes `None`.
+    /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
+    /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
+    /// again). With `serve` (the shutdown, which owns the poll loop) that is what happens
+    /// until `commit_deadline`: the partitions stay owned meanwhile, so a revoke that
+    /// arrives while serving commits them itself, under the new generation. A revoke runs
+    /// inside the rebalance callback and cannot serve the group: it passes `None`. A
+    /// commit refused for a stale member epoch ([`Refusal::StaleEpoch`]) is sent again
+    /// either way: librdkafka's own thread fetches the epoch.
     pub fn drain_and_commit(
         &self,
         tps: &[Tp],
@@ -616,7 +618,8 @@ impl<P: Processor> GroupContext<P> {
 
     /// Commits what the partitions of `tps` that are still owned acknowledged; with
     /// `serve`, retries a commit refused for a rebalance in progress after serving the
-    /// group, until `deadline`. Returns the last offsets tried and whether they are
+    /// group, and (with or without it) one refused for a stale member epoch, until
+    /// `deadline`. Returns the last offsets tried and whether they are
     /// committed.
     fn commit_owned(
         &self,
@@ -639,21 +642,49 @@ impl<P: Processor> GroupContext<P> {
                 Err(e) => e,
             };
             let until = Instant::now() + wait;
-            match (serve, &error) {
-                (Some(serve), committer::CommitError::Refused(e))
-                    if rebalancing(e) && until < deadline =>
-                {
+            let refusal = match &error {
+                committer::CommitError::Refused(e) => Refusal::of(e),
+                _ => Refusal::Final,
+            };
+            match (refusal, serve) {
+                (Refusal::Rebalancing, Some(serve)) if until < deadline => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
                         partitions = pending.len(),
                         wait_ms = wait.as_millis() as u64,
+                        error = %error,
                         "commit refused while the group rebalances: serving the rebalance, then committing again"
                     );
                     serve(until);
-                    wait = (wait * 2).min(REBALANCE_WAIT_MAX);
+                }
+                (Refusal::StaleEpoch, serve) if until < deadline => {
+                    tracing::warn!(
+                        at = "commit_retry",
+                        reason = reason.as_str(),
+                        partitions = pending.len(),
+                        wait_ms = wait.as_millis() as u64,
+                        error = %error,
+                        "commit refused for a stale member epoch: the partitions are still ours; committing again once librdkafka's heartbeat has the current epoch"
+                    );
+                    // librdkafka heartbeats on its own thread (it hastens the next one on
+                    // this error): a revoke, which runs inside the rebalance callback, can
+                    // wait for it; the shutdown serves the group meanwhile.
+                    match serve {
+                        Some(serve) => serve(until),
+                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                    }
                 }
                 _ => {
+                    if refusal == Refusal::MemberGone {
+                        tracing::error!(
+                            at = "member_gone",
+                            reason = reason.as_str(),
+                            partitions = pending.len(),
+                            error = %error,
+                            "the broker no longer counts this process a member of the group: its partitions may already be another's, so the commit is not retried; their next owner redelivers from the last committed offset"
+                        );
+                    }
                     // The committer logged a refusal per partition; the rest is ours to say.
                     if !matches!(error, committer::CommitError::Refused(_)) {
                         for c in &pending {
@@ -664,6 +695,7 @@ impl<P: Processor> GroupContext<P> {
                     return (pending, false);
                 }
             }
+            wait = (wait * 2).min(REBALANCE_WAIT_MAX);
         }
     }
 }
@@ -685,16 +717,41 @@ fn generation<C: ConsumerContext>(base: &BaseConsumer<C>) -> Option<i32> {
     }
 }
 
-/// Commit refusals that mean "a rebalance is in progress": once it completes, a member
-/// that still owns the partition can commit them under the new generation (KIP-429; the
-/// Java client calls these retriable: "complete the rebalance by calling poll() and then
-/// retry"). UNKNOWN_MEMBER_ID is not among them: the member was dropped from the group
-/// and its partitions may already be consumed by another.
-fn rebalancing(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)
-    )
+/// What a refused commit means for trying it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The classic protocol's "a rebalance is in progress" (ILLEGAL_GENERATION,
+    /// REBALANCE_IN_PROGRESS): once it completes, a member that still owns the
+    /// partitions can commit them under the new generation (KIP-429; the Java client
+    /// calls these retriable: "complete the rebalance by calling poll() and then retry").
+    /// Only the shutdown, which owns the poll loop, can complete it.
+    Rebalancing,
+    /// The consumer protocol's STALE_MEMBER_EPOCH: the member's epoch moved on (a new
+    /// assignment) since librdkafka last heard it. The member is still in the group and
+    /// the partitions still ours until we release them; librdkafka hastens a heartbeat
+    /// that brings the current epoch but does not retry a manual commit itself (KIP-848;
+    /// rdkafka_cgrp.c): a commit sent again after it is accepted.
+    StaleEpoch,
+    /// UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: the broker dropped or fenced the member;
+    /// its partitions may already be another's. Never retried.
+    MemberGone,
+    /// Anything else: not retried here (the next periodic commit tries again).
+    Final,
+}
+
+impl Refusal {
+    fn of(error: &KafkaError) -> Refusal {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress) => {
+                Refusal::Rebalancing
+            }
+            Some(RDKafkaErrorCode::StaleMemberEpoch) => Refusal::StaleEpoch,
+            Some(RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::FencedMemberEpoch) => {
+                Refusal::MemberGone
+            }
+            _ => Refusal::Final,
+        }
+    }
 }
 
 /// How long the shutdown serves a rebalance before committing again, at first and at most.
