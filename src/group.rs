@@ -772,3 +772,37 @@ pub struct Drained {
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_commits_are_retried_only_where_the_member_still_owns_its_partitions() {
+        let refusal = |code| Refusal::of(&KafkaError::ConsumerCommit(code));
+        assert_eq!(
+            refusal(RDKafkaErrorCode::RebalanceInProgress),
+            Refusal::Rebalancing
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::IllegalGeneration),
+            Refusal::Rebalancing
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::StaleMemberEpoch),
+            Refusal::StaleEpoch
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::UnknownMemberId),
+            Refusal::MemberGone
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::FencedMemberEpoch),
+            Refusal::MemberGone
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::GroupAuthorizationFailed),
+            Refusal::Final
+        );
+    }
+}

@@ -26,9 +26,13 @@ enum Assignment {
     Eager,
     /// The consumer protocol (KIP-848): the broker assigns, incrementally.
     Consumer,
+    /// A rolling switch: the first members are `Cooperative`, their replacements
+    /// `Consumer` (Kafka converts the group when the first of them joins).
+    Migration,
 }
 
-fn member(topic: &str, group: &str, assignment: Assignment) -> AckdProcess {
+/// `replacement`: started in place of a stopped member.
+fn member(topic: &str, group: &str, assignment: Assignment, replacement: bool) -> AckdProcess {
     let b = AckdBuilder::new(topic, group).env("ACKD_COMMIT_INTERVAL_MS", "1000");
     // Classic: the broker's KIP-848 session (broker.rs), so both protocols face the same
     // liveness bound on a loaded machine. A graceful stop leaves the group: no handoff
@@ -41,6 +45,8 @@ fn member(topic: &str, group: &str, assignment: Assignment) -> AckdProcess {
         Assignment::Cooperative => classic(b),
         Assignment::Eager => classic(b).env("ACKD_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY", "range"),
         Assignment::Consumer => b.consumer_protocol(),
+        Assignment::Migration if replacement => b.consumer_protocol(),
+        Assignment::Migration => classic(b),
     }
     .spawn()
 }
@@ -61,6 +67,12 @@ fn three_consumer_protocol_members_rotated_one_by_one_under_load_lose_nothing_an
     rotate(Assignment::Consumer);
 }
 
+#[test]
+fn three_classic_members_replaced_by_consumer_protocol_members_under_load_lose_nothing_and_redeliver_nothing(
+) {
+    rotate(Assignment::Migration);
+}
+
 fn rotate(assignment: Assignment) {
     let started = std::time::Instant::now();
     let topic = unique_name("members");
@@ -70,7 +82,7 @@ fn rotate(assignment: Assignment) {
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
 
     let mut live: Vec<AckdProcess> = (0..MEMBERS)
-        .map(|_| member(&topic, &group, assignment))
+        .map(|_| member(&topic, &group, assignment, false))
         .collect();
     for m in &live {
         m.wait_for_line(|l| at(l, "assigned"), WAIT);
@@ -93,7 +105,7 @@ fn rotate(assignment: Assignment) {
             old.lines().join("\n")
         );
         stopped.push(old);
-        let new = member(&topic, &group, assignment);
+        let new = member(&topic, &group, assignment, true);
         new.wait_for_line(|l| at(l, "assigned"), WAIT);
         // Under load: the replacement is working before the next member goes.
         new.wait_for_count(is_processed, 10, WAIT);
