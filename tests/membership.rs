@@ -121,6 +121,18 @@ fn rotate(assignment: Assignment) {
     let ms: Vec<&AckdProcess> = stopped.iter().chain(&live).collect();
     let processed = all_processed(&ms);
     let lines: Vec<String> = ms.iter().flat_map(|m| m.lines()).collect();
+    let protocol = match assignment {
+        Assignment::Consumer => "consumer",
+        _ => "classic",
+    };
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| at(l, "start") && field(l, "group_protocol").as_deref() == Some(protocol))
+            .count(),
+        ms.len(),
+        "every process runs the {protocol} protocol"
+    );
     let t = tally(&delivered, &processed, &lines);
     // Periodic commits racing a classic rebalance are refused by Kafka's design
     // (see split_refusals) and carried by the next commit; any other refusal fails.
