@@ -53,11 +53,19 @@ RUN touch src/lib.rs src/main.rs \
 # ---- runtime ------------------------------------------------------------------------
 FROM debian:bookworm-slim
 
+# Debian packages the exec processor's handler needs (its runtime), e.g.
+#   docker build --build-arg EXTRA_PACKAGES=python3 -t ackd-py .
+# for ACKD_PROCESSOR=exec ACKD_EXEC_COMMAND="python3 /app/handler.py". README
+# "Deploying" shows how to add the handler itself. Empty: ackd alone.
+ARG EXTRA_PACKAGES=""
+
 # What the binary links dynamically (`ldd target/release/ackd`): libssl.so.3 and
 # libcrypto.so.3 (libssl3), libz.so.1 (zlib1g), libgcc_s, libm, libc (in the base image).
 # ca-certificates: the CA bundle for kafka+ssl:// brokers that use public CAs.
+# tini: PID 1 (see ENTRYPOINT).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
+    && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g tini \
+        ${EXTRA_PACKAGES} \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 ackd \
     && useradd --system --uid 10001 --gid ackd --no-create-home \
@@ -72,9 +80,15 @@ USER 10001:10001
 # commit, leave the group, exit 0.
 STOPSIGNAL SIGTERM
 
-# Exec form: ackd runs as PID 1 and `docker stop` delivers SIGTERM to it directly. The
-# shell form (`ENTRYPOINT ackd`) would run `/bin/sh -c ackd`: the shell would be PID 1,
-# would not forward SIGTERM, and ackd would be SIGKILLed at the end of the grace period
-# with nothing committed since its last periodic commit. ackd starts no child processes,
-# so PID 1's other duty (reaping orphans) does not arise and no init (tini) is needed.
-ENTRYPOINT ["/usr/local/bin/ackd"]
+# PID 1 is tini, ackd its one child. PID 1 has two duties. It must pass SIGTERM on: tini
+# forwards it to ackd (to ackd only, not its process group: ackd stops its exec children
+# itself, after their in-flight messages), and exits with ackd's exit code. And it must
+# reap orphans: the exec processor's children (`sh -c "$ACKD_EXEC_COMMAND"`) may start
+# processes of their own, and when a child dies first its children are re-parented to
+# PID 1 and stay zombies until PID 1 waits for them. ackd cannot do that itself: a
+# waitpid(-1) loop would also take the exit statuses of the children that tokio waits
+# for by pid. Exec form throughout: the shell form (`ENTRYPOINT ackd`) would make
+# `/bin/sh -c` PID 1, which forwards no signal, and ackd would be SIGKILLed at the end
+# of the grace period with nothing committed since its last periodic commit.
+# Arguments go to ackd: `docker run ackd --help`.
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/ackd"]

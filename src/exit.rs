@@ -6,6 +6,9 @@ pub const OK: i32 = 0;
 /// or a processor failure halted a partition. The log says which offsets were not
 /// committed; they will be redelivered.
 pub const INCOMPLETE: i32 = 1;
+/// The command line was wrong (EX_USAGE): ackd takes no arguments but `--help` and
+/// `--version`; the usage went to stderr.
+pub const USAGE: i32 = 64;
 /// An internal invariant broke (EX_SOFTWARE); ackd stopped without committing past it.
 pub const SOFTWARE: i32 = 70;
 /// librdkafka reported a fatal error (EX_UNAVAILABLE), e.g. this member was fenced.

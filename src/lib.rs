@@ -5,34 +5,31 @@
 //! [`Processor`] by calling [`main_with`] from your `main`, exactly as `ackd` does with
 //! its built-in processors. See `examples/custom_processor.rs`.
 //!
-//! The pieces, one concept each: [`settings`] (every setting, validated),
-//! `client_config` (settings → librdkafka), `daemon` (signals, schedule, exit code),
-//! `supervisor` (the thread that owns the consumer), `group` (assignment, revoke,
-//! commit), `worker` (one task per partition), [`tracker`] (the committable offset),
-//! [`processor`] (the trait), [`processors`] (built-ins), `output` and [`logfmt`]
-//! (every line written).
+//! The pieces, in four folders of one concept each:
+//! - [`config`]: every setting, validated ([`settings`]), and settings → librdkafka;
+//! - [`consumer`]: the daemon (signals, exit code), the supervisor thread that owns the
+//!   consumer and the group, one worker task per partition, the offset [`tracker`], the
+//!   committer;
+//! - [`output`]: every line written, [`logfmt`], the l2met metrics;
+//! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`, `http`).
 
-mod auth;
-mod client_config;
-mod committer;
-mod daemon;
-mod dead_letter;
+pub mod cli;
+pub mod config;
+pub mod consumer;
 pub mod exit;
-pub mod failure;
-mod group;
-pub mod kafka_url;
-pub mod logfmt;
-mod metrics;
-mod output;
-pub mod processor;
+pub mod output;
 pub mod processors;
-pub mod rdkafka_env;
-pub mod secret;
-pub mod security;
-pub mod settings;
-mod supervisor;
-pub mod tracker;
-mod worker;
+
+// Short paths for what embedders and the modules themselves use most.
+pub(crate) use config::client_config;
+pub use config::{kafka_url, rdkafka_env, secret, security, settings};
+pub(crate) use consumer::{
+    auth, committer, daemon, dead_letter, group, supervisor, topics, worker,
+};
+pub use consumer::{failure, tracker};
+pub use output::logfmt;
+pub(crate) use output::metrics;
+pub use processors::processor;
 
 use std::process::ExitCode;
 
@@ -42,11 +39,24 @@ pub use processor::{
 pub use settings::{SettingError, Settings};
 
 /// Runs ackd with settings from the environment and the processor `make` builds from
-/// them; returns the exit code for `main` to return. Logging, the panic hook and
-/// configuration errors (exit 78, also for an `Err` from `make`) are handled here.
+/// them; returns the exit code for `main` to return. Arguments (`--help`, `--version`,
+/// usage errors: exit 64), logging, the panic hook and configuration errors (exit 78,
+/// also for an `Err` from `make`) are handled here.
 pub fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
+    // Arguments first: they answer without reading a setting, and never consume.
+    match cli::parse(std::env::args_os().skip(1)) {
+        Ok(cli::Command::Run) => {}
+        Ok(cli::Command::Help) => return print_out(&cli::help()),
+        Ok(cli::Command::Version) => return print_out(&format!("{}\n", cli::version())),
+        Err(e) => {
+            use std::io::Write;
+            // A closed stderr changes nothing: the exit code says it.
+            let _ = write!(std::io::stderr().lock(), "ackd: {e}\n\n{}\n", cli::USAGE);
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    }
     let settings = Settings::from_env();
     if let Ok(s) = &settings {
         // From here on no line carries a secret value, whatever path it takes.
@@ -56,7 +66,7 @@ pub fn main_with<P: Processor>(
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
     };
-    let (guard, rust_log_error) = output::init(&level, &prefix);
+    let (guard, rust_log_error) = output::lines::init(&level, &prefix);
     install_panic_hook();
     if let Some(e) = rust_log_error {
         tracing::warn!(
@@ -76,6 +86,15 @@ pub fn main_with<P: Processor>(
     // Flushes every queued line before the process ends.
     drop(guard);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Writes `text` to stdout for `--help`/`--version`; a closed pipe (`ackd --help | head`)
+/// is no error worth a panic.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    ExitCode::SUCCESS
 }
 
 /// The one line a configuration error gets.

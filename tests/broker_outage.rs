@@ -1,10 +1,8 @@
 //! Broker trouble: no broker at start, a broker that appears later, and a broker that
-//! goes away mid-run and comes back. Each test runs its own Tansu broker on a fixed port
-//! ([`common::start_broker_on`]) so that it can stop and start it.
-//!
-//! TANSU.md: the broker keeps everything in memory, so a broker started again is a fresh
-//! one: topics, offsets and the group's commits are gone. The tests create the topic again
-//! and read committed offsets from the broker that is running at the end.
+//! goes away mid-run and comes back. Each test runs a single-node Kafka cluster of its own
+//! ([`common::start_broker_on`] on a port ackd was given first, or [`common::Broker::start`])
+//! so that it can stop and start it. A Kafka node started again keeps its data: topics,
+//! records and the group's committed offsets.
 
 mod common;
 
@@ -113,83 +111,106 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
 
 #[test]
 fn a_broker_stopped_and_started_again_is_reconnected_to() {
-    let port = free_port();
+    let broker = Broker::start(BrokerOptions::default());
     let topic = unique_name("again");
     let group = unique_name("g-again");
-    let first = start_broker_on(port);
-    create_topic_on(&first, &topic, 3);
-    let batch1 = produce_with(
-        &producer_for(&first.bootstrap()),
-        &topic,
-        &keyed_messages(90, 0),
-    );
-    let ackd = AckdBuilder::on(&url(port), &topic, &group)
+    create_topic_on(&broker, &topic, 3);
+    let producer = producer_for(&broker.bootstrap());
+    let batch1 = produce_with(&producer, &topic, &keyed_messages(90, 0));
+    let ackd = AckdBuilder::on(&broker.bootstrap(), &topic, &group)
         .env("ACKD_COMMIT_INTERVAL_MS", "500")
         .spawn();
     ackd.wait_for_count(is_processed, batch1.len(), WAIT);
-    // Batch 1 committed to the first broker before it goes: what ackd acked is safe
-    // there (and gone with it: memory storage).
+    // Batch 1 committed before the broker goes: the restarted broker keeps those commits.
     let ends1 = log_ends(&batch1);
     wait_until(WAIT, || {
-        let c = committed_on(&first.bootstrap(), &group, &topic, 3);
+        let c = committed_on(&broker.bootstrap(), &group, &topic, 3);
         ends1.iter().all(|(p, e)| c[p] == Some(*e))
     });
 
     let before = ackd.line_count();
-    first.stop();
+    let stopped = Instant::now();
+    broker.stop_node(0);
     ackd.wait_for_line_from(before, |l| at(l, "brokers_unreachable"), WAIT);
     // The outage outlasts session.timeout.ms (1 s here): librdkafka gives the
     // assignment up as lost, and ackd commits nothing for it.
     let lost = ackd.wait_for_line_from(before, |l| at(l, "revoked"), WAIT);
     assert_eq!(field(&lost, "lost").as_deref(), Some("true"), "{lost}");
+    assert_eq!(ackd.try_exit_code(), None, "ackd rides through the outage");
 
-    // A fresh broker on the same port (memory storage: no topic, no offsets, no group).
-    // Its offsets start at 0 again and the group has no commit there, so ackd's start
-    // policy (earliest) applies. Ambiguity, not ackd's to resolve: batch 1's offsets
-    // committed to the first broker are gone with it; had the first broker kept its
-    // storage, ackd would resume there at exactly those offsets.
-    let second = start_broker_on(port);
-    create_topic_on(&second, &topic, 3);
-    let batch2 = produce_with(
-        &producer_for(&second.bootstrap()),
-        &topic,
-        &keyed_messages(60, 1000),
-    );
-    let want = keys(&batch2);
+    // The same node, its data kept: topic, records and the group's commits.
+    let restarted = Instant::now();
+    broker.start_node(0);
+    broker.wait_node_ready(0);
+    let restart_took = restarted.elapsed();
+    let batch2 = produce_with(&producer, &topic, &keyed_messages(60, 1000));
+    let all: Vec<Delivered> = batch1.iter().chain(&batch2).cloned().collect();
+    let want = keys(&all);
     wait_until(WAIT, || {
         let got: BTreeSet<String> = processed_keys(&ackd.lines()).into_iter().collect();
         got.is_superset(&want)
     });
+    let outage = stopped.elapsed();
     ackd.sigterm();
     assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
 
     let lines = ackd.lines();
     let after = &lines[before..];
-    assert!(after.iter().any(|l| at(l, "brokers_reachable")));
-    // Batch 2, each once; batch 1 was not processed again.
-    let keys_after = processed_keys(after);
+    let reachable = after
+        .iter()
+        .find(|l| at(l, "brokers_reachable"))
+        .unwrap_or_else(|| panic!("no brokers_reachable line:\n{}", after.join("\n")));
+    // Back, ackd resumes every partition where batch 1 was committed before the stop.
+    let resumed: Vec<(i32, i64)> = after
+        .iter()
+        .filter(|l| at(l, "assigned"))
+        .map(|l| {
+            assert_eq!(field(l, "from").as_deref(), Some("committed"), "{l}");
+            (
+                field(l, "partition").unwrap().parse().unwrap(),
+                field(l, "offset").unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
     assert_eq!(
-        keys_after.iter().cloned().collect::<BTreeSet<_>>(),
-        want,
-        "after the outage: batch 2, nothing else"
+        resumed
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeMap<_, _>>(),
+        ends1,
+        "resumed at batch 1's commits"
     );
-    assert_eq!(keys_after.len(), want.len(), "each once");
-    let committed = committed_on(&second.bootstrap(), &group, &topic, 3);
-    for (p, end) in log_ends(&batch2) {
+    // Batch 1 before the outage, batch 2 after it, each processed once: nothing lost,
+    // nothing redelivered.
+    let t = tally(&all, &processed(&lines), &lines);
+    assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
+    assert_eq!(
+        keys_of(&processed_keys(after)),
+        keys(&batch2),
+        "after the outage"
+    );
+    let committed = committed_on(&broker.bootstrap(), &group, &topic, 3);
+    for (p, end) in log_ends(&all) {
         assert_eq!(committed[&p], Some(end), "partition {p}");
     }
     let failed = after.iter().filter(|l| at(l, "commit_failed")).count();
     eprintln!(
-        "broker restart: batch 1 {} committed to broker 1, batch 2 {} processed once and committed to broker 2; commit_failed lines during the outage: {failed}",
+        "broker restart: batch 1 {} and batch 2 {} processed once each (lost 0, duplicated 0), committed = log ends; node back in {restart_took:?}, outage to caught up {outage:?}, {reachable}; commit_failed lines during the outage: {failed}; node started in {:?} at first, peak RSS {} MiB after its restart",
         batch1.len(),
-        batch2.len()
+        batch2.len(),
+        broker.started_in(),
+        broker.node_peak_rss_kib(0).unwrap_or(0) / 1024,
     );
+}
+
+fn keys_of(keys: &[String]) -> BTreeSet<String> {
+    keys.iter().cloned().collect()
 }
 
 /// Commit failures: the broker refuses periodic commits for a while. Each refusal is
 /// logged with the offsets not committed, the next commit retries them, and nothing is
 /// lost. On librdkafka's mock cluster, whose fault injection makes the broker answer
-/// OffsetCommit with an error (Tansu cannot be told to).
+/// OffsetCommit with an error (a real broker cannot be told to).
 #[test]
 fn refused_commits_are_logged_with_their_offsets_and_retried() {
     use rdkafka::mocking::MockCluster;

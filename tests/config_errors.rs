@@ -100,6 +100,38 @@ fn missing_required_settings() {
     assert_config_error(&with(&[], &["ACKD_GROUP_ID"]), "ACKD_GROUP_ID", "required");
 }
 
+/// Every missing required setting is named in the one line, not one per run (issue 13,
+/// item 14): a new user fixes them all at once.
+#[test]
+fn missing_required_settings_are_reported_together() {
+    assert_config_error(
+        &[],
+        "KAFKA_URL,ACKD_TOPICS,ACKD_GROUP_ID",
+        "ACKD_GROUP_ID: ",
+    );
+    assert_config_error(
+        &with(&[], &["ACKD_TOPICS", "ACKD_GROUP_ID"]),
+        "ACKD_TOPICS,ACKD_GROUP_ID",
+        "ACKD_TOPICS: ",
+    );
+    // What a processor or a failure policy requires is missing as well.
+    assert_config_error(
+        &[("ACKD_PROCESSOR", "exec")],
+        "KAFKA_URL,ACKD_TOPICS,ACKD_GROUP_ID,ACKD_EXEC_COMMAND",
+        "ACKD_EXEC_COMMAND: ",
+    );
+    assert_config_error(
+        &with(&[("ACKD_PROCESSOR", "http")], &["KAFKA_URL"]),
+        "KAFKA_URL,ACKD_HTTP_URL",
+        "ACKD_HTTP_URL: ",
+    );
+    assert_config_error(
+        &with(&[("ACKD_ON_FAILURE", "dead-letter")], &["ACKD_GROUP_ID"]),
+        "ACKD_GROUP_ID,ACKD_DEAD_LETTER_TOPIC",
+        "ACKD_DEAD_LETTER_TOPIC: ",
+    );
+}
+
 #[test]
 fn invalid_values_name_what_is_allowed() {
     assert_config_error(
@@ -159,6 +191,37 @@ fn batch_settings_out_of_range_or_that_a_processor_cannot_carry() {
         ),
         "ACKD_HTTP_BODY",
         "cannot carry a batch",
+    );
+}
+
+/// A processor that may take longer than the drain could leave a message in flight at
+/// SIGTERM unfinished at the deadline: refused before anything starts.
+#[test]
+fn a_processor_timeout_that_does_not_fit_the_shutdown_is_refused() {
+    assert_config_error(
+        &with(
+            &[
+                ("ACKD_PROCESSOR", "http"),
+                ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+                ("ACKD_HTTP_TIMEOUT_MS", "30000"),
+            ],
+            &[],
+        ),
+        "ACKD_HTTP_TIMEOUT_MS",
+        "ACKD_SHUTDOWN_TIMEOUT_MS=25000",
+    );
+    assert_config_error(
+        &with(
+            &[
+                ("ACKD_PROCESSOR", "exec"),
+                ("ACKD_EXEC_COMMAND", "cat"),
+                ("ACKD_SHUTDOWN_TIMEOUT_MS", "10000"),
+                ("ACKD_EXEC_TIMEOUT_MS", "9000"),
+            ],
+            &[],
+        ),
+        "ACKD_EXEC_TIMEOUT_MS",
+        "8000 ms",
     );
 }
 

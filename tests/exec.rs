@@ -665,6 +665,8 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         produce_values(&topic, &[(None, b"ok", &[])]);
         let ackd = exec_ackd(&topic, &group, &command)
             .env("ACKD_SHUTDOWN_TIMEOUT_MS", "3000")
+            // It must fit in the drain's share of the deadline (2400 ms of 3000).
+            .env("ACKD_EXEC_TIMEOUT_MS", "2000")
             .spawn();
         ackd.wait_for_count(is_processed, 1, WAIT);
         let stopping = std::time::Instant::now();

@@ -5,6 +5,9 @@
 //! - commit metadata carries the highest offset ackd processed, and the next owner reads
 //!   it back to say how much it redelivers;
 //! - an out-of-range committed offset follows `ACKD_START_FROM`, and the reset is logged.
+//!
+//! (Both are also staged on Kafka now, with a crash and deleted records: see
+//! `tests/commit_metadata.rs`.)
 
 mod common;
 
@@ -104,9 +107,9 @@ fn an_out_of_range_offset_follows_the_start_policy_and_the_reset_is_logged() {
 #[test]
 fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     let (topic, group) = ("meta", "g-meta");
-    // A previous owner that processed through offset 7 but got only offset 4 committed
-    // (it crashed between commits): its metadata says so.
-    let mock = mock_with_commit(topic, group, 4, "ackd:processed=7");
+    // A previous owner that had processed through offset 7 when it released the
+    // partition at offset 4 (say, a message it could not account for capped it).
+    let mock = mock_with_commit(topic, group, 4, "ackd:processed=7;released");
     let bootstrap = mock.bootstrap_servers();
     let ackd = ackd_on(&mock, topic, group);
     let assigned = ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("assigned"), WAIT);
@@ -133,7 +136,7 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     // ackd's own final commit writes the metadata for the next owner.
     let (offset, metadata) = committed(&bootstrap, group, topic);
     assert_eq!(offset, Offset::Offset(10));
-    assert_eq!(metadata, "ackd:processed=9");
+    assert_eq!(metadata, "ackd:processed=9;released");
 }
 
 #[test]
@@ -275,6 +278,111 @@ fn a_final_commit_refused_for_a_stale_generation_is_not_forced_and_exits_1() {
     assert_eq!(
         committed(&mock.bootstrap_servers(), group, topic).0,
         Offset::Offset(0)
+    );
+}
+
+/// A rolling restart of the brokers moves the group's coordinator, and the new one
+/// answers COORDINATOR_LOAD_IN_PROGRESS (or NOT_COORDINATOR) until it has read the group's
+/// offsets (seen in `tests/cluster.rs`). librdkafka hands that refusal to the application;
+/// a final commit refused so must be sent again once the coordinator is ready, not given
+/// up (exit 1, everything since the last periodic commit redelivered).
+/// COORDINATOR_LOAD_IN_PROGRESS reaches ackd; NOT_COORDINATOR librdkafka retries itself.
+#[test]
+fn a_final_commit_refused_while_the_coordinator_moves_is_sent_again() {
+    for (error, name) in [
+        (
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS,
+            "load",
+        ),
+        (
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+            "notcoord",
+        ),
+    ] {
+        let (topic, group) = (format!("coord-{name}"), format!("g-coord-{name}"));
+        let (ackd, code, mock) = stop_with_refused_commits(&topic, &group, error, 3);
+        let lines = ackd.lines();
+        let all = lines.join("\n");
+        assert_eq!(code, 0, "{error:?}: {all}");
+        // librdkafka itself retries NOT_COORDINATOR after a coordinator query; what it
+        // hands over (COORDINATOR_LOAD_IN_PROGRESS) ackd must send again.
+        if count_at(&lines, "commit_failed") > 0 {
+            assert!(count_at(&lines, "commit_retry") >= 1, "{error:?}: {all}");
+        }
+        assert!(
+            has(&lines, "drained", "complete", "true"),
+            "{error:?}: {all}"
+        );
+        assert_eq!(
+            committed(&mock.bootstrap_servers(), &group, &topic).0,
+            Offset::Offset(10),
+            "{error:?}: {all}"
+        );
+        eprintln!(
+            "final commit refused 3 times with {error:?}: {} commit_failed, {} commit_retry, exit {code}, committed 10",
+            count_at(&lines, "commit_failed"),
+            count_at(&lines, "commit_retry")
+        );
+    }
+}
+
+/// The same refusal on a revoke's commit: a member joins while the coordinator loads, and
+/// the partition that moves to it must be committed on its way out, or the new owner
+/// processes it again from the start. The revoke runs in the rebalance callback and cannot
+/// serve the group: it waits and commits again.
+#[test]
+fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
+    let (topic, group) = ("coord-revoke", "g-coord-revoke");
+    let mock = MockCluster::new(1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    mock.create_topic(topic, 2, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for p in 0..2 {
+        for i in 0..10 {
+            let key = format!("k-{p}-{i}");
+            producer
+                .send(BaseRecord::to(topic).key(&key).payload("v").partition(p))
+                .unwrap();
+        }
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let member = || {
+        AckdBuilder::on(&bootstrap, topic, group)
+            .env("ACKD_COMMIT_INTERVAL_MS", "60000")
+            .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
+            .spawn()
+    };
+    let first = member();
+    first.wait_for_count(is_processed, 20, WAIT);
+    mock.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS; 3],
+    );
+    let second = member();
+    let moved = first.wait_for_line(|l| at(l, "revoked"), WAIT);
+    let assigned = second.wait_for_line(|l| at(l, "assigned"), WAIT);
+    for m in [&first, &second] {
+        m.sigterm();
+    }
+    let codes = [first.wait_exit(WAIT), second.wait_exit(WAIT)];
+    let (l1, l2) = (first.lines(), second.lines());
+    let all = format!("{}\n---\n{}", l1.join("\n"), l2.join("\n"));
+    assert_eq!(field(&moved, "offset").as_deref(), Some("10"), "{all}");
+    assert_eq!(field(&assigned, "offset").as_deref(), Some("10"), "{all}");
+    assert_eq!(
+        field(&assigned, "from").as_deref(),
+        Some("committed"),
+        "{all}"
+    );
+    assert!(!l2.iter().any(|l| is_processed(l)), "redelivered: {all}");
+    assert_eq!(codes, [0, 0], "{all}");
+    eprintln!(
+        "revoke commit refused 3 times with COORDINATOR_LOAD_IN_PROGRESS: {} commit_failed, {} commit_retry; {moved}; the new owner {assigned}",
+        count_at(&l1, "commit_failed"),
+        count_at(&l1, "commit_retry"),
     );
 }
 

@@ -1,24 +1,24 @@
-//! `ACKD_STATIC_MEMBERSHIP=true`: `group.instance.id` from `DYNO`, else the host name.
+//! `ACKD_STATIC_MEMBERSHIP=true`: `group.instance.id` from `DYNO`, else the host name, on
+//! Apache Kafka:
+//! - a static member consumes, commits and stops cleanly;
+//! - a static member restarted within the session timeout gets its partitions back with
+//!   no rebalance: the others' assignments and the group generation do not change, and it
+//!   resumes exactly at its final commit;
+//! - two live processes with one instance id: the broker fences the first
+//!   (FENCED_INSTANCE_ID), which stops with 69 and commits nothing more, while the
+//!   second consumes on;
+//! - Heroku's restart, the replacement started while the old process drains: the old one
+//!   is fenced during its drain and says so the same way.
 //!
-//! TANSU.md: Tansu accepts static members but gains nothing from them (each join costs
-//! at least 6 s, a restart still rebalances), so against it this checks only "configured
-//! and harmless". Fencing (FENCED_INSTANCE_ID) needs a broker that fences: librdkafka's mock
-//! cluster does not (its classic group adds a second member with the same instance id
-//! instead of fencing the first), so the test injects the broker's FENCED_INSTANCE_ID
-//! answer into the member's heartbeats with the mock's fault injection. That is exactly
-//! what a fenced member receives from Kafka; the member that fenced it is not staged.
+//! The mock-cluster test that injected FENCED_INSTANCE_ID into heartbeats (the mock does
+//! not fence) is gone: the fence on a real broker shows everything it showed, and more.
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::*;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -57,102 +57,381 @@ fn a_static_member_consumes_commits_and_stops_cleanly() {
     );
 }
 
-fn mock_committed(bootstrap: &str, group: &str, topic: &str) -> Offset {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    got.find_partition(topic, 0).unwrap().offset()
+// ---------------------------------------------------------------------------------------------
+// On Apache Kafka: a restart that moves nothing, and a fence
+// ---------------------------------------------------------------------------------------------
+
+/// A static member under DYNO `dyno`. A static member sends no LeaveGroup when it stops,
+/// so its partitions wait for it for the session timeout: 10 s covers a restart here.
+fn static_member(topic: &str, group: &str, dyno: &str, commit_interval_ms: u64) -> AckdProcess {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_STATIC_MEMBERSHIP", "true")
+        .env("DYNO", dyno)
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "10000")
+        .env("ACKD_COMMIT_INTERVAL_MS", commit_interval_ms.to_string())
+        .spawn()
+}
+
+fn int(line: &str, key: &str) -> Option<i64> {
+    field(line, key).and_then(|v| v.parse().ok())
+}
+
+/// The partitions a process holds after `lines`: assigned and not revoked since.
+fn holding(lines: &[String]) -> BTreeSet<i32> {
+    let mut held = BTreeSet::new();
+    for l in lines {
+        let Some(p) = int(l, "partition") else {
+            continue;
+        };
+        if at(l, "assigned") {
+            held.insert(p as i32);
+        } else if at(l, "revoked") || at(l, "final_commit") {
+            held.remove(&(p as i32));
+        }
+    }
+    held
+}
+
+/// Per partition, the value of `key` on a process's `at=what` lines (the last one).
+fn per_partition(lines: &[String], what: &str, key: &str) -> BTreeMap<i32, i64> {
+    lines
+        .iter()
+        .filter(|l| at(l, what))
+        .filter_map(|l| Some((int(l, "partition")? as i32, int(l, key)?)))
+        .collect()
+}
+
+/// Per partition, the offsets a process processed.
+fn processed_by_partition(lines: &[String]) -> BTreeMap<i32, Vec<i64>> {
+    let mut out: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (p, o) in processed(lines) {
+        out.entry(p).or_default().push(o);
+    }
+    out
 }
 
 #[test]
-fn a_fenced_member_stops_with_69_and_commits_nothing_after_the_fence() {
-    let mock = MockCluster::new(1).unwrap();
-    let bootstrap = mock.bootstrap_servers();
-    let (topic, group) = ("fence", "g-fence");
-    mock.create_topic(topic, 1, 1).unwrap();
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
-    for i in 0..10 {
-        let key = format!("k-{i}");
-        producer
-            .send(BaseRecord::to(topic).key(&key).payload("v").partition(0))
-            .unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
+    const PARTITIONS: i32 = 6;
+    let topic = unique_name("static-restart");
+    let group = unique_name("g-static-restart");
+    create_topic(&topic, PARTITIONS);
+    let producer = SteadyProducer::start(&topic, 6, Duration::from_millis(50));
 
-    let ackd = AckdBuilder::on(&bootstrap, topic, group)
-        .env("ACKD_STATIC_MEMBERSHIP", "true")
-        .env("DYNO", "consumer.1")
-        // Only the stop would commit: the acks are all pending when the fence comes.
-        .env("ACKD_COMMIT_INTERVAL_MS", "3600000")
-        // The mock coordinator, like Kafka, refuses sessions under 6 s.
-        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
-        .spawn();
-    ackd.wait_for_count(is_processed, 10, WAIT);
-    // The broker's answer to a member whose instance id a newer process took over.
-    mock.request_errors(
-        RDKafkaApiKey::Heartbeat,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID],
-    );
+    let m1 = static_member(&topic, &group, "consumer.1", 500);
+    let m2 = static_member(&topic, &group, "consumer.2", 500);
+    let m3 = static_member(&topic, &group, "consumer.3", 500);
+    // A stable group: two partitions each (cooperative-sticky balances), all six owned.
+    wait_until(WAIT, || {
+        let held: Vec<_> = [&m1, &m2, &m3]
+            .iter()
+            .map(|m| holding(&m.lines()))
+            .collect();
+        held.iter().all(|h| h.len() == 2)
+            && held.iter().flatten().collect::<BTreeSet<_>>().len() == PARTITIONS as usize
+    });
+    // Each member is consuming: it committed each of its partitions.
+    for m in [&m1, &m2, &m3] {
+        wait_until(WAIT, || {
+            let lines = m.lines();
+            let committed = per_partition(&lines, "committed", "offset");
+            holding(&lines).iter().all(|p| committed.contains_key(p))
+        });
+    }
+    let m2_held = holding(&m2.lines());
+    // The generation the group is in: the last assignment any member logged.
+    let generation = [&m1, &m2, &m3]
+        .iter()
+        .flat_map(|m| m.lines())
+        .filter(|l| at(l, "assigned"))
+        .filter_map(|l| int(&l, "generation"))
+        .max()
+        .expect("assigned lines carry generation=");
+    let (from1, from3) = (m1.line_count(), m3.line_count());
+
+    let restart = std::time::Instant::now();
+    m2.sigterm();
+    assert_eq!(m2.wait_exit(WAIT), 0, "{}", m2.lines().join("\n"));
+    let m2_lines = m2.lines();
+    let final_commits = per_partition(&m2_lines, "final_commit", "offset");
     assert_eq!(
-        ackd.wait_exit(WAIT),
+        final_commits.keys().copied().collect::<BTreeSet<_>>(),
+        m2_held,
+        "consumer.2 committed each of its partitions on the way out:\n{}",
+        m2_lines.join("\n")
+    );
+    let m2b = static_member(&topic, &group, "consumer.2", 500);
+    // Its partitions come back to it: same partitions, same generation (no rebalance),
+    // resuming exactly at the final commit.
+    wait_until(WAIT, || holding(&m2b.lines()) == m2_held);
+    let m2b_processed = |lines: &[String]| {
+        let by = processed_by_partition(lines);
+        m2_held.iter().all(|p| by.contains_key(p))
+    };
+    wait_until(WAIT, || m2b_processed(&m2b.lines()));
+    let resumed_after = restart.elapsed();
+    let m2b_lines = m2b.lines();
+    for l in m2b_lines.iter().filter(|l| at(l, "assigned")) {
+        let p = int(l, "partition").unwrap() as i32;
+        assert_eq!(field(l, "from").as_deref(), Some("committed"), "{l}");
+        assert_eq!(int(l, "offset"), Some(final_commits[&p]), "{l}");
+        assert_eq!(
+            int(l, "generation"),
+            Some(generation),
+            "a rebalance happened: {l}"
+        );
+    }
+    for (p, offsets) in processed_by_partition(&m2b_lines) {
+        assert_eq!(
+            offsets[0], final_commits[&p],
+            "partition {p}: first processed"
+        );
+    }
+    // The others went on meanwhile (processed after consumer.2 resumed) and never
+    // changed their assignment.
+    let (n1, n3) = (m1.line_count(), m3.line_count());
+    for (m, from) in [(&m1, n1), (&m3, n3)] {
+        m.wait_for_line_from(from, is_processed, WAIT);
+    }
+    for (name, m, from) in [("consumer.1", &m1, from1), ("consumer.3", &m3, from3)] {
+        let during: Vec<String> = m.lines()[from..]
+            .iter()
+            .filter(|l| at(l, "assigned") || at(l, "revoked"))
+            .cloned()
+            .collect();
+        assert!(
+            during.is_empty(),
+            "{name} saw its assignment change during consumer.2's restart:\n{}",
+            during.join("\n")
+        );
+    }
+
+    let delivered = producer.finish();
+    let runs = [&m1, &m2, &m2b, &m3];
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    wait_until(WAIT, || {
+        let seen: BTreeSet<_> = runs.iter().flat_map(|r| processed(&r.lines())).collect();
+        seen.is_superset(&expected)
+    });
+    for m in [&m1, &m2b, &m3] {
+        m.sigterm();
+    }
+    for m in [&m1, &m2b, &m3] {
+        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+    }
+    let lines: Vec<String> = runs.iter().flat_map(|r| r.lines()).collect();
+    let all: Vec<(i32, i64)> = runs.iter().flat_map(|r| processed(&r.lines())).collect();
+    let t = tally(&delivered, &all, &lines);
+    assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
+    assert_committed_to_ends(&group, &topic, PARTITIONS, &log_ends(&delivered));
+    eprintln!(
+        "static restart: members 3, restarts 1 (consumer.2, SIGTERM exit 0, back in {resumed_after:?}), \
+         partitions {m2_held:?} resumed at {final_commits:?} in generation {generation}; \
+         consumer.1/consumer.3 assignment changes during it 0; messages {}, processed {}, lost 0, duplicated 0",
+        delivered.len(),
+        all.len()
+    );
+}
+
+#[test]
+fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
+    const PARTITIONS: i32 = 2;
+    let topic = unique_name("static-fence");
+    let group = unique_name("g-static-fence");
+    create_topic(&topic, PARTITIONS);
+    let producer = SteadyProducer::start(&topic, 4, Duration::from_millis(50));
+
+    let first = static_member(&topic, &group, "consumer.1", 500);
+    first.wait_for_line(|l| at(l, "committed"), WAIT);
+    let so_far = processed(&first.lines()).len();
+    first.wait_for_count(is_processed, so_far + 20, WAIT);
+    // The second commits only when it stops: until then every commit the group holds
+    // is the first one's.
+    let second = static_member(&topic, &group, "consumer.1", 3_600_000);
+    let code = first.wait_exit(WAIT);
+    let first_lines = first.lines();
+    assert_eq!(
+        code,
         69,
         "a fenced member exits with EX_UNAVAILABLE:\n{}",
-        ackd.lines().join("\n")
+        first_lines.join("\n")
     );
-    let lines = ackd.lines();
-    let fatal = lines
+    let fatal = first_lines
         .iter()
         .position(|l| at(l, "kafka_fatal"))
-        .unwrap_or_else(|| panic!("no at=kafka_fatal line:\n{}", lines.join("\n")));
+        .unwrap_or_else(|| panic!("no at=kafka_fatal line:\n{}", first_lines.join("\n")));
     assert_eq!(
-        field(&lines[fatal], "fenced").as_deref(),
+        field(&first_lines[fatal], "fenced").as_deref(),
         Some("true"),
         "{}",
-        lines[fatal]
+        first_lines[fatal]
     );
-    // No commit was attempted, before (none was due) or after the fence.
-    let commits: Vec<_> = lines
-        .iter()
-        .filter(|l| {
-            at(l, "committed")
-                || at(l, "commit_failed")
-                || (at(l, "final_commit") && field(l, "offset").is_some())
-        })
-        .collect();
+    let after_fence = &first_lines[fatal..];
     assert!(
-        commits.is_empty(),
-        "commit attempted:\n{}",
-        lines.join("\n")
+        !after_fence.iter().any(|l| at(l, "committed")),
+        "committed after the fence:\n{}",
+        first_lines.join("\n")
     );
-    // What was acknowledged and left uncommitted is said, per partition.
-    let not_committed: BTreeSet<_> = lines[fatal..]
-        .iter()
-        .filter(|l| {
-            at(l, "not_committed")
-                || (at(l, "revoked") && field(l, "lost").as_deref() == Some("true"))
-        })
-        .filter_map(|l| field(l, "partition"))
+
+    // The second owns both partitions, resuming where the first's last accepted commit
+    // left them; the group's offsets are still those (nothing the first processed after
+    // that was committed, before or after the fence).
+    wait_until(WAIT, || {
+        holding(&second.lines()).len() == PARTITIONS as usize
+    });
+    let resumed = per_partition(&second.lines(), "assigned", "offset");
+    let first_committed = per_partition(&first_lines, "committed", "offset");
+    let group_committed = committed(&group, &topic, PARTITIONS);
+    let first_processed = processed_by_partition(&first_lines);
+    let mut processed_uncommitted = 0;
+    for p in 0..PARTITIONS {
+        assert_eq!(
+            group_committed[&p],
+            resumed.get(&p).copied(),
+            "partition {p}"
+        );
+        assert_eq!(
+            first_committed.get(&p),
+            resumed.get(&p),
+            "partition {p}: the first's last accepted commit is where the second resumed"
+        );
+        let c = resumed.get(&p).copied().unwrap_or(0);
+        processed_uncommitted += first_processed
+            .get(&p)
+            .map_or(0, |o| o.iter().filter(|o| **o >= c).count());
+    }
+    assert!(
+        processed_uncommitted > 0,
+        "the first processed nothing past its last commit: the fence proved nothing"
+    );
+    let not_committed = per_partition(after_fence, "not_committed", "acked_offset");
+
+    // The second goes on and consumes everything.
+    let delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    wait_until(WAIT, || {
+        let mut seen: BTreeSet<_> = processed(&first_lines).into_iter().collect();
+        seen.extend(processed(&second.lines()));
+        seen.is_superset(&expected)
+    });
+    second.sigterm();
+    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    let second_lines = second.lines();
+    let all: Vec<(i32, i64)> = processed(&first_lines)
+        .into_iter()
+        .chain(processed(&second_lines))
         .collect();
-    assert_eq!(
-        not_committed,
-        BTreeSet::from(["0".to_string()]),
-        "{}",
-        lines.join("\n")
-    );
-    assert_eq!(mock_committed(&bootstrap, group, topic), Offset::Invalid);
+    let lines: Vec<String> = first_lines.iter().chain(&second_lines).cloned().collect();
+    let t = tally(&delivered, &all, &lines);
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    // Every duplicate is a message the fenced one processed past its last commit.
+    assert_eq!(t.duplicated.len(), processed_uncommitted, "{t:?}");
+    assert_committed_to_ends(&group, &topic, PARTITIONS, &log_ends(&delivered));
     eprintln!(
-        "fenced: exit 69, no commit attempted, lines after the fence: {}",
-        lines[fatal..]
+        "fence: two live processes as consumer.1; the first exit 69 after {} lines, kafka_fatal fenced=true, \
+         commits after the fence 0, group offsets stayed at its last commit {resumed:?}, not_committed {not_committed:?}; \
+         the second resumed there and consumed on (exit 0). Messages {}, lost 0, duplicated {} (= processed by the \
+         fenced one past its last commit); lines after the fence: {}",
+        first_lines.len(),
+        delivered.len(),
+        t.duplicated.len(),
+        after_fence
             .iter()
-            .map(|l| field(l, "at").unwrap_or_default())
+            .filter_map(|l| field(l, "at"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+}
+
+/// Heroku's restart of a dyno: SIGTERM to the old `consumer.1`, and the new `consumer.1`
+/// started while the old one still drains its in-flight message. The old one's handler
+/// (exec) holds that message until the test has seen the new one take the partition over,
+/// so the fence always comes during the drain.
+#[test]
+fn a_replacement_started_while_the_old_process_drains_fences_it() {
+    let topic = unique_name("static-drain");
+    let group = unique_name("g-static-drain");
+    create_topic(&topic, 1);
+    let hold = log_dir().join(format!("{}.hold", unique_name("static-drain")));
+    let handler = format!(
+        "while read -r line; do if [ -f '{h}' ]; then echo held >&2; while [ -f '{h}' ]; do sleep 0.05; done; fi; echo '{{\"ack\":true}}'; done",
+        h = hold.display()
+    );
+    let mut delivered = produce_keyed(&topic, 20, 0);
+    let old = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STATIC_MEMBERSHIP", "true")
+        .env("DYNO", "consumer.1")
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "10000")
+        .env("ACKD_COMMIT_INTERVAL_MS", "500")
+        .env("ACKD_PROCESSOR", "exec")
+        .env("ACKD_EXEC_COMMAND", &handler)
+        .spawn();
+    old.wait_for_line(
+        |l| at(l, "committed") && field(l, "offset").as_deref() == Some("20"),
+        WAIT,
+    );
+    // The next message stays in flight until the hold is lifted.
+    std::fs::write(&hold, b"").unwrap();
+    delivered.extend(produce_keyed(&topic, 10, 20));
+    old.wait_for_line(|l| at(l, "exec_stderr"), WAIT);
+    old.sigterm();
+    old.wait_for_line(|l| at(l, "shutdown_begun"), WAIT);
+    // It commits only when it stops: until then the group's offset is the old one's.
+    let new = static_member(&topic, &group, "consumer.1", 3_600_000);
+    let assigned = new.wait_for_line(|l| at(l, "assigned"), WAIT);
+    std::fs::remove_file(&hold).unwrap();
+    let code = old.wait_exit(WAIT);
+    let old_lines = old.lines();
+    let all_old = old_lines.join("\n");
+    assert_eq!(code, 69, "fenced while draining:\n{all_old}");
+    let fatal = old_lines
+        .iter()
+        .position(|l| at(l, "kafka_fatal"))
+        .unwrap_or_else(|| panic!("no at=kafka_fatal line:\n{all_old}"));
+    assert_eq!(
+        field(&old_lines[fatal], "fenced").as_deref(),
+        Some("true"),
+        "{all_old}"
+    );
+    let signal = old_lines.iter().position(|l| at(l, "signal")).unwrap();
+    assert!(
+        !old_lines[signal..].iter().any(|l| at(l, "committed")),
+        "committed while fenced:\n{all_old}"
+    );
+    // The in-flight message finished (acknowledged: offset 21 is next) but is not committed.
+    let not_committed = per_partition(&old_lines[fatal..], "not_committed", "acked_offset");
+    assert_eq!(not_committed, BTreeMap::from([(0, 21)]), "{all_old}");
+    assert!(processed(&old_lines).contains(&(0, 20)), "{all_old}");
+    assert_eq!(int(&assigned, "offset"), Some(20), "{assigned}");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+
+    new.wait_for_count(is_processed, 10, WAIT);
+    new.sigterm();
+    assert_eq!(new.wait_exit(WAIT), 0, "{}", new.lines().join("\n"));
+    let new_lines = new.lines();
+    let all: Vec<(i32, i64)> = processed(&old_lines)
+        .into_iter()
+        .chain(processed(&new_lines))
+        .collect();
+    let lines: Vec<String> = old_lines.iter().chain(&new_lines).cloned().collect();
+    let t = tally(&delivered, &all, &lines);
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    assert_eq!(
+        t.duplicated,
+        vec![(0, 20)],
+        "the message in flight at the fence"
+    );
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+    eprintln!(
+        "fenced while draining: old consumer.1 exit {code} (kafka_fatal fenced=true, not_committed acked_offset=21, \
+         group offset stayed 20), new consumer.1 resumed at 20, exit 0; messages {}, lost 0, duplicated 1 (offset 20); \
+         old lines after SIGTERM: {}",
+        delivered.len(),
+        old_lines[signal..]
+            .iter()
+            .filter_map(|l| field(l, "at"))
             .collect::<Vec<_>>()
             .join(",")
     );

@@ -25,8 +25,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::{free_port, log_dir, passthrough_env, read_lossy, spawn_tied, unique_name};
 
 /// How long a cluster may take to answer metadata with every node (a cold JVM on 2 busy
-/// cores takes 5-15 s).
-const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// cores takes 5-15 s; three nodes formatted and started side by side took 77 s while
+/// other engineers' builds and tests loaded the machine to a load average of 25).
+const START_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Any valid KRaft cluster id (16 bytes, base64url): every test cluster can share it.
 const CLUSTER_ID: &str = "YWNrZC10ZXN0LWNsdXN0ZQ";
@@ -609,5 +610,118 @@ pub fn wait_for_leaders(b: &Broker, topic: &str, partitions: i32) {
             "topic {topic}: {partitions} partitions with leaders not seen within 30 s"
         );
         thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// Faults on a cluster of a test's own: whom to kill, and what a node costs.
+impl Broker {
+    /// The index of the node that coordinates `group` (the leader of the group's
+    /// `__consumer_offsets` partition), as the brokers answer ListGroups and DescribeGroups
+    /// through librdkafka. Waits (up to 60 s) for a coordinator that knows the group: it
+    /// must have a member or a commit.
+    pub fn coordinator_of(&self, group: &str) -> usize {
+        use rdkafka::bindings as rdsys;
+        use rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR as NO_ERROR;
+        let client: BaseConsumer = self
+            .client_config()
+            .create()
+            .expect("create group-list client");
+        let group_c = std::ffi::CString::new(group).expect("group name without NUL");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut list: *const rdsys::rd_kafka_group_list = std::ptr::null();
+            let mut coordinator = None;
+            // SAFETY: the client outlives the call; a list returned is read while alive and
+            // destroyed once, here.
+            unsafe {
+                let err = rdsys::rd_kafka_list_groups(
+                    client.client().native_ptr(),
+                    group_c.as_ptr(),
+                    &mut list,
+                    5000,
+                );
+                if err == NO_ERROR && !list.is_null() {
+                    let l = &*list;
+                    let groups = if l.groups.is_null() {
+                        &[][..]
+                    } else {
+                        std::slice::from_raw_parts(l.groups, l.group_cnt.max(0) as usize)
+                    };
+                    coordinator = groups
+                        .iter()
+                        .find(|g| {
+                            g.err == NO_ERROR
+                                && std::ffi::CStr::from_ptr(g.group).to_bytes() == group.as_bytes()
+                        })
+                        .map(|g| g.broker.id);
+                }
+                if !list.is_null() {
+                    rdsys::rd_kafka_group_list_destroy(list);
+                }
+            }
+            if let Some(i) =
+                coordinator.and_then(|id| (0..self.nodes()).find(|&i| self.node_id(i) == id))
+            {
+                return i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no coordinator of group {group} found within 60 s"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Node `i`'s peak resident memory (`VmHWM` of `/proc/PID/status`) in KiB, if it runs.
+    pub fn node_peak_rss_kib(&self, i: usize) -> Option<u64> {
+        let pid = self.node_pid(i)?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+}
+
+/// Waits until every partition of every topic on `b` (`__consumer_offsets` included) has
+/// all its replicas in sync: a node restarted has caught up, and the next one may go
+/// without taking a partition's last in-sync replica with it.
+pub fn wait_for_full_isr(b: &Broker, timeout: Duration) {
+    let client: BaseConsumer = b.client_config().create().expect("create metadata client");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let behind = match client.fetch_metadata(None, Duration::from_secs(5)) {
+            Ok(md) => {
+                let behind = md
+                    .topics()
+                    .iter()
+                    .flat_map(|t| {
+                        t.partitions()
+                            .iter()
+                            .filter(|p| p.leader() < 0 || p.isr().len() < p.replicas().len())
+                            .map(move |p| {
+                                format!(
+                                    "{}/{} isr {:?} of {:?}",
+                                    t.name(),
+                                    p.id(),
+                                    p.isr(),
+                                    p.replicas()
+                                )
+                            })
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if behind.is_empty() {
+                    return;
+                }
+                behind
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "replicas not in sync within {timeout:?}: {behind}"
+        );
+        thread::sleep(Duration::from_millis(200));
     }
 }

@@ -1089,11 +1089,16 @@ pub struct Tally {
     pub lost: Vec<(i32, i64)>,
     /// Processed more than once.
     pub duplicated: Vec<(i32, i64)>,
+    /// Duplicated with no refused commit (for that partition, past that offset) logged:
+    /// what a broker fault (tests/cluster.rs) cannot explain. Graceful handoffs allow no
+    /// duplicate at all (tests/membership.rs, tests/rebalance.rs).
+    pub unexplained: Vec<(i32, i64)>,
     /// Refused commits `lines` logged (see [`refused_commits`]).
     pub refused: HashMap<i32, i64>,
 }
 
-/// Compares `processed` (all runs) with `delivered`, and collects `lines`' refused commits.
+/// Compares `processed` (all runs) with `delivered`, and explains duplicates by `lines`'
+/// refused commits.
 pub fn tally(delivered: &[Delivered], processed: &[(i32, i64)], lines: &[String]) -> Tally {
     let expected: std::collections::BTreeSet<(i32, i64)> =
         delivered.iter().map(|d| (d.partition, d.offset)).collect();
@@ -1111,10 +1116,17 @@ pub fn tally(delivered: &[Delivered], processed: &[(i32, i64)], lines: &[String]
         .filter(|(_, n)| **n > 1)
         .map(|(m, _)| *m)
         .collect();
+    let refused = refused_commits(lines);
+    let unexplained = duplicated
+        .iter()
+        .filter(|(p, o)| refused.get(p).is_none_or(|r| o >= r))
+        .copied()
+        .collect();
     Tally {
         lost,
         duplicated,
-        refused: refused_commits(lines),
+        unexplained,
+        refused,
     }
 }
 
@@ -1204,5 +1216,53 @@ impl SteadyProducer {
             t.join().expect("producer thread panicked");
         }
         std::mem::take(&mut *self.delivered.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A producer for a cluster of a test's own that rides through its nodes' restarts and
+/// deaths: every message acknowledged by all in-sync replicas, idempotent (librdkafka's
+/// retries, unbounded by count, write no duplicates), and up to 3 minutes per message
+/// for a leader to move (a killed node is fenced after `broker.session.timeout.ms`).
+pub fn producer_riding_restarts(b: &Broker) -> FutureProducer {
+    let mut extra = b.client_properties().to_vec();
+    extra.extend(
+        [
+            ("enable.idempotence", "true"),
+            ("message.timeout.ms", "180000"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    producer_with(&b.bootstrap(), &extra)
+}
+
+impl SteadyProducer {
+    /// Like [`SteadyProducer::start`], through `producer` (e.g. [`producer_riding_restarts`]
+    /// for a cluster of the test's own).
+    pub fn start_with(
+        producer: FutureProducer,
+        topic: &str,
+        batch: usize,
+        every: Duration,
+    ) -> SteadyProducer {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let delivered = Arc::new(Mutex::new(Vec::new()));
+        let (topic, s, d) = (topic.to_string(), stop.clone(), delivered.clone());
+        let thread = thread::Builder::new()
+            .name("steady-producer".into())
+            .spawn(move || {
+                let mut next = 0;
+                while !s.load(Ordering::Acquire) {
+                    let got = produce_with(&producer, &topic, &keyed_messages(batch, next));
+                    next += batch;
+                    d.lock().unwrap_or_else(|e| e.into_inner()).extend(got);
+                    thread::sleep(every);
+                }
+            })
+            .expect("spawn producer thread");
+        SteadyProducer {
+            stop,
+            delivered,
+            thread: Some(thread),
+        }
     }
 }

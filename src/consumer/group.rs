@@ -50,11 +50,17 @@ pub struct Owned {
     pub cap: Option<i64>,
     /// The partition's high watermark, from librdkafka's statistics.
     pub high_watermark: i64,
+    /// This process's last accepted commit of it was a release (revoke, stop), not a
+    /// periodic one.
+    pub released: bool,
 }
 
 impl Owned {
-    /// What to commit, if the acknowledged offset moved past the committed one.
-    fn to_commit(&self, tp: &Tp) -> Option<CommitOffset> {
+    /// What to commit, if the acknowledged offset moved past the committed one; on a
+    /// release (`releasing`), also the same offset again when this process's last commit
+    /// of it was periodic, so that the metadata says it was released (the next owner then
+    /// knows it redelivers nothing).
+    fn to_commit(&self, tp: &Tp, releasing: bool) -> Option<CommitOffset> {
         let acked = self.worker.shared.committable()?;
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -66,7 +72,8 @@ impl Owned {
         } else {
             self.committed
         };
-        baseline.is_none_or(|c| acked > c).then(|| CommitOffset {
+        let mark = releasing && !self.released && self.committed == Some(acked);
+        (mark || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
             tp: tp.clone(),
             offset: acked,
             processed: self.worker.shared.highest_acked(),
@@ -91,10 +98,20 @@ pub struct Group {
 impl Group {
     /// Acknowledged offsets not yet committed, for `only` (all owned if `None`).
     pub fn uncommitted(&self, only: Option<&[Tp]>) -> Vec<CommitOffset> {
+        self.pending(only, false)
+    }
+
+    /// What releasing `only` commits: [`Group::uncommitted`], and the offsets last
+    /// committed periodically again, as released.
+    pub fn to_release(&self, only: &[Tp]) -> Vec<CommitOffset> {
+        self.pending(Some(only), true)
+    }
+
+    fn pending(&self, only: Option<&[Tp]>, releasing: bool) -> Vec<CommitOffset> {
         self.owned
             .iter()
             .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
-            .filter_map(|(tp, p)| p.to_commit(tp))
+            .filter_map(|(tp, p)| p.to_commit(tp, releasing))
             .collect()
     }
 }
@@ -376,7 +393,7 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
-        let resume: HashMap<Tp, (Offset, Option<i64>)> = committed
+        let resume: HashMap<Tp, (Offset, Option<committer::Previous>)> = committed
             .iter()
             .flat_map(|c| c.elements())
             .map(|e| {
@@ -390,10 +407,17 @@ impl<P: Processor> GroupContext<P> {
             let tp: Tp = (Arc::from(e.topic()), e.partition());
             let (topic, partition) = (&*tp.0, tp.1);
             let committed_offset = match resume.get(&tp) {
-                Some((Offset::Offset(o), processed)) => {
-                    // Redelivery is visible: the previous owner had processed through
-                    // `processed`, so everything from the resume offset to it comes again.
-                    let redelivery = processed.map(|h| (h + 1 - o).max(0));
+                Some((Offset::Offset(o), previous)) => {
+                    // Redelivery is visible: a previous owner that released the partition
+                    // had processed through `processed` and nothing after, so exactly the
+                    // offsets from the resume offset to it come again. One that did not
+                    // release it (crashed, fenced, lost it) may have processed on after
+                    // its last commit, which left no trace: how much comes again is not
+                    // known (the crash bound in the README bounds it).
+                    let redelivery = previous.map(|p| match p.released {
+                        true => (p.processed + 1 - o).max(0).to_string(),
+                        false => "unknown".to_string(),
+                    });
                     tracing::info!(
                         at = "assigned",
                         topic,
@@ -401,8 +425,9 @@ impl<P: Processor> GroupContext<P> {
                         offset = o,
                         from = "committed",
                         generation,
-                        highest_processed = *processed,
-                        redelivery
+                        highest_processed = previous.map(|p| p.processed),
+                        released = previous.map(|p| p.released),
+                        redelivery = redelivery.as_deref()
                     );
                     Some(*o)
                 }
@@ -453,6 +478,7 @@ impl<P: Processor> GroupContext<P> {
                     assigned_at: committed_offset,
                     cap: None,
                     high_watermark: -1,
+                    released: false,
                 },
             );
             if let Some(old) = previous {
@@ -523,8 +549,9 @@ impl<P: Processor> GroupContext<P> {
     /// until `commit_deadline`: the partitions stay owned meanwhile, so a revoke that
     /// arrives while serving commits them itself, under the new generation. A revoke runs
     /// inside the rebalance callback and cannot serve the group: it passes `None`. A
-    /// commit refused for a stale member epoch ([`Refusal::StaleEpoch`]) is sent again
-    /// either way: librdkafka's own thread fetches the epoch.
+    /// commit refused for a stale member epoch ([`Refusal::StaleEpoch`]) or while the
+    /// coordinator moves ([`Refusal::CoordinatorMoving`]) is sent again either way:
+    /// librdkafka's own thread fetches the epoch or finds the coordinator.
     pub fn drain_and_commit(
         &self,
         tps: &[Tp],
@@ -557,10 +584,16 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
+        // A consumer librdkafka declared dead (fenced, e.g. while it drained) commits
+        // nothing: its partitions are another process's now.
+        let mut fatal = self.fatal_error().is_some();
+        let commit = commit.filter(|_| !fatal);
         let (pending, commit_ok) = match commit {
             None => (self.lock().uncommitted(Some(tps)), true),
             Some(reason) => self.commit_owned(tps, reason, commit_deadline, serve),
         };
+        // Fenced while committing: the commit is refused for good, however it was.
+        fatal |= !commit_ok && self.fatal_error().is_some();
         complete &= commit_ok;
         let removed: Vec<(Tp, Owned)> = {
             let mut group = self.lock();
@@ -589,12 +622,13 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
-        if commit.is_none() {
+        if commit.is_none() || fatal {
             return Drained {
                 committed: Vec::new(),
                 without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
                 not_committed: pending,
                 complete,
+                fatal,
             };
         }
         let mut committed = Vec::new();
@@ -613,7 +647,15 @@ impl<P: Processor> GroupContext<P> {
             without_commit,
             not_committed: Vec::new(),
             complete,
+            fatal,
         }
+    }
+
+    /// librdkafka's fatal error, once it declared the consumer dead (for a consumer, the
+    /// one fatal error is FENCED_INSTANCE_ID).
+    pub fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        let consumer = self.consumer.get().and_then(Weak::upgrade)?;
+        consumer.client().fatal_error()
     }
 
     /// Commits what the partitions of `tps` that are still owned acknowledged; with
@@ -629,14 +671,14 @@ impl<P: Processor> GroupContext<P> {
         serve: Option<&dyn Fn(Instant)>,
     ) -> (Vec<CommitOffset>, bool) {
         let Some(committer) = self.committer.get() else {
-            let pending = self.lock().uncommitted(Some(tps));
+            let pending = self.lock().to_release(tps);
             let ok = pending.is_empty();
             return (pending, ok);
         };
         let mut wait = REBALANCE_WAIT_FIRST;
         loop {
             // Recomputed each time: a revoke served meanwhile commits and forgets its own.
-            let pending = self.lock().uncommitted(Some(tps));
+            let pending = self.lock().to_release(tps);
             let error = match committer.commit(pending.clone(), reason, deadline) {
                 Ok(()) => return (pending, true),
                 Err(e) => e,
@@ -670,6 +712,22 @@ impl<P: Processor> GroupContext<P> {
                     // librdkafka heartbeats on its own thread (it hastens the next one on
                     // this error): a revoke, which runs inside the rebalance callback, can
                     // wait for it; the shutdown serves the group meanwhile.
+                    match serve {
+                        Some(serve) => serve(until),
+                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                    }
+                }
+                // librdkafka finds the new coordinator on its own thread: waiting is enough,
+                // so a revoke (which cannot serve the group) retries too.
+                (Refusal::CoordinatorMoving, serve) if until < deadline => {
+                    tracing::warn!(
+                        at = "commit_retry",
+                        reason = reason.as_str(),
+                        partitions = pending.len(),
+                        wait_ms = wait.as_millis() as u64,
+                        error = %error,
+                        "commit refused while the group's coordinator moves or loads: committing again"
+                    );
                     match serve {
                         Some(serve) => serve(until),
                         None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
@@ -732,6 +790,9 @@ enum Refusal {
     /// that brings the current epoch but does not retry a manual commit itself (KIP-848;
     /// rdkafka_cgrp.c): a commit sent again after it is accepted.
     StaleEpoch,
+    /// The group's coordinator moves or loads ([`coordinator_moving`]): the same commit
+    /// succeeds once the new coordinator is ready, without serving the group.
+    CoordinatorMoving,
     /// UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: the broker dropped or fenced the member;
     /// its partitions may already be another's. Never retried.
     MemberGone,
@@ -749,9 +810,26 @@ impl Refusal {
             Some(RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::FencedMemberEpoch) => {
                 Refusal::MemberGone
             }
+            _ if coordinator_moving(error) => Refusal::CoordinatorMoving,
             _ => Refusal::Final,
         }
     }
+}
+
+/// Commit refusals that mean "the group's coordinator is moving to another broker or is
+/// still loading the group's offsets" (a broker restarted or died). The member keeps its
+/// partitions meanwhile; the same commit succeeds once the new coordinator is ready (the
+/// Java client retries these within `commitSync`'s timeout). librdkafka gives them to the
+/// application as they are.
+fn coordinator_moving(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        )
+    )
 }
 
 /// How long the shutdown serves a rebalance before committing again, at first and at most.
@@ -771,6 +849,9 @@ pub struct Drained {
     pub not_committed: Vec<CommitOffset>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
+    /// librdkafka declared the consumer dead (fenced) before or during the commit:
+    /// nothing was committed, `not_committed` says what was acknowledged.
+    pub fatal: bool,
 }
 
 #[cfg(test)]
@@ -799,6 +880,10 @@ mod tests {
         assert_eq!(
             refusal(RDKafkaErrorCode::FencedMemberEpoch),
             Refusal::MemberGone
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::NotCoordinator),
+            Refusal::CoordinatorMoving
         );
         assert_eq!(
             refusal(RDKafkaErrorCode::GroupAuthorizationFailed),

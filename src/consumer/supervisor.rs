@@ -86,7 +86,7 @@ pub fn run<P: Processor>(
     }
 
     // Keep a share of the budget for the commit and the close.
-    let reserve = (deadline.saturating_duration_since(started) / 5).min(Duration::from_secs(5));
+    let reserve = crate::settings::commit_reserve(deadline.saturating_duration_since(started));
     let drain_deadline = deadline - reserve;
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
@@ -100,6 +100,13 @@ pub fn run<P: Processor>(
     );
     // A revoke served while committing may have released partitions uncommitted.
     let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
+    // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
+    // while this one drains): say so, as when it happens while running.
+    if drained.fatal && code == exit::OK {
+        log_fatal(&consumer, None);
+        code = exit::UNAVAILABLE;
+    }
+    let commit = commit && !drained.fatal;
     tracing::info!(
         at = "drained",
         partitions = tps.len(),
@@ -183,6 +190,30 @@ fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
     });
 }
 
+/// The `at=kafka_fatal` line: librdkafka declared the consumer dead (`code` if it does not
+/// say why).
+fn log_fatal<P: Processor>(consumer: &AckdConsumer<P>, code: Option<RDKafkaErrorCode>) {
+    let (cause, reason) = match (consumer.client().fatal_error(), code) {
+        (Some((c, r)), _) => (c, r),
+        (None, Some(c)) => (c, String::new()),
+        (None, None) => return,
+    };
+    let fenced = cause == RDKafkaErrorCode::FencedInstanceId;
+    tracing::error!(
+        at = "kafka_fatal",
+        error = %cause,
+        reason,
+        fenced,
+        "librdkafka reported a fatal error: stopping without committing{}",
+        match cause {
+            RDKafkaErrorCode::FencedInstanceId => "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now",
+            // KIP-848 refuses the newcomer instead of fencing the first.
+            RDKafkaErrorCode::UnreleasedInstanceId => "; another live process holds this group.instance.id (ACKD_STATIC_MEMBERSHIP under ACKD_GROUP_PROTOCOL=consumer): start this one after it has stopped",
+            _ => "",
+        }
+    );
+}
+
 /// Resolves when a partition reports its end; never without `ACKD_STOP_AT_END`.
 async fn wait_at_end(at_end: Option<&Notify>) {
     match at_end {
@@ -241,24 +272,7 @@ async fn poll_loop<P: Processor>(
                     // UNRELEASED_INSTANCE_ID (consumer protocol: this process is the newcomer,
                     // and owns nothing). Committing would send stale offsets (or be refused):
                     // stop without it.
-                    let (cause, reason) = consumer
-                        .client()
-                        .fatal_error()
-                        .map_or((code, String::new()), |(c, r)| (c, r));
-                    let fenced = cause == RDKafkaErrorCode::FencedInstanceId;
-                    tracing::error!(
-                        at = "kafka_fatal",
-                        error = %cause,
-                        reason,
-                        fenced,
-                        "librdkafka reported a fatal error: stopping without committing{}",
-                        match cause {
-                            RDKafkaErrorCode::FencedInstanceId => "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now",
-                            // KIP-848 refuses the newcomer instead of fencing the first.
-                            RDKafkaErrorCode::UnreleasedInstanceId => "; another live process holds this group.instance.id (ACKD_STATIC_MEMBERSHIP under ACKD_GROUP_PROTOCOL=consumer): start this one after it has stopped",
-                            _ => "",
-                        }
-                    );
+                    log_fatal(consumer, Some(code));
                     return Stop::Fatal { code: exit::UNAVAILABLE, commit: false };
                 }
                 Err(e) => {

@@ -8,8 +8,11 @@
 //! sent before it, so the broker never sees an older offset after a newer one.
 //!
 //! Each commit carries metadata `ackd:processed=H`, the highest offset this process had
-//! acknowledged on that partition: the next owner reads it back to say how much it
-//! redelivers.
+//! acknowledged on that partition, and `;released` when it is a revoke's or a stop's
+//! commit, after which this process processes nothing more of the partition. The next
+//! owner reads it back: after a release it knows exactly how much it redelivers; after a
+//! periodic commit (the owner crashed, or was fenced or lost the partition, before
+//! releasing it) it cannot, because what was processed after that commit left no trace.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -78,13 +81,35 @@ struct Job {
 }
 
 /// The metadata a commit carries, and how it is read back.
-pub fn metadata(processed: Option<i64>) -> String {
-    processed.map_or_else(String::new, |h| format!("ackd:processed={h}"))
+pub fn metadata(processed: Option<i64>, reason: Reason) -> String {
+    match (processed, reason) {
+        (None, _) => String::new(),
+        (Some(h), Reason::Periodic) => format!("ackd:processed={h}"),
+        (Some(h), Reason::Revoke | Reason::Shutdown) => format!("ackd:processed={h};released"),
+    }
 }
 
-/// The highest processed offset from commit metadata written by [`metadata`].
-pub fn parse_metadata(metadata: &str) -> Option<i64> {
-    metadata.strip_prefix("ackd:processed=")?.parse().ok()
+/// What a commit's metadata written by [`metadata`] says about the process that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Previous {
+    /// The highest offset it had processed when it committed.
+    pub processed: i64,
+    /// It committed on releasing the partition: it processed nothing after.
+    pub released: bool,
+}
+
+/// Reads commit metadata written by [`metadata`] (`None` for anything else). Metadata
+/// without `;released` (a periodic commit, or an older ackd's) is not a release.
+pub fn parse_metadata(metadata: &str) -> Option<Previous> {
+    let rest = metadata.strip_prefix("ackd:processed=")?;
+    let (processed, released) = match rest.split_once(';') {
+        Some((h, flags)) => (h, flags.split(';').any(|f| f == "released")),
+        None => (rest, false),
+    };
+    Some(Previous {
+        processed: processed.parse().ok()?,
+        released,
+    })
 }
 
 /// A handle on the committer thread; clones share it.
@@ -181,7 +206,7 @@ fn send<X: Consumer<C>, C: ConsumerContext>(
         let mut e = tpl.add_partition(&c.tp.0, c.tp.1);
         // Offsets come from the tracker: always >= 0, so this cannot fail.
         let _ = e.set_offset(Offset::Offset(c.offset));
-        e.set_metadata(metadata(c.processed));
+        e.set_metadata(metadata(c.processed, job.reason));
     }
     let started = Instant::now();
     let result = consumer.commit(&tpl, CommitMode::Sync);
@@ -205,6 +230,7 @@ fn send<X: Consumer<C>, C: ConsumerContext>(
                 if let Some(p) = group.owned.get_mut(&c.tp) {
                     // FIFO: the last commit sent is what the group has.
                     p.committed = Some(c.offset);
+                    p.released = job.reason != Reason::Periodic;
                 }
             }
             Ok(())
@@ -237,9 +263,33 @@ mod tests {
 
     #[test]
     fn metadata_round_trips_and_ignores_foreign_metadata() {
-        assert_eq!(parse_metadata(&metadata(Some(41))), Some(41));
-        assert_eq!(metadata(None), "");
+        let read = |processed, released| {
+            Some(Previous {
+                processed,
+                released,
+            })
+        };
+        assert_eq!(
+            parse_metadata(&metadata(Some(41), Reason::Periodic)),
+            read(41, false)
+        );
+        assert_eq!(
+            parse_metadata(&metadata(Some(41), Reason::Shutdown)),
+            read(41, true)
+        );
+        assert_eq!(
+            parse_metadata(&metadata(Some(41), Reason::Revoke)),
+            read(41, true)
+        );
+        // An older ackd's metadata, and flags a newer one may add.
+        assert_eq!(parse_metadata("ackd:processed=41"), read(41, false));
+        assert_eq!(
+            parse_metadata("ackd:processed=41;x;released"),
+            read(41, true)
+        );
+        assert_eq!(metadata(None, Reason::Shutdown), "");
         assert_eq!(parse_metadata(""), None);
+        assert_eq!(parse_metadata("ackd:processed=x;released"), None);
         assert_eq!(parse_metadata("written by another tool"), None);
     }
 }

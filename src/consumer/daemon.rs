@@ -48,10 +48,12 @@ pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
     let code = runtime.block_on(run_async(settings, processor));
     // Workers of an abandoned shutdown may still be parked; they must not hold up exit.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    let dropped = crate::output::lines::dropped_lines();
     tracing::info!(
         at = "exit",
         code,
-        duration_ms = started.elapsed().as_millis() as u64
+        duration_ms = started.elapsed().as_millis() as u64,
+        lines_dropped = (dropped > 0).then_some(dropped)
     );
     code
 }
@@ -84,6 +86,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         batch_max_bytes = (settings.batch_max_messages > 1 && settings.batch_max_bytes > 0)
             .then_some(settings.batch_max_bytes),
         dead_letter_topic = settings.dead_letter_topic.as_deref(),
+        wait_for_topics = settings.wait_for_topics.then_some(true),
         rdkafka
     );
 
@@ -100,7 +103,11 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let processor = Arc::new(processor);
     let dead_letter = match (&settings.dead_letter_topic, settings.on_failure) {
         (Some(topic), OnFailure::DeadLetter) => {
-            match DeadLetter::new(base_config(&settings), topic.clone()) {
+            match DeadLetter::new(
+                base_config(&settings),
+                topic.clone(),
+                settings.drain_budget(),
+            ) {
                 Ok(d) => Some(Arc::new(d)),
                 Err(e) => return report_client_error(&settings, e),
             }
@@ -157,6 +164,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             return exit::SOFTWARE;
         }
     }
+    // A missing topic would leave ackd idle forever: stop, or wait for it, first.
+    if let Err(code) = crate::topics::wait_until_present(&consumer, &settings, &mut signals).await {
+        return code;
+    }
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     if let Err(e) = consumer.subscribe(&topics) {
         tracing::error!(at = "config_error", setting = "ACKD_TOPICS", error = %e);
@@ -210,14 +221,15 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     };
     let begun = Instant::now();
     let deadline = begun + settings.shutdown_timeout;
+    // The stop first, the line after: writing a line may wait on a slow stdout.
+    let _ = shutdown_tx.send(Some(deadline));
+    ticker.abort();
     tracing::info!(
         at = "signal",
         signal = signal_name(signal),
         deadline_ms = settings.shutdown_timeout.as_millis() as u64,
         "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
     );
-    let _ = shutdown_tx.send(Some(deadline));
-    ticker.abort();
 
     let mut committed_rx = committed_rx;
     let mut committed_code = None;

@@ -6,8 +6,11 @@
 //! vocabulary under `ACKD_METRIC_PREFIX`), so call sites name metrics once, without the
 //! prefix. Byte fields (message keys) are written with [`logfmt::write_bytes`].
 //!
-//! Writes go through a writer thread ([`Lines`]): a slow log drain slows ackd down
-//! (lines are never dropped) but a busy one costs a processor nothing.
+//! Writes go through a writer thread ([`Lines`]): a busy log drain costs a processor
+//! nothing, and a slow one slows ackd down (lines wait for room). A drain that takes
+//! nothing at all for [`STALL`] gets lines dropped instead, counted and reported in an
+//! `at=lines_dropped` line once it takes lines again: processing, commits and the
+//! shutdown never wait on stdout for longer than that.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -57,6 +60,17 @@ const MAX_QUEUED: usize = 1 << 20;
 /// [`LINGER`]: one write (and one wake-up) per batch of lines, not per line.
 const BATCH: usize = 64 * 1024;
 const LINGER: Duration = Duration::from_millis(1);
+/// How long one write to stdout may stay stuck, with the buffer full, before lines are
+/// dropped rather than waited for.
+pub const STALL: Duration = Duration::from_secs(1);
+
+/// Lines dropped since the start, because stdout took nothing for [`STALL`].
+static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many lines were dropped since the start (for the exit line).
+pub fn dropped_lines() -> u64 {
+    DROPPED.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Where every line goes: one buffer that threads append their lines to, under a lock
 /// held for a copy, and that the writer thread takes whole and writes to stdout in one
@@ -81,6 +95,13 @@ struct State {
     waiting: Waiting,
     /// Writers waiting for room in the buffer.
     blocked: usize,
+    /// When the writer thread's current write to stdout began (None between writes).
+    writing_since: Option<Instant>,
+    /// A write has been stuck for [`STALL`] with the buffer full: lines are dropped until
+    /// a write completes.
+    stalled: bool,
+    /// Lines dropped since the last `at=lines_dropped` report.
+    dropped: u64,
     closed: bool,
     done: bool,
 }
@@ -134,11 +155,26 @@ impl Shared {
             if state.blocked > 0 {
                 self.written.notify_all();
             }
+            state.writing_since = Some(Instant::now());
             drop(state);
             // A drain that went away must not stop ackd: the lines are lost then.
             let _ = out.write_all(&batch).and_then(|()| out.flush());
             batch.clear();
             state = self.lock();
+            state.writing_since = None;
+            state.stalled = false;
+            if state.dropped > 0 {
+                let dropped = std::mem::take(&mut state.dropped);
+                drop(state);
+                let _ = writeln!(
+                    out,
+                    "level=warn at=lines_dropped count={dropped} msg=\"stdout took no line for {} ms: \
+                     these lines were dropped so that processing, commits and the shutdown do not wait for the log drain\"",
+                    STALL.as_millis()
+                )
+                .and_then(|()| out.flush());
+                state = self.lock();
+            }
         }
     }
 }
@@ -165,12 +201,22 @@ impl Lines {
     fn append(&self, line: &[u8]) {
         let mut state = self.0.lock();
         while state.buf.len() >= MAX_QUEUED && !state.done {
+            // Full: wait for the writer, unless its write has been stuck for STALL.
+            let stuck_for = state.writing_since.map(|t| t.elapsed());
+            if state.stalled || stuck_for.is_some_and(|d| d >= STALL) {
+                state.stalled = true;
+                state.dropped += 1;
+                DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            let wait = STALL - stuck_for.unwrap_or_default();
             state.blocked += 1;
             state = self
                 .0
                 .written
-                .wait(state)
-                .unwrap_or_else(|e| e.into_inner());
+                .wait_timeout(state, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
             state.blocked -= 1;
         }
         if state.done {

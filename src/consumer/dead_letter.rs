@@ -24,18 +24,26 @@ pub const ERROR: &str = "ackd.error";
 pub struct DeadLetter {
     producer: FutureProducer,
     topic: String,
+    timeout: Duration,
 }
 
 impl DeadLetter {
     /// `base` is the client configuration shared with the consumer (brokers, security).
-    pub fn new(mut base: ClientConfig, topic: String) -> Result<DeadLetter, KafkaError> {
+    /// A delivery not acknowledged within `timeout` fails (and the message with it); the
+    /// daemon passes the drain budget, so a dead letter under way at SIGTERM is settled
+    /// before the final commit.
+    pub fn new(
+        mut base: ClientConfig,
+        topic: String,
+        timeout: Duration,
+    ) -> Result<DeadLetter, KafkaError> {
         base.set("acks", "all")
             .set("enable.idempotence", "true")
-            // Bounded, so a dead broker turns into a failure of the message, then a retry.
-            .set("message.timeout.ms", "30000");
+            .set("message.timeout.ms", timeout.as_millis().to_string());
         Ok(DeadLetter {
             producer: base.create()?,
             topic,
+            timeout,
         })
     }
 
@@ -82,7 +90,7 @@ impl DeadLetter {
         if let Some(ts) = message.timestamp_ms() {
             record = record.timestamp(ts);
         }
-        match self.producer.send(record, Duration::from_secs(30)).await {
+        match self.producer.send(record, self.timeout).await {
             Ok(delivery) => Ok((delivery.partition, delivery.offset)),
             Err((e, _)) => Err(e),
         }

@@ -519,11 +519,11 @@ pub(crate) mod tests {
     use crate::kafka_url;
 
     /// Test-only certificates (tests/fixtures/tls, see its README).
-    pub const CA: &str = include_str!("../tests/fixtures/tls/ca.pem");
-    pub const OTHER_CA: &str = include_str!("../tests/fixtures/tls/other-ca.pem");
-    pub const CLIENT: &str = include_str!("../tests/fixtures/tls/client.pem");
-    pub const CLIENT_KEY_PEM: &str = include_str!("../tests/fixtures/tls/client.key");
-    pub const OTHER_KEY: &str = include_str!("../tests/fixtures/tls/other.key");
+    pub const CA: &str = include_str!("../../tests/fixtures/tls/ca.pem");
+    pub const OTHER_CA: &str = include_str!("../../tests/fixtures/tls/other-ca.pem");
+    pub const CLIENT: &str = include_str!("../../tests/fixtures/tls/client.pem");
+    pub const CLIENT_KEY_PEM: &str = include_str!("../../tests/fixtures/tls/client.key");
+    pub const OTHER_KEY: &str = include_str!("../../tests/fixtures/tls/other.key");
 
     fn brokers(url: &str) -> Brokers {
         kafka_url::parse(url).unwrap()

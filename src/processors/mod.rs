@@ -4,6 +4,7 @@
 pub mod exec;
 pub mod http;
 pub mod json;
+pub mod processor;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -19,7 +19,7 @@ use crate::secret::Secret;
 use crate::security::{self, Sasl, Tls};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
-pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 
 /// librdkafka properties ackd sets itself, and the setting to use instead.
 pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
@@ -115,6 +115,7 @@ const KEYS: &[&str] = &[
     "http_headers",
     "http_concurrency",
     "http_timeout_ms",
+    "wait_for_topics",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -283,6 +284,9 @@ pub struct Settings {
     pub http_concurrency: usize,
     /// The `http` processor: how long one request may take, response body included.
     pub http_timeout: Duration,
+    /// Wait for topics of `topics` that do not exist yet (saying so periodically)
+    /// instead of stopping with exit 78.
+    pub wait_for_topics: bool,
     /// Per-message delay of the testkit's `slow` processor.
     #[cfg(feature = "testkit")]
     pub test_delay: Duration,
@@ -339,6 +343,12 @@ pub fn with_prefix(prefix: Option<&str>, name: &str) -> String {
 }
 
 impl Settings {
+    /// How long in-flight messages may take to finish after SIGTERM: the shutdown deadline
+    /// less [`commit_reserve`]. Processor timeouts and the dead-letter delivery fit in it.
+    pub fn drain_budget(&self) -> Duration {
+        self.shutdown_timeout - commit_reserve(self.shutdown_timeout)
+    }
+
     /// The full broker-side name of a topic or group: `KAFKA_PREFIX` applied once.
     /// Every topic and group name ackd uses goes through this (ACKD_DEAD_LETTER_TOPIC
     /// will too).
@@ -736,7 +746,72 @@ impl RawSettings {
         Ok(headers)
     }
 
+    /// Every required setting that is missing, in one error (one at a time makes a new
+    /// user start ackd once per setting). What a built-in processor or the dead-letter
+    /// policy requires counts too; alone, those are reported where they are checked.
+    fn missing(&self) -> Result<(), SettingError> {
+        let mut missing: Vec<(String, String)> = REQUIRED
+            .iter()
+            .filter(|(key, _)| self.get(key).is_empty())
+            .map(|(key, what)| (env_name(key), what.to_string()))
+            .collect();
+        let required_always = missing.len();
+        let processor = self.get("processor").to_ascii_lowercase();
+        for (processor_name, key, what) in [
+            (
+                "exec",
+                "exec_command",
+                "with ACKD_PROCESSOR=exec, the handler's command line",
+            ),
+            (
+                "http",
+                "http_url",
+                "with ACKD_PROCESSOR=http, the URL messages are POSTed to",
+            ),
+        ] {
+            if processor == processor_name && self.get(key).is_empty() {
+                missing.push((env_name(key), what.to_string()));
+            }
+        }
+        if OnFailure::parse(&self.get("on_failure").to_ascii_lowercase())
+            == Some(OnFailure::DeadLetter)
+            && self.get("dead_letter_topic").is_empty()
+        {
+            missing.push((
+                env_name("dead_letter_topic"),
+                "with ACKD_ON_FAILURE=dead-letter, the topic failed messages go to".into(),
+            ));
+        }
+        match missing.len() {
+            0 => Ok(()),
+            // One alone: the same error as the check that finds it.
+            1 if required_always == 1 => Err(SettingError::new(
+                &missing[0].0,
+                None,
+                format!("is required: {}", missing[0].1),
+            )),
+            1 => Ok(()),
+            _ => Err(SettingError::new(
+                missing
+                    .iter()
+                    .map(|(name, _)| name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                None,
+                format!(
+                    "are required: {}",
+                    missing
+                        .iter()
+                        .map(|(name, what)| format!("{name}: {what}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            )),
+        }
+    }
+
     fn validate(self) -> Result<Settings, SettingError> {
+        self.missing()?;
         let url = self.required("kafka_url", kafka_url::ALLOWED)?;
         let brokers = kafka_url::parse(url).map_err(|problem| {
             // A URL may carry credentials: show it only when it cannot.
@@ -768,7 +843,7 @@ impl RawSettings {
         };
         let prefix = kafka_prefix.as_deref();
 
-        let topics_raw = self.required("topics", "comma-separated topic names")?;
+        let topics_raw = self.required("topics", REQUIRED[1].1)?;
         let topics: Vec<String> = topics_raw
             .split(',')
             .map(str::trim)
@@ -787,13 +862,7 @@ impl RawSettings {
             }
         }
 
-        let group_id = with_prefix(
-            prefix,
-            self.required(
-                "group_id",
-                "the consumer group that this app's consumers share",
-            )?,
-        );
+        let group_id = with_prefix(prefix, self.required("group_id", REQUIRED[2].1)?);
 
         let value = |key: &'static str| self.values.get(key).map(String::as_str);
         let (tls, sasl) = security::validate(
@@ -930,7 +999,7 @@ impl RawSettings {
             None
         };
 
-        Ok(Settings {
+        let settings = Settings {
             brokers,
             retry,
             on_failure,
@@ -984,6 +1053,7 @@ impl RawSettings {
                 "expected a whole number from 1 to 1024",
             )?,
             http_timeout: self.millis("http_timeout_ms", 1, 3_600_000)?,
+            wait_for_topics: self.boolean("wait_for_topics")?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 self.millis("test_delay_ms", 0, 3_600_000)?
@@ -992,7 +1062,30 @@ impl RawSettings {
             },
             group_protocol,
             rdkafka,
-        })
+        };
+        // A message in flight when SIGTERM arrives must be able to finish inside the drain.
+        let drain = settings.drain_budget();
+        let processor_timeout = match settings.processor.as_str() {
+            "exec" => Some(("exec_timeout_ms", settings.exec_timeout)),
+            "http" => Some(("http_timeout_ms", settings.http_timeout)),
+            _ => None,
+        };
+        if let Some((key, timeout)) = processor_timeout {
+            if timeout > drain {
+                return Err(SettingError::new(
+                    env_name(key),
+                    Some(&timeout.as_millis().to_string()),
+                    format!(
+                        "is longer than the {} ms that ACKD_SHUTDOWN_TIMEOUT_MS={} leaves in-flight messages \
+                         to finish (the rest is kept for the final commit): a message in flight at SIGTERM \
+                         could not finish before the deadline; lower it, or raise ACKD_SHUTDOWN_TIMEOUT_MS",
+                        drain.as_millis(),
+                        settings.shutdown_timeout.as_millis()
+                    ),
+                ));
+            }
+        }
+        Ok(settings)
     }
 
     /// `ACKD_GROUP_PROTOCOL`, and the pass-through properties that go with it. Under
@@ -1045,6 +1138,83 @@ impl RawSettings {
     }
 }
 
+/// What a graceful stop keeps of its deadline for the final commit and leaving the group:
+/// a fifth, at most 5 s. In-flight messages get the rest ([`Settings::drain_budget`]).
+pub fn commit_reserve(budget: Duration) -> Duration {
+    (budget / 5).min(Duration::from_secs(5))
+}
+
+/// The settings without a default, and what to give: `is required: <what>`.
+const REQUIRED: &[(&str, &str)] = &[
+    ("kafka_url", kafka_url::ALLOWED),
+    ("topics", "comma-separated topic names"),
+    (
+        "group_id",
+        "the consumer group that this app's consumers share",
+    ),
+];
+
+/// A setting's default, for `ackd --help`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// No default: ackd does not start without it.
+    Required,
+    /// Unset (or empty) unless given.
+    None,
+    Value(String),
+}
+
+/// Every setting a user can give (environment variable names), in the order `--help`
+/// lists them, with its default as `config/default.toml` has it: the same source the
+/// settings are layered on, so the list cannot drift from what ackd does. The
+/// testkit's settings are left out; `ACKD_RDKAFKA_<NAME>` stands for the pass-through.
+pub fn documented() -> Vec<(String, DefaultValue)> {
+    let defaults = Config::builder()
+        .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
+        .build()
+        .ok();
+    let default_of = |key: &str| -> DefaultValue {
+        if REQUIRED.iter().any(|(k, _)| *k == key) {
+            return DefaultValue::Required;
+        }
+        match defaults.as_ref().and_then(|c| c.get_string(key).ok()) {
+            Some(v) if !v.trim().is_empty() => DefaultValue::Value(v),
+            _ => DefaultValue::None,
+        }
+    };
+    let mut names: Vec<(String, DefaultValue)> = Vec::new();
+    for key in KEYS.iter().copied().filter(|k| *k != "test_delay_ms") {
+        names.push((env_name(key), default_of(key)));
+        // The platform's variables right after the required ones, as in the README.
+        if key == "group_id" {
+            names.extend(
+                KAFKA_VARS
+                    .iter()
+                    .map(|v| (v.to_string(), DefaultValue::None)),
+            );
+        }
+    }
+    names.push((format!("{}<NAME>", rdkafka_env::PREFIX), DefaultValue::None));
+    names
+}
+
+/// The librdkafka properties `config/default.toml` sets, with their values.
+pub fn rdkafka_defaults() -> Vec<(String, String)> {
+    Config::builder()
+        .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
+        .build()
+        .ok()
+        .and_then(|c| c.get_table("rdkafka").ok())
+        .map(|t| {
+            t.into_iter()
+                .filter_map(|(k, v)| v.into_string().ok().map(|v| (k, v)))
+                .collect::<BTreeMap<_, _>>()
+                .into_iter()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Kafka's rule for topic names.
 fn valid_topic(t: &str) -> bool {
     !t.is_empty()
@@ -1085,6 +1255,65 @@ mod tests {
 
     fn err(extra: &[(&str, &str)]) -> SettingError {
         Settings::from_vars(vars(extra)).expect_err("accepted")
+    }
+
+    /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in
+    /// the drain's share of the shutdown deadline (they were 30 s against a 20 s drain).
+    #[test]
+    fn default_processor_timeouts_fit_in_the_drain() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.drain_budget(), Duration::from_millis(20000));
+        assert!(s.exec_timeout <= s.drain_budget(), "{:?}", s.exec_timeout);
+        assert!(s.http_timeout <= s.drain_budget(), "{:?}", s.http_timeout);
+        // Both processors start with their defaults.
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+        ]))
+        .unwrap();
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "http"),
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+        ]))
+        .unwrap();
+        // The reserve for the commit: a fifth, at most 5 s.
+        assert_eq!(
+            commit_reserve(Duration::from_secs(5)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            commit_reserve(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn a_processor_timeout_longer_than_the_drain_is_refused() {
+        let e = err(&[
+            ("ACKD_PROCESSOR", "http"),
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+            ("ACKD_HTTP_TIMEOUT_MS", "30000"),
+        ]);
+        assert_eq!(e.setting, "ACKD_HTTP_TIMEOUT_MS", "{e}");
+        assert!(e.problem.contains("20000 ms"), "{e}");
+        assert!(e.problem.contains("ACKD_SHUTDOWN_TIMEOUT_MS=25000"), "{e}");
+        let e = err(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "5000"),
+            ("ACKD_EXEC_TIMEOUT_MS", "4500"),
+        ]);
+        assert_eq!(e.setting, "ACKD_EXEC_TIMEOUT_MS", "{e}");
+        assert!(e.problem.contains("4000 ms"), "{e}");
+        // Exactly the drain's share is allowed; a processor that does not use it is not checked.
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "5000"),
+            ("ACKD_EXEC_TIMEOUT_MS", "4000"),
+        ]))
+        .unwrap();
+        Settings::from_vars(vars(&[("ACKD_SHUTDOWN_TIMEOUT_MS", "1000")])).unwrap();
     }
 
     #[test]
@@ -1139,7 +1368,7 @@ mod tests {
         assert_eq!(s.log_level, "info");
         assert_eq!(s.exec_command, None);
         assert_eq!(s.exec_concurrency, 1);
-        assert_eq!(s.exec_timeout, Duration::from_millis(30000));
+        assert_eq!(s.exec_timeout, Duration::from_millis(15000));
         assert_eq!(s.batch_max_messages, 1);
         assert_eq!(s.batch_max_wait, Duration::from_millis(100));
         assert_eq!(
@@ -1179,6 +1408,51 @@ mod tests {
             assert!(e.problem.contains("required"), "{e}");
         }
         assert_eq!(err(&[("ACKD_TOPICS", " , ")]).setting, "ACKD_TOPICS");
+    }
+
+    #[test]
+    fn missing_required_settings_are_named_together() {
+        let e = Settings::from_vars(Vec::new()).unwrap_err();
+        assert_eq!(e.setting, "KAFKA_URL,ACKD_TOPICS,ACKD_GROUP_ID");
+        assert_eq!(e.value, None);
+        for name in ["KAFKA_URL: ", "ACKD_TOPICS: ", "ACKD_GROUP_ID: "] {
+            assert!(e.problem.contains(name), "{e}");
+        }
+        let mut v = vars(&[("ACKD_PROCESSOR", "EXEC"), ("ACKD_EXEC_COMMAND", "  ")]);
+        v.retain(|(k, _)| k != "ACKD_GROUP_ID");
+        let e = Settings::from_vars(v).unwrap_err();
+        assert_eq!(e.setting, "ACKD_GROUP_ID,ACKD_EXEC_COMMAND");
+        // Alone, a processor's requirement is the processor's to report.
+        assert!(Settings::from_vars(vars(&[("ACKD_PROCESSOR", "http")])).is_ok());
+    }
+
+    #[test]
+    fn documented_defaults_are_the_defaults_in_force() {
+        let documented = documented();
+        let default = |name: &str| {
+            documented
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d.clone())
+                .unwrap_or_else(|| panic!("{name} not documented"))
+        };
+        assert_eq!(default("KAFKA_URL"), DefaultValue::Required);
+        assert_eq!(default("KAFKA_PREFIX"), DefaultValue::None);
+        assert_eq!(default("ACKD_METRIC_SOURCE"), DefaultValue::None);
+        assert_eq!(
+            default("ACKD_WAIT_FOR_TOPICS"),
+            DefaultValue::Value("false".into())
+        );
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            default("ACKD_COMMIT_INTERVAL_MS"),
+            DefaultValue::Value(s.commit_interval.as_millis().to_string())
+        );
+        assert!(!s.wait_for_topics);
+        assert!(!documented.iter().any(|(n, _)| n == "ACKD_TEST_DELAY_MS"));
+        assert!(rdkafka_defaults()
+            .iter()
+            .all(|(k, v)| s.rdkafka[k].value == *v));
     }
 
     #[test]
@@ -1341,7 +1615,7 @@ mod tests {
             (true, HttpBody::Json, 0)
         );
         assert_eq!(s.http_concurrency, 16);
-        assert_eq!(s.http_timeout, Duration::from_secs(30));
+        assert_eq!(s.http_timeout, Duration::from_secs(15));
 
         for bad in [
             "Bearer hunter2-token",

@@ -1,0 +1,15 @@
+//! The consumer core: the daemon (signals, schedule, exit code), the supervisor thread that
+//! owns the consumer and the group, one worker task per assigned partition, the offset
+//! tracker, the committer thread, and what a worker does when the processor fails (retry,
+//! halt, skip, dead letter).
+
+pub(crate) mod auth;
+pub(crate) mod committer;
+pub(crate) mod daemon;
+pub(crate) mod dead_letter;
+pub mod failure;
+pub(crate) mod group;
+pub(crate) mod supervisor;
+pub(crate) mod topics;
+pub mod tracker;
+pub(crate) mod worker;

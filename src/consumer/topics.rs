@@ -1,0 +1,134 @@
+//! Topics of `ACKD_TOPICS` that do not exist on the brokers.
+//!
+//! librdkafka subscribes to a missing topic without complaint and assigns nothing, so
+//! a typo (`ordres`) would leave ackd idle forever and a SIGTERM would exit 0. Before
+//! subscribing, ackd asks the brokers about each topic: a missing one stops ackd (exit
+//! 78, the line names it), or with `ACKD_WAIT_FOR_TOPICS=true` ackd waits for it and
+//! says so every 30 s. The metadata request never creates a topic: a consumer's
+//! `allow.auto.create.topics` is false (tests/missing_topic.rs checks it against a broker
+//! with `auto.create.topics.enable=true`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use signal_hook_tokio::Signals;
+
+use crate::exit;
+use crate::settings::Settings;
+
+/// One metadata request may take this long (the brokers may still be starting).
+const ATTEMPT: Duration = Duration::from_secs(10);
+/// How often a wait asks again.
+const RETRY: Duration = Duration::from_secs(1);
+/// How often a wait says so.
+const REPORT: Duration = Duration::from_secs(30);
+
+/// The topics of `topics` that the brokers say do not exist. An error: the brokers
+/// could not be asked.
+pub fn missing<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<Vec<String>, KafkaError> {
+    let mut missing = Vec::new();
+    for topic in topics {
+        // One topic per request: asking for all topics would list every topic of a
+        // shared cluster.
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        let unknown = match metadata.topics().iter().find(|t| t.name() == topic) {
+            None => true,
+            Some(t) => {
+                t.error().map(RDKafkaErrorCode::from)
+                    == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
+            }
+        };
+        if unknown {
+            missing.push(topic.clone());
+        }
+    }
+    Ok(missing)
+}
+
+/// Returns once every topic exists (or the brokers could not be asked: the poll loop
+/// reports unreachable brokers); `Err(code)` when ackd must exit instead: a topic is
+/// missing and waiting is off (78), or a signal came while waiting (0, nothing consumed).
+pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: ConsumerContext>(
+    consumer: &Arc<C>,
+    settings: &Settings,
+    signals: &mut Signals,
+) -> Result<(), i32> {
+    let started = Instant::now();
+    let mut reported: Option<Instant> = None;
+    loop {
+        let (c, topics) = (consumer.clone(), settings.topics.clone());
+        let check = tokio::task::spawn_blocking(move || missing(&*c, &topics, ATTEMPT));
+        let result = tokio::select! {
+            r = check => r,
+            s = signals.next() => return Err(stopped_while_waiting(s)),
+        };
+        let missing = match result {
+            Ok(Ok(missing)) => missing,
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    at = "topics_unchecked",
+                    error = %e,
+                    "could not ask the brokers whether the topics exist; subscribing anyway"
+                );
+                return Ok(());
+            }
+            Err(_) => return Ok(()),
+        };
+        if missing.is_empty() {
+            if reported.is_some() {
+                tracing::info!(
+                    at = "topics_available",
+                    topics = settings.topics.join(","),
+                    waited_ms = started.elapsed().as_millis() as u64
+                );
+            }
+            return Ok(());
+        }
+        if !settings.wait_for_topics {
+            tracing::error!(
+                at = "config_error",
+                setting = "ACKD_TOPICS",
+                value = settings.topics.join(","),
+                topics = missing.join(","),
+                problem = "names topics that do not exist on the brokers: check the names (KAFKA_PREFIX included) or create the topics; ACKD_WAIT_FOR_TOPICS=true waits for them",
+                "invalid configuration; fix the setting and start again"
+            );
+            return Err(exit::CONFIG);
+        }
+        if reported.is_none_or(|t| t.elapsed() >= REPORT) {
+            tracing::warn!(
+                at = "waiting_for_topics",
+                topics = missing.join(","),
+                waited_ms = started.elapsed().as_millis() as u64,
+                "these topics do not exist yet (ACKD_WAIT_FOR_TOPICS=true): consuming once they do"
+            );
+            reported = Some(Instant::now());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY) => {}
+            s = signals.next() => return Err(stopped_while_waiting(s)),
+        }
+    }
+}
+
+fn stopped_while_waiting(signal: Option<i32>) -> i32 {
+    let name = match signal {
+        Some(signal_hook::consts::SIGTERM) => "SIGTERM",
+        Some(signal_hook::consts::SIGINT) => "SIGINT",
+        _ => "unknown",
+    };
+    tracing::info!(
+        at = "signal",
+        signal = name,
+        "stopped before consuming anything: nothing to commit"
+    );
+    exit::OK
+}

@@ -1,0 +1,7 @@
+//! Output: every line ackd writes (`lines`: tracing events as logfmt on stdout, through a
+//! writer thread), logfmt escaping ([`logfmt`]), and the l2met metric vocabulary and
+//! periodic summaries (`metrics`).
+
+pub(crate) mod lines;
+pub mod logfmt;
+pub(crate) mod metrics;

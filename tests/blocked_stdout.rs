@@ -1,0 +1,155 @@
+//! A log drain that takes nothing (stdout a pipe nobody reads): processing, commits and the
+//! graceful stop go on, the lines that could not wait are dropped and counted, and the count
+//! is reported once stdout takes lines again. Before this, ackd with 50,000 messages and an
+//! unread stdout committed nothing and was still running 40 s after SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const MESSAGES: usize = 20_000;
+const WAIT: Duration = Duration::from_secs(90);
+
+/// ackd on `topic` with stdout and stderr pipes that nobody reads yet.
+fn spawn_unread(topic: &str, group: &str) -> Child {
+    let env = AckdBuilder::new(topic, group)
+        .env("ACKD_COMMIT_INTERVAL_MS", "500")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+        .env_map();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ackd"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    spawn_tied(cmd).expect("spawn ackd")
+}
+
+/// Setup: a topic with a backlog whose per-message lines (~4 MB) are far more than a pipe
+/// (64 KiB) and ackd's line buffer (1 MiB) hold. Returns (topic, group, log ends).
+fn backlog(name: &str) -> (String, String, std::collections::BTreeMap<i32, i64>) {
+    let topic = unique_name(name);
+    let group = unique_name(&format!("g-{name}"));
+    create_topic(&topic, 2);
+    let delivered = produce_keyed(&topic, MESSAGES, 0);
+    (topic, group, log_ends(&delivered))
+}
+
+/// Waits until `group` has committed `ends` on every partition of `topic`.
+#[track_caller]
+fn wait_committed(group: &str, topic: &str, ends: &std::collections::BTreeMap<i32, i64>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let c = committed(group, topic, 2);
+        if ends.iter().all(|(p, e)| c[p] == Some(*e)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "with stdout unread, committed {c:?} never reached the log ends {ends:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Reads every line of ackd's stdout on a thread (from now on).
+fn read_all(child: &mut Child) -> std::thread::JoinHandle<Vec<String>> {
+    let out = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    })
+}
+
+/// Waits up to `timeout` for the child to exit; its exit code, or None if it did not.
+fn exit_within(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status.code();
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn with_stdout_never_read_it_commits_everything_and_stops_within_the_deadline() {
+    let (topic, group, ends) = backlog("stdout-stuck");
+    let mut ackd = spawn_unread(&topic, &group);
+    wait_committed(&group, &topic, &ends);
+
+    let stopping = Instant::now();
+    // SAFETY: kill(2) of our own, unreaped child.
+    unsafe { libc::kill(ackd.id() as libc::pid_t, libc::SIGTERM) };
+    // ACKD_SHUTDOWN_TIMEOUT_MS is 5 s; the stdout is still not read.
+    let code = exit_within(&mut ackd, Duration::from_secs(8));
+    let took = stopping.elapsed();
+    let _ = ackd.kill();
+    let _ = ackd.wait();
+    assert_eq!(
+        code,
+        Some(0),
+        "exit after SIGTERM with stdout unread (waited {took:?})"
+    );
+    eprintln!(
+        "stdout never read: {MESSAGES} messages committed to the log ends {ends:?}, exit 0 {took:?} after SIGTERM"
+    );
+}
+
+#[test]
+fn lines_dropped_while_stdout_was_stuck_are_reported_once_it_reads_again() {
+    let (topic, group, ends) = backlog("stdout-late");
+    let mut ackd = spawn_unread(&topic, &group);
+    wait_committed(&group, &topic, &ends);
+
+    // The drain comes back: what was stuck is written, then the report.
+    let reader = read_all(&mut ackd);
+    // SAFETY: kill(2) of our own, unreaped child.
+    unsafe { libc::kill(ackd.id() as libc::pid_t, libc::SIGTERM) };
+    let code = exit_within(&mut ackd, WAIT);
+    let lines = reader.join().expect("reader");
+    let all = lines.join("\n");
+    assert_eq!(code, Some(0), "{all}");
+
+    let reports: Vec<&String> = lines.iter().filter(|l| at(l, "lines_dropped")).collect();
+    assert_eq!(reports.len(), 1, "one report expected:\n{}", tail(&lines));
+    let dropped: u64 = field(reports[0], "count").unwrap().parse().unwrap();
+    assert!(dropped > 0, "{}", reports[0]);
+    // Every per-message line was written or counted (the count has the other lines
+    // dropped meanwhile too: commits, summaries).
+    let written = lines.iter().filter(|l| is_processed(l)).count() as u64;
+    assert!(
+        written < MESSAGES as u64 && written + dropped >= MESSAGES as u64,
+        "{written} per-message lines written, {dropped} lines dropped, of {MESSAGES}"
+    );
+    // The stop's own lines made it, and the exit line says how many were dropped.
+    assert!(
+        lines.iter().any(|l| at(l, "final_commit")),
+        "{}",
+        tail(&lines)
+    );
+    let exit = lines
+        .iter()
+        .find(|l| at(l, "exit"))
+        .unwrap_or_else(|| panic!("no exit line:\n{}", tail(&lines)));
+    assert_eq!(
+        field(exit, "lines_dropped"),
+        Some(dropped.to_string()),
+        "{exit}"
+    );
+    eprintln!("stdout stuck, then read: {written} per-message lines written, {dropped} dropped and reported, exit 0");
+}
+
+fn tail(lines: &[String]) -> String {
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}

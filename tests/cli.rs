@@ -1,0 +1,185 @@
+//! Command-line arguments (issue 13, item 12): they never start consuming. `--help`
+//! lists every setting with its default, `--version` prints the version, anything else
+//! exits 64 (EX_USAGE) with the usage. Checked with the environment fully set against the
+//! real broker, so that a binary that ignored its arguments would visibly consume.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `ackd ARGS` with no environment but PATH: the help and the version need none.
+fn bare(args: &[&str]) -> AckdProcess {
+    let mut b = AckdBuilder::on("127.0.0.1:1", "t", "g")
+        .env_remove("KAFKA_URL")
+        .env_remove("ACKD_TOPICS")
+        .env_remove("ACKD_GROUP_ID");
+    for a in args {
+        b = b.arg(*a);
+    }
+    b.spawn()
+}
+
+fn stdout_text(p: &AckdProcess) -> String {
+    p.stdout_lines().join("\n")
+}
+
+#[test]
+fn version_with_the_environment_set_consumes_nothing() {
+    let topic = unique_name("cli-version");
+    let group = unique_name("g-cli-version");
+    create_topic(&topic, 2);
+    let delivered = produce_keyed(&topic, 20, 0);
+    assert_eq!(delivered.len(), 20);
+    for flag in ["--version", "-V"] {
+        // STOP_AT_END: a binary that ignored the flag would consume all, commit and exit 0.
+        let ackd = AckdBuilder::new(&topic, &group)
+            .env("ACKD_STOP_AT_END", "true")
+            .env("ACKD_COMMIT_INTERVAL_MS", "100")
+            .arg(flag)
+            .spawn();
+        let code = ackd.wait_exit(WAIT);
+        let lines = ackd.lines();
+        let all = lines.join("\n");
+        assert_eq!(code, 0, "{flag}: {all}");
+        let out = ackd.stdout_lines();
+        assert_eq!(out.len(), 1, "{flag}: one line: {all}");
+        let expected = format!("ackd {}", env!("CARGO_PKG_VERSION"));
+        assert!(out[0].starts_with(&expected), "{flag}: {all}");
+        assert!(out[0].contains("librdkafka 2."), "{flag}: {all}");
+        assert!(processed(&lines).is_empty(), "{flag} processed messages");
+        assert!(!lines.iter().any(|l| at(l, "start")), "{flag}: {all}");
+        assert!(!lines.iter().any(|l| at(l, "assigned")), "{flag}: {all}");
+    }
+    let committed = committed(&group, &topic, 2);
+    assert!(
+        committed.values().all(Option::is_none),
+        "the group committed: {committed:?}"
+    );
+}
+
+/// The README's settings table: every variable named in its first column, and the
+/// default column as written.
+fn readme_settings() -> Vec<(String, String)> {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("\n## Settings")
+        .expect("README has ## Settings");
+    let table = readme[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| Variable |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'));
+    let mut rows = Vec::new();
+    for row in table {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (names, default) = (cells[1], cells[2]);
+        for name in names.split('`').skip(1).step_by(2) {
+            rows.push((name.to_string(), default.trim_matches('`').to_string()));
+        }
+    }
+    assert!(rows.len() > 30, "{rows:?}");
+    rows
+}
+
+/// The variables `--help` lists: the first word of each indented line that names one.
+fn help_settings(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .filter(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.starts_with("ACKD_") || w.starts_with("KAFKA_"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn help_lists_every_setting_of_the_readme_with_its_default() {
+    for flag in ["--help", "-h"] {
+        let ackd = bare(&[flag]);
+        let code = ackd.wait_exit(WAIT);
+        let help = stdout_text(&ackd);
+        assert_eq!(code, 0, "{flag}: {}", ackd.lines().join("\n"));
+        assert!(help.contains("Usage: ackd"), "{help}");
+        assert!(
+            !ackd.lines().iter().any(|l| at(l, "config_error")),
+            "{flag} asked for settings: {}",
+            ackd.lines().join("\n")
+        );
+
+        let readme = readme_settings();
+        let in_readme: BTreeSet<String> = readme.iter().map(|(n, _)| n.clone()).collect();
+        let in_help = help_settings(&help);
+        assert_eq!(
+            in_help.difference(&in_readme).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "in --help, not in the README's settings table"
+        );
+        assert_eq!(
+            in_readme.difference(&in_help).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "in the README's settings table, not in --help:\n{help}"
+        );
+        // Each default the README gives as a value is the one --help shows.
+        for (name, default) in &readme {
+            let line = help
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+                .unwrap();
+            let shown = line.split_whitespace().nth(1).unwrap_or("");
+            let expected = match default.as_str() {
+                "required" => "required",
+                "none" | "empty" => "none",
+                // ACKD_RDKAFKA_<NAME>: its defaults are listed per property below.
+                "see below" => continue,
+                v => v,
+            };
+            assert!(
+                shown.trim_matches(['[', ']']).starts_with(expected),
+                "{name}: README says {default:?}, --help says {line:?}"
+            );
+        }
+        // The librdkafka properties ackd sets by default are listed too.
+        assert!(
+            help.contains("partition.assignment.strategy=cooperative-sticky"),
+            "{help}"
+        );
+    }
+}
+
+#[test]
+fn unknown_arguments_exit_64_with_the_usage() {
+    let topic = unique_name("cli-unknown");
+    let group = unique_name("g-cli-unknown");
+    create_topic(&topic, 1);
+    produce_keyed(&topic, 5, 0);
+    for args in [
+        &["--frobnicate"][..],
+        &["-x"],
+        &["run"],
+        &["--help", "extra"],
+        &["--version=2"],
+    ] {
+        let mut b = AckdBuilder::new(&topic, &group).env("ACKD_STOP_AT_END", "true");
+        for a in args {
+            b = b.arg(*a);
+        }
+        let ackd = b.spawn();
+        let code = ackd.wait_exit(WAIT);
+        let lines = ackd.lines();
+        let all = lines.join("\n");
+        assert_eq!(code, 64, "{args:?}: {all}");
+        assert!(
+            ackd.stdout_lines().is_empty(),
+            "{args:?}: usage goes to stderr: {all}"
+        );
+        assert!(all.contains("Usage: ackd"), "{args:?}: {all}");
+        assert!(all.contains("ackd --help"), "{args:?}: {all}");
+        assert!(processed(&lines).is_empty(), "{args:?}: {all}");
+        assert!(!lines.iter().any(|l| at(l, "start")), "{args:?}: {all}");
+    }
+    assert!(committed(&group, &topic, 1).values().all(Option::is_none));
+}

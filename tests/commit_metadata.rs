@@ -1,0 +1,336 @@
+//! Commit metadata and out-of-range offsets on Apache Kafka (until now staged only on
+//! librdkafka's mock cluster, because Tansu dropped metadata and never answered
+//! OFFSET_OUT_OF_RANGE):
+//! - each commit carries `ackd:processed=H` (`;released` on a revoke's or a stop's); the
+//!   next owner's `at=assigned` line reads it back (`highest_processed=`, `released=`,
+//!   `redelivery=`), compared with the redelivery the harness counts (messages both runs
+//!   processed): exact after a release, `unknown` after a SIGKILL (the killed process
+//!   processed on after its last commit, which no commit records);
+//! - a committed offset whose records were deleted (DeleteRecords) is out of range: ackd
+//!   logs `at=offset_reset from= to=`, processes what remains, and commits the log end.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::*;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn int(line: &str, key: &str) -> Option<i64> {
+    field(line, key).and_then(|v| v.parse().ok())
+}
+
+/// Per partition, the group's committed offset and its metadata, as the broker keeps them.
+fn committed_with_metadata(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, (Option<i64>, String)> {
+    let consumer: BaseConsumer = broker()
+        .client_config()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("create committed-offsets consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    got.elements()
+        .iter()
+        .map(|e| {
+            let offset = match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            (e.partition(), (offset, e.metadata().to_string()))
+        })
+        .collect()
+}
+
+/// Per partition, the last `at=what` line of a run.
+fn last_per_partition(lines: &[String], what: &str) -> BTreeMap<i32, String> {
+    lines
+        .iter()
+        .filter(|l| at(l, what))
+        .filter_map(|l| Some((int(l, "partition")? as i32, l.clone())))
+        .collect()
+}
+
+/// Per partition, how many of `earlier`'s processed offsets `later` processed again.
+fn counted_redelivery(earlier: &[String], later: &[String], p: i32) -> i64 {
+    let again: BTreeSet<(i32, i64)> = processed(later).into_iter().collect();
+    processed(earlier)
+        .iter()
+        .filter(|(q, o)| *q == p && again.contains(&(p, *o)))
+        .count() as i64
+}
+
+#[test]
+fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after_a_sigkill() {
+    const PARTITIONS: i32 = 4;
+    let topic = unique_name("meta-crash");
+    let group = unique_name("g-meta-crash");
+    create_topic(&topic, PARTITIONS);
+    let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
+    let member = || {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_COMMIT_INTERVAL_MS", "500")
+            .spawn()
+    };
+
+    // 1. SIGKILL mid-stream, periodic commits on.
+    let killed = member();
+    killed.wait_for_line(|l| at(l, "committed"), WAIT);
+    let so_far = processed(&killed.lines()).len();
+    killed.wait_for_count(is_processed, so_far + 60, WAIT);
+    killed.sigkill();
+    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    let killed_lines = killed.lines();
+    // What the broker keeps: the last commit the killed process got accepted.
+    let stored = committed_with_metadata(&group, &topic, PARTITIONS);
+    let last_commits = last_per_partition(&killed_lines, "committed");
+
+    // 2. The next owner resumes there, processes everything, and stops with SIGTERM.
+    let next = member();
+    wait_until(WAIT, || {
+        last_per_partition(&next.lines(), "assigned").len() == PARTITIONS as usize
+    });
+    let mut delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    wait_until(WAIT, || {
+        let mut seen: BTreeSet<_> = processed(&killed_lines).into_iter().collect();
+        seen.extend(processed(&next.lines()));
+        seen.is_superset(&expected)
+    });
+    next.sigterm();
+    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    let next_lines = next.lines();
+    let assigned = last_per_partition(&next_lines, "assigned");
+    let mut report = Vec::new();
+    for p in 0..PARTITIONS {
+        let line = &assigned[&p];
+        let (c, metadata) = &stored[&p];
+        let last = &last_commits[&p];
+        assert_eq!(*c, int(last, "offset"), "partition {p}: {last}");
+        let c = c.unwrap();
+        assert_eq!(metadata, &format!("ackd:processed={}", c - 1), "periodic");
+        assert_eq!(int(line, "offset"), Some(c), "{line}");
+        assert_eq!(int(line, "highest_processed"), Some(c - 1), "{line}");
+        // The killed process processed on after its last commit; no commit says how far.
+        let counted = counted_redelivery(&killed_lines, &next_lines, p);
+        let last_processed = processed(&killed_lines)
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, o)| *o)
+            .max()
+            .unwrap();
+        assert_eq!(counted, last_processed + 1 - c, "partition {p}");
+        assert_eq!(field(line, "released").as_deref(), Some("false"), "{line}");
+        assert_eq!(
+            field(line, "redelivery").as_deref(),
+            Some("unknown"),
+            "partition {p}: {counted} redelivered: {line}"
+        );
+        report.push(format!("p{p} unknown/{counted}"));
+    }
+
+    // 3. After that release, the group's metadata says so, and the next owner knows it
+    //    redelivers nothing (the last periodic commit may have committed the end
+    //    already: the stop commits it again, as released).
+    let ends = log_ends(&delivered);
+    let stored = committed_with_metadata(&group, &topic, PARTITIONS);
+    for (p, end) in &ends {
+        assert_eq!(
+            stored[p],
+            (Some(*end), format!("ackd:processed={};released", end - 1)),
+            "partition {p}"
+        );
+    }
+    let more = produce_keyed(&topic, 40, 100_000);
+    delivered.extend(more.iter().cloned());
+    let third = member();
+    third.wait_for_count(is_processed, more.len(), WAIT);
+    third.sigterm();
+    assert_eq!(third.wait_exit(WAIT), 0, "{}", third.lines().join("\n"));
+    let third_lines = third.lines();
+    let assigned = last_per_partition(&third_lines, "assigned");
+    let mut released_report = Vec::new();
+    for (p, end) in &ends {
+        let line = &assigned[p];
+        assert_eq!(int(line, "offset"), Some(*end), "{line}");
+        assert_eq!(field(line, "released").as_deref(), Some("true"), "{line}");
+        let counted = counted_redelivery(&next_lines, &third_lines, *p);
+        assert_eq!(int(line, "redelivery"), Some(counted), "{line}");
+        released_report.push(format!("p{p} {counted}/{counted}"));
+    }
+
+    let all: Vec<(i32, i64)> = [&killed_lines, &next_lines, &third_lines]
+        .iter()
+        .flat_map(|l| processed(l))
+        .collect();
+    let lines: Vec<String> = [&killed_lines, &next_lines, &third_lines]
+        .iter()
+        .flat_map(|l| l.iter().cloned())
+        .collect();
+    let t = tally(&delivered, &all, &lines);
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    assert_committed_to_ends(&group, &topic, PARTITIONS, &log_ends(&delivered));
+    eprintln!(
+        "metadata: messages {}, runs 3 (SIGKILL, SIGTERM, SIGTERM), lost 0, duplicated {}; \
+         redelivery ackd/counted after the SIGKILL [{}], after the release [{}]",
+        delivered.len(),
+        t.duplicated.len(),
+        report.join(", "),
+        released_report.join(", ")
+    );
+}
+
+#[test]
+fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
+    let topic = unique_name("deleted");
+    let group = unique_name("g-deleted");
+    create_topic(&topic, 1);
+    let first = produce_numbered_keyed(&topic, 0, 20);
+
+    let run = AckdBuilder::new(&topic, &group).spawn();
+    run.wait_for_count(is_processed, 20, WAIT);
+    run.sigterm();
+    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+
+    // 30 more (offsets 20..50); then everything before 35 is deleted, the committed
+    // offset 20 with it.
+    let second = produce_numbered_keyed(&topic, 20, 30);
+    assert_eq!(second.first().map(|d| d.offset), Some(20));
+    let admin: AdminClient<DefaultClientContext> =
+        broker().client_config().create().expect("admin client");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Offset(35))
+        .unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let result =
+        futures::executor::block_on(admin.delete_records(&tpl, &opts)).expect("delete records");
+    let low = result
+        .find_partition(&topic, 0)
+        .expect("partition 0 in the result");
+    assert!(low.error().is_ok(), "delete records: {:?}", low.error());
+    assert_eq!(low.offset(), Offset::Offset(35), "the new log start");
+
+    let run = AckdBuilder::new(&topic, &group).spawn();
+    let reset = run.wait_for_line(|l| at(l, "offset_reset"), WAIT);
+    assert_eq!(int(&reset, "from"), Some(20), "{reset}");
+    assert_eq!(int(&reset, "to"), Some(35), "{reset}");
+    run.wait_for_count(is_processed, 15, WAIT);
+    run.sigterm();
+    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    let lines = run.lines();
+    let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+    assert_eq!(int(assigned, "offset"), Some(20), "{assigned}");
+    let got = processed(&lines);
+    assert_eq!(
+        got,
+        (35..50).map(|o| (0, o)).collect::<Vec<_>>(),
+        "what remains, once each, in order"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(50), "the log end");
+    eprintln!(
+        "out of range: messages {}, committed 20, deleted before 35 (20..35 gone with it), \
+         at=offset_reset from=20 to=35, processed 35..50 ({} messages), committed 50, exit 0",
+        first.len() + second.len(),
+        got.len()
+    );
+}
+
+/// `n` keyed messages to partition 0 (keys `k-<start+i>`), in order.
+fn produce_numbered_keyed(topic: &str, start: usize, n: usize) -> Vec<Delivered> {
+    let keys: Vec<String> = (start..start + n).map(|i| format!("k-{i}")).collect();
+    let records: Vec<Record<'_>> = keys
+        .iter()
+        .map(|k| (0, Some(k.as_bytes()), &b"v"[..], &[][..]))
+        .collect();
+    produce_records(topic, &records)
+        .into_iter()
+        .zip(keys)
+        .map(|((partition, offset), k)| Delivered {
+            partition,
+            offset,
+            key: Some(k.into_bytes()),
+        })
+        .collect()
+}
+
+/// Commits `offset` with `metadata` for partition 0 of `topic` as `group`, as a previous
+/// owner (or an operator's tool) would have.
+fn commit_by_hand(group: &str, topic: &str, offset: i64, metadata: &str) {
+    let previous: BaseConsumer = broker()
+        .client_config()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("create committing consumer");
+    let mut tpl = TopicPartitionList::new();
+    let mut e = tpl.add_partition(topic, 0);
+    e.set_offset(Offset::Offset(offset)).unwrap();
+    e.set_metadata(metadata);
+    previous
+        .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+        .expect("commit by hand");
+}
+
+#[test]
+fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
+    let topic = unique_name("past-end");
+    let group = unique_name("g-past-end");
+    create_topic(&topic, 1);
+    let delivered = produce_numbered_keyed(&topic, 0, 10);
+    commit_by_hand(&group, &topic, 1000, "");
+
+    let run = AckdBuilder::new(&topic, &group).spawn();
+    let reset = run.wait_for_line(|l| at(l, "offset_reset"), WAIT);
+    assert_eq!(int(&reset, "from"), Some(1000), "{reset}");
+    assert_eq!(int(&reset, "to"), Some(0), "earliest: {reset}");
+    run.wait_for_count(is_processed, 10, WAIT);
+    run.sigterm();
+    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    assert_eq!(
+        processed(&run.lines()),
+        (0..10).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+    eprintln!("past the end: committed 1000 of 10, at=offset_reset from=1000 to=0, processed 0..10, committed 10");
+}
+
+#[test]
+fn a_release_past_what_was_committed_says_how_much_comes_again() {
+    let topic = unique_name("meta-hand");
+    let group = unique_name("g-meta-hand");
+    create_topic(&topic, 1);
+    let delivered = produce_numbered_keyed(&topic, 0, 10);
+    // A previous owner that had processed through 7 when it released the partition at 4.
+    commit_by_hand(&group, &topic, 4, "ackd:processed=7;released");
+
+    let run = AckdBuilder::new(&topic, &group).spawn();
+    let assigned = run.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(int(&assigned, "offset"), Some(4), "{assigned}");
+    assert_eq!(int(&assigned, "highest_processed"), Some(7), "{assigned}");
+    assert_eq!(int(&assigned, "redelivery"), Some(4), "4..=7: {assigned}");
+    run.wait_for_count(is_processed, 6, WAIT);
+    run.sigterm();
+    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+    assert_eq!(
+        committed_with_metadata(&group, &topic, 1)[&0],
+        (Some(10), "ackd:processed=9;released".to_string())
+    );
+}
