@@ -153,6 +153,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("ACKD_ON_FAILURE", "halt | skip | dead-letter: when attempts run out or a failure is permanent"),
     ("ACKD_DEAD_LETTER_TOPIC", "required with dead-letter: where failed messages go"),
     ("ACKD_STATIC_MEMBERSHIP", "true: group.instance.id = DYNO, else HOSTNAME, else the host name"),
+    ("ACKD_GROUP_PROTOCOL", "classic (default) or consumer (KIP-848: the broker assigns and sets session and heartbeat)"),
     ("ACKD_CONFIG_FILE", "a TOML file layered between the defaults and the environment"),
     ("ACKD_SASL_MECHANISM", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512; required with kafka+sasl-ssl://"),
     ("ACKD_SASL_USERNAME", "SASL user name (or user:password@ in KAFKA_URL); never shown"),

@@ -260,3 +260,54 @@ fn secrets_in_refused_properties_are_not_shown() {
     assert_eq!(code, 78, "{all}");
     assert!(!all.contains("hunter2-secret"), "{all}");
 }
+
+/// ACKD_GROUP_PROTOCOL=consumer (KIP-848): the classic protocol's properties are refused
+/// by name, with what to do instead; before ACKD_GROUP_PROTOCOL, asking librdkafka for the
+/// consumer protocol ended in exit 70 over ackd's own default assignor.
+#[test]
+fn the_consumer_protocol_refuses_classic_only_properties_by_name() {
+    for (var, value, mentions) in [
+        (
+            "ACKD_RDKAFKA_SESSION_TIMEOUT_MS",
+            "6000",
+            "group.consumer.session.timeout.ms",
+        ),
+        (
+            "ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS",
+            "300",
+            "group.consumer.heartbeat.interval.ms",
+        ),
+        (
+            "ACKD_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",
+            "range",
+            "ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR",
+        ),
+        (
+            "ACKD_RDKAFKA_GROUP_PROTOCOL_TYPE",
+            "consumer",
+            "classic protocol only",
+        ),
+    ] {
+        assert_config_error(
+            &with(&[("ACKD_GROUP_PROTOCOL", "consumer"), (var, value)], &[]),
+            var,
+            mentions,
+        );
+    }
+    assert_config_error(
+        &with(&[("ACKD_GROUP_PROTOCOL", "848")], &[]),
+        "ACKD_GROUP_PROTOCOL",
+        "classic",
+    );
+    // The pass-through is refused in favour of the setting (it used to exit 70).
+    assert_config_error(
+        &with(&[("ACKD_RDKAFKA_GROUP_PROTOCOL", "consumer")], &[]),
+        "ACKD_RDKAFKA_GROUP_PROTOCOL",
+        "ACKD_GROUP_PROTOCOL",
+    );
+    assert_config_error(
+        &with(&[("ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR", "uniform")], &[]),
+        "ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR",
+        "ACKD_GROUP_PROTOCOL=consumer",
+    );
+}

@@ -426,3 +426,112 @@ fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
         count_at(&l1, "commit_retry"),
     );
 }
+
+/// KIP-848 (ACKD_GROUP_PROTOCOL=consumer; librdkafka's mock cluster runs it in 2.12): a
+/// final commit refused with STALE_MEMBER_EPOCH (the member's epoch moved on while it
+/// still owns the partitions) is sent again: librdkafka hastens a heartbeat that brings
+/// the current epoch but does not retry a manual commit itself.
+#[test]
+fn a_final_commit_refused_for_a_stale_member_epoch_is_sent_again() {
+    let (topic, group) = ("stale", "g-stale");
+    let mock = mock_with_commit(topic, group, 0, "");
+    let ackd = AckdBuilder::new(topic, group)
+        .env("KAFKA_URL", mock.bootstrap_servers())
+        .env("ACKD_COMMIT_INTERVAL_MS", "60000")
+        .consumer_protocol()
+        .spawn();
+    ackd.wait_for_count(is_processed, 10, WAIT);
+    mock.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_STALE_MEMBER_EPOCH; 2],
+    );
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    assert_eq!(code, 0, "{all}");
+    assert_eq!(count_at(&lines, "commit_failed"), 2, "{all}");
+    assert!(
+        lines.iter().any(|l| at(l, "commit_retry")
+            && field(l, "error").is_some_and(|e| e.contains("StaleMemberEpoch"))),
+        "{all}"
+    );
+    let last = lines
+        .iter()
+        .rfind(|l| at(l, "committed"))
+        .expect("a commit went through");
+    assert_eq!(field(last, "offset").as_deref(), Some("10"), "{last}");
+    assert_eq!(field(last, "reason").as_deref(), Some("shutdown"), "{last}");
+    assert_eq!(
+        committed(&mock.bootstrap_servers(), group, topic).0,
+        Offset::Offset(10)
+    );
+}
+
+/// KIP-848 again, in a revoke: a partition that moves to a new member is committed on
+/// its way out even when the broker first refuses that commit with STALE_MEMBER_EPOCH;
+/// the new owner resumes right after what the old one processed, and nothing is
+/// processed twice.
+#[test]
+fn a_revoke_commit_refused_for_a_stale_member_epoch_is_sent_again() {
+    let (topic, group) = ("stale-revoke", "g-stale-revoke");
+    let mock = MockCluster::new(1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    mock.create_topic(topic, 2, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for i in 0..20 {
+        let key = format!("k-{i}");
+        producer
+            .send(
+                BaseRecord::to(topic)
+                    .key(&key)
+                    .payload("v")
+                    .partition(i % 2),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let member = || {
+        AckdBuilder::new(topic, group)
+            .env("KAFKA_URL", &bootstrap)
+            .env("ACKD_COMMIT_INTERVAL_MS", "60000")
+            .consumer_protocol()
+            .spawn()
+    };
+    let a = member();
+    a.wait_for_count(is_processed, 20, WAIT);
+    // The next commit is a's revoke of the partition that moves to b.
+    mock.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_STALE_MEMBER_EPOCH],
+    );
+    let b = member();
+    let revoked = a.wait_for_line(|l| at(l, "revoked"), WAIT);
+    let assigned = b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    for m in [&a, &b] {
+        m.sigterm();
+    }
+    let (code_a, code_b) = (a.wait_exit(WAIT), b.wait_exit(WAIT));
+    let (la, lb) = (a.lines(), b.lines());
+    let all = format!("a:\n{}\nb:\n{}", la.join("\n"), lb.join("\n"));
+    assert_eq!((code_a, code_b), (0, 0), "{all}");
+    assert!(
+        la.iter().any(|l| at(l, "commit_retry")
+            && field(l, "reason").as_deref() == Some("revoke")
+            && field(l, "error").is_some_and(|e| e.contains("StaleMemberEpoch"))),
+        "{all}"
+    );
+    assert!(has(&la, "committed", "reason", "revoke"), "{all}");
+    assert_eq!(field(&revoked, "offset").as_deref(), Some("10"), "{all}");
+    assert_eq!(field(&revoked, "lost").as_deref(), Some("false"), "{all}");
+    assert_eq!(
+        (field(&assigned, "from"), field(&assigned, "offset")),
+        (Some("committed".into()), Some("10".into())),
+        "{all}"
+    );
+    let b_processed = lb.iter().filter(|l| is_processed(l)).count();
+    assert_eq!(b_processed, 0, "processed twice:\n{all}");
+}

@@ -437,3 +437,70 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
             .join(",")
     );
 }
+
+/// KIP-848 turns static membership's fencing around: a second live process with the
+/// same group.instance.id is refused (UNRELEASED_INSTANCE_ID, fatal in librdkafka)
+/// instead of fencing the first. The newcomer stops with exit 69 having processed
+/// nothing; the first goes on and stops cleanly; a replacement started after that takes
+/// the partitions back at the committed offsets.
+#[test]
+fn under_the_consumer_protocol_a_second_process_with_the_same_id_is_refused_not_the_first() {
+    let topic = unique_name("static848");
+    let group = unique_name("g-static848");
+    create_topic(&topic, 2);
+    let mut delivered = produce_keyed(&topic, 50, 0);
+    let static_member = || {
+        AckdBuilder::new(&topic, &group)
+            .consumer_protocol()
+            .env("ACKD_STATIC_MEMBERSHIP", "true")
+            .env("DYNO", "consumer.1")
+            .spawn()
+    };
+    let first = static_member();
+    first.wait_for_count(is_processed, 50, WAIT);
+    let newcomer = static_member();
+    let code = newcomer.wait_exit(WAIT);
+    let newcomer_lines = newcomer.lines();
+    assert_eq!(code, 69, "{}", newcomer_lines.join("\n"));
+    let fatal = newcomer_lines
+        .iter()
+        .find(|l| at(l, "kafka_fatal"))
+        .unwrap_or_else(|| panic!("no kafka_fatal line:\n{}", newcomer_lines.join("\n")));
+    assert!(
+        field(fatal, "error").is_some_and(|e| e.contains("UnreleasedInstanceId")),
+        "{fatal}"
+    );
+    assert!(
+        field(fatal, "msg").is_some_and(|m| m.contains("start this one after it has stopped")),
+        "{fatal}"
+    );
+    assert_eq!(processed(&newcomer_lines).len(), 0, "{fatal}");
+
+    delivered.extend(produce_keyed(&topic, 50, 50));
+    first.wait_for_count(is_processed, 100, WAIT);
+    first.sigterm();
+    assert_eq!(first.wait_exit(WAIT), 0, "{}", first.lines().join("\n"));
+
+    delivered.extend(produce_keyed(&topic, 50, 100));
+    let replacement = static_member();
+    replacement.wait_for_count(is_processed, 50, WAIT);
+    replacement.sigterm();
+    assert_eq!(
+        replacement.wait_exit(WAIT),
+        0,
+        "{}",
+        replacement.lines().join("\n")
+    );
+    let mut lines = first.lines();
+    lines.extend(replacement.lines());
+    let t = tally(&delivered, &processed(&lines), &lines);
+    eprintln!(
+        "static consumer.1 (consumer protocol): newcomer exit {code}, messages {}, lost {}, duplicated {}, replacement took {:?}",
+        delivered.len(),
+        t.lost.len(),
+        t.duplicated.len(),
+        replacement.elapsed()
+    );
+    assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
+    assert_committed_to_ends(&group, &topic, 2, &log_ends(&delivered));
+}

@@ -65,6 +65,9 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
     if let Some(id) = &settings.group_instance_id {
         config.set("group.instance.id", id);
     }
+    // ACKD_GROUP_PROTOCOL. Under `consumer` the settings already dropped ackd's default
+    // assignor and refused the classic-only properties, which librdkafka would refuse.
+    config.set("group.protocol", settings.group_protocol.as_str());
     for (property, pass) in &settings.rdkafka {
         config.set(property, &pass.value);
     }
@@ -173,6 +176,42 @@ mod tests {
         ]));
         assert_eq!(get(&config, "sasl.username"), Some("alice"));
         assert_eq!(get(&config, "ssl.ca.pem"), Some(CA));
+        accepted(&config);
+    }
+
+    #[test]
+    fn librdkafka_accepts_the_consumer_protocol_with_the_brokers_assignor() {
+        const URL: &str = "KAFKA_URL";
+        let config = consumer_config(&settings(&[
+            (URL, "kafka://127.0.0.1:9092"),
+            ("ACKD_GROUP_PROTOCOL", "consumer"),
+        ]));
+        assert_eq!(get(&config, "group.protocol"), Some("consumer"));
+        for classic_only in [
+            "partition.assignment.strategy",
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+            "group.protocol.type",
+        ] {
+            assert_eq!(get(&config, classic_only), None, "{classic_only}");
+        }
+        accepted(&config);
+        let config = consumer_config(&settings(&[
+            (URL, "kafka://127.0.0.1:9092"),
+            ("ACKD_GROUP_PROTOCOL", "consumer"),
+            ("ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR", "range"),
+            ("ACKD_STATIC_MEMBERSHIP", "true"),
+            ("DYNO", "worker.1"),
+        ]));
+        assert_eq!(get(&config, "group.remote.assignor"), Some("range"));
+        accepted(&config);
+        // The default stays classic with ackd's assignor.
+        let config = consumer_config(&settings(&[(URL, "kafka://127.0.0.1:9092")]));
+        assert_eq!(get(&config, "group.protocol"), Some("classic"));
+        assert_eq!(
+            get(&config, "partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
         accepted(&config);
     }
 

@@ -46,7 +46,36 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "group.instance.id",
         "ACKD_STATIC_MEMBERSHIP (the id is DYNO, else the host name)",
     ),
+    (
+        "group.protocol",
+        "ACKD_GROUP_PROTOCOL (classic or consumer)",
+    ),
 ];
+
+/// librdkafka properties of the classic protocol only: with `group.protocol=consumer`
+/// librdkafka refuses them (the broker runs sessions and assignments there), and what
+/// to do instead.
+pub const CLASSIC_ONLY_PROPERTIES: &[(&str, &str)] = &[
+    (
+        "partition.assignment.strategy",
+        "the broker assigns partitions: choose its assignor with ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR (uniform or range), or leave it to the broker",
+    ),
+    (
+        "session.timeout.ms",
+        "the broker sets the session timeout (its group.consumer.session.timeout.ms)",
+    ),
+    (
+        "heartbeat.interval.ms",
+        "the broker sets the heartbeat interval (its group.consumer.heartbeat.interval.ms)",
+    ),
+    (
+        "group.protocol.type",
+        "it applies to the classic protocol only",
+    ),
+];
+
+/// Where an `[rdkafka]` property of ackd's compiled-in defaults comes from.
+const DEFAULT_ORIGIN: &str = "config/default.toml";
 
 /// Keys of the layered configuration (the env name is `ACKD_` + upper case), except
 /// `kafka_url`, which comes from `KAFKA_URL`.
@@ -70,6 +99,7 @@ const KEYS: &[&str] = &[
     "on_failure",
     "dead_letter_topic",
     "static_membership",
+    "group_protocol",
     "config_file",
     "sasl_mechanism",
     "sasl_username",
@@ -110,6 +140,25 @@ impl StartFrom {
         match self {
             StartFrom::Earliest => "earliest",
             StartFrom::Latest => "latest",
+        }
+    }
+}
+
+/// The consumer group protocol (`ACKD_GROUP_PROTOCOL`, librdkafka's `group.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// JoinGroup/SyncGroup: the client-side assignor, session and heartbeat settings.
+    Classic,
+    /// KIP-848 (Kafka 4.0+): the broker assigns partitions (incrementally) and sets the
+    /// session timeout and heartbeat interval.
+    Consumer,
+}
+
+impl GroupProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
         }
     }
 }
@@ -205,6 +254,8 @@ pub struct Settings {
     /// With `ACKD_STATIC_MEMBERSHIP=true`: librdkafka's `group.instance.id`, from `DYNO`,
     /// else the host name. `None`: dynamic membership (the default).
     pub group_instance_id: Option<String>,
+    /// `ACKD_GROUP_PROTOCOL`: classic (the default) or consumer (KIP-848).
+    pub group_protocol: GroupProtocol,
     /// librdkafka properties from `[rdkafka]` and `ACKD_RDKAFKA_*`, validated by
     /// librdkafka itself when the consumer is created.
     pub rdkafka: BTreeMap<String, PassThrough>,
@@ -370,6 +421,8 @@ struct RawSettings {
     file: Option<String>,
     from_env: Vec<&'static str>,
     rdkafka: BTreeMap<String, PassThrough>,
+    /// The `rdkafka` properties that are ackd's compiled-in defaults, unchanged.
+    rdkafka_defaults: Vec<String>,
     /// [`KAFKA_VARS`] as given.
     kafka_vars: HashMap<&'static str, String>,
     /// `DYNO` and `HOSTNAME` from the variables: where a static member's id comes from.
@@ -453,13 +506,32 @@ impl RawSettings {
             .filter(|k| ackd_vars.contains_key(*k))
             .collect();
 
+        // The [rdkafka] properties the file itself sets: the others are ackd's defaults,
+        // which errors name as such and which give way where they do not apply
+        // (ACKD_GROUP_PROTOCOL=consumer).
+        let file_rdkafka: Vec<String> = file
+            .as_deref()
+            .and_then(|path| {
+                Config::builder()
+                    .add_source(File::new(path, FileFormat::Toml))
+                    .build()
+                    .ok()
+            })
+            .and_then(|c| c.get_table("rdkafka").ok())
+            .map(|t| t.into_keys().collect())
+            .unwrap_or_default();
         let mut rdkafka = BTreeMap::new();
+        let mut rdkafka_defaults = Vec::new();
         if let Ok(props) = config.get_table("rdkafka") {
             for (property, value) in props {
-                let origin = format!(
-                    "[rdkafka] \"{property}\" in {}",
-                    file.as_deref().unwrap_or("config/default.toml")
-                );
+                let from = match &file {
+                    Some(f) if file_rdkafka.contains(&property) => f.as_str(),
+                    _ => {
+                        rdkafka_defaults.push(property.clone());
+                        DEFAULT_ORIGIN
+                    }
+                };
+                let origin = format!("[rdkafka] \"{property}\" in {from}");
                 let value = value.into_string().map_err(|_| {
                     SettingError::new(&origin, None, "must be a string, number or boolean")
                 })?;
@@ -475,6 +547,7 @@ impl RawSettings {
                     format!("{problem} (librdkafka property upper-cased, `.` -> `_`, `_` -> `__`, `-` -> `___`)"),
                 )
             })?;
+            rdkafka_defaults.retain(|p| *p != property);
             rdkafka.insert(property, PassThrough { value, origin });
         }
         for (property, pass) in &rdkafka {
@@ -497,6 +570,7 @@ impl RawSettings {
             file,
             from_env,
             rdkafka,
+            rdkafka_defaults,
             kafka_vars,
             dyno: vars.get("DYNO").cloned(),
             hostname: vars.get("HOSTNAME").cloned(),
@@ -922,6 +996,8 @@ impl RawSettings {
             ));
         }
 
+        let (group_protocol, rdkafka) = self.group_protocol()?;
+
         let group_instance_id = if self.boolean("static_membership")? {
             Some(self.instance_id(read_hostname)?)
         } else {
@@ -994,7 +1070,8 @@ impl RawSettings {
             } else {
                 Duration::ZERO
             },
-            rdkafka: self.rdkafka,
+            group_protocol,
+            rdkafka,
         };
         // A message in flight when SIGTERM arrives must be able to finish inside the drain.
         let drain = settings.drain_budget();
@@ -1019,6 +1096,55 @@ impl RawSettings {
             }
         }
         Ok(settings)
+    }
+
+    /// `ACKD_GROUP_PROTOCOL`, and the pass-through properties that go with it. Under
+    /// `consumer`, ackd's own default assignor is dropped, and a classic-only property
+    /// the user passed is an error here (librdkafka's refusal would otherwise stop ackd
+    /// at the consumer's creation, naming no setting).
+    fn group_protocol(
+        &self,
+    ) -> Result<(GroupProtocol, BTreeMap<String, PassThrough>), SettingError> {
+        let protocol = match self.get("group_protocol").to_ascii_lowercase().as_str() {
+            "classic" => GroupProtocol::Classic,
+            "consumer" => GroupProtocol::Consumer,
+            _ => {
+                return Err(self.error(
+                    "group_protocol",
+                    "expected classic (JoinGroup, the default) or consumer (KIP-848, Kafka 4.0 or later)",
+                ))
+            }
+        };
+        let mut rdkafka = self.rdkafka.clone();
+        match protocol {
+            GroupProtocol::Consumer => {
+                for (property, instead) in CLASSIC_ONLY_PROPERTIES {
+                    match rdkafka.get(*property) {
+                        Some(_) if self.rdkafka_defaults.iter().any(|p| p == property) => {
+                            rdkafka.remove(*property);
+                        }
+                        Some(pass) => {
+                            return Err(SettingError::new(
+                                &pass.origin,
+                                Some(pass.shown(property)),
+                                format!("sets `{property}`, which librdkafka refuses with ACKD_GROUP_PROTOCOL=consumer: {instead}. Remove it, or use ACKD_GROUP_PROTOCOL=classic"),
+                            ));
+                        }
+                        None => {}
+                    }
+                }
+            }
+            GroupProtocol::Classic => {
+                if let Some(pass) = rdkafka.get("group.remote.assignor") {
+                    return Err(SettingError::new(
+                        &pass.origin,
+                        Some(pass.shown("group.remote.assignor")),
+                        "sets `group.remote.assignor`, the broker's assignor, which only ACKD_GROUP_PROTOCOL=consumer uses: set that too, or choose a client-side assignor with ACKD_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",
+                    ));
+                }
+            }
+        }
+        Ok((protocol, rdkafka))
     }
 }
 
@@ -1661,6 +1787,102 @@ mod tests {
             ),
         ]))
         .unwrap();
+    }
+
+    #[test]
+    fn the_group_protocol_is_classic_by_default_and_consumer_on_request() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.group_protocol, GroupProtocol::Classic);
+        let s = Settings::from_vars(vars(&[("ACKD_GROUP_PROTOCOL", "Consumer")])).unwrap();
+        assert_eq!(s.group_protocol, GroupProtocol::Consumer);
+        // ackd's own default assignor gives way: the broker assigns.
+        assert!(!s.rdkafka.contains_key("partition.assignment.strategy"));
+        assert_eq!(s.rdkafka["client.id"].value, "ackd");
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_GROUP_PROTOCOL", "consumer"),
+            ("ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR", "uniform"),
+        ]))
+        .unwrap();
+        assert_eq!(s.rdkafka["group.remote.assignor"].value, "uniform");
+
+        let e = err(&[("ACKD_GROUP_PROTOCOL", "kip848")]);
+        assert_eq!(e.setting, "ACKD_GROUP_PROTOCOL");
+        assert_eq!(e.value.as_deref(), Some("kip848"));
+        assert!(
+            e.problem.contains("classic") && e.problem.contains("consumer"),
+            "{e}"
+        );
+        // The pass-through cannot set what the setting sets.
+        let e = err(&[("ACKD_RDKAFKA_GROUP_PROTOCOL", "consumer")]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_GROUP_PROTOCOL");
+        assert!(e.problem.contains("use ACKD_GROUP_PROTOCOL"), "{e}");
+    }
+
+    #[test]
+    fn classic_only_properties_are_refused_under_the_consumer_protocol() {
+        for (var, value, property, hint) in [
+            (
+                "ACKD_RDKAFKA_PARTITION_ASSIGNMENT_STRATEGY",
+                "cooperative-sticky",
+                "partition.assignment.strategy",
+                "ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR",
+            ),
+            (
+                "ACKD_RDKAFKA_SESSION_TIMEOUT_MS",
+                "6000",
+                "session.timeout.ms",
+                "group.consumer.session.timeout.ms",
+            ),
+            (
+                "ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS",
+                "300",
+                "heartbeat.interval.ms",
+                "group.consumer.heartbeat.interval.ms",
+            ),
+            (
+                "ACKD_RDKAFKA_GROUP_PROTOCOL_TYPE",
+                "consumer",
+                "group.protocol.type",
+                "classic protocol only",
+            ),
+        ] {
+            let e = err(&[("ACKD_GROUP_PROTOCOL", "consumer"), (var, value)]);
+            assert_eq!(e.setting, var);
+            assert_eq!(e.value.as_deref(), Some(value));
+            assert!(e.problem.contains(&format!("`{property}`")), "{e}");
+            assert!(e.problem.contains(hint), "{e}");
+            assert!(e.problem.contains("ACKD_GROUP_PROTOCOL=classic"), "{e}");
+            // The same property is fine under classic.
+            Settings::from_vars(vars(&[(var, value)])).unwrap();
+        }
+        // A file's assignor is the user's, not ackd's default: refused too, naming the file.
+        let dir = std::env::temp_dir().join(format!("ackd-protocol-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ackd.toml");
+        std::fs::write(
+            &path,
+            "[rdkafka]\n\"partition.assignment.strategy\" = \"range\"\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let e = err(&[("ACKD_CONFIG_FILE", p), ("ACKD_GROUP_PROTOCOL", "consumer")]);
+        assert_eq!(
+            e.setting,
+            format!("[rdkafka] \"partition.assignment.strategy\" in {p}")
+        );
+        // A file that sets other properties leaves ackd's default assignor a default.
+        std::fs::write(&path, "[rdkafka]\n\"fetch.min.bytes\" = 10\n").unwrap();
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_CONFIG_FILE", p),
+            ("ACKD_GROUP_PROTOCOL", "consumer"),
+        ]))
+        .unwrap();
+        assert!(!s.rdkafka.contains_key("partition.assignment.strategy"));
+        let _ = std::fs::remove_dir_all(dir);
+        // The broker's assignor means nothing to the classic protocol.
+        let e = err(&[("ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR", "uniform")]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR");
+        assert!(e.problem.contains("ACKD_GROUP_PROTOCOL=consumer"), "{e}");
     }
 
     #[test]

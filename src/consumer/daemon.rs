@@ -67,6 +67,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         security = settings.brokers.security.protocol(),
         topics = settings.topics.join(","),
         group = &settings.group_id,
+        group_protocol = settings.group_protocol.as_str(),
         // TLS, SASL and KAFKA_PREFIX (none of them shows a secret).
         kafka_prefix = settings.kafka_prefix.as_deref(),
         tls = crate::security::tls_summary(settings.tls.as_ref()),

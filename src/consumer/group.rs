@@ -566,13 +566,15 @@ impl<P: Processor> GroupContext<P> {
     /// `commit_deadline`, and forgets the partitions. Used by revokes and by the
     /// shutdown: one drain, one rule.
     ///
-    /// A commit refused because a rebalance is under way ([`rebalancing`]) can succeed
-    /// once the rebalance is over (Kafka's advice: serve the group, then commit again).
-    /// With `serve` (the shutdown, which owns the poll loop) that is what happens until
-    /// `commit_deadline`: the partitions stay owned meanwhile, so a revoke that arrives
-    /// while serving commits them itself, under the new generation. A revoke runs inside
-    /// the rebalance callback and cannot serve the group: it passes `None`. A commit
-    /// refused while the coordinator moves ([`coordinator_moving`]) is retried by both.
+    /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
+    /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
+    /// again). With `serve` (the shutdown, which owns the poll loop) that is what happens
+    /// until `commit_deadline`: the partitions stay owned meanwhile, so a revoke that
+    /// arrives while serving commits them itself, under the new generation. A revoke runs
+    /// inside the rebalance callback and cannot serve the group: it passes `None`. A
+    /// commit refused for a stale member epoch ([`Refusal::StaleEpoch`]) or while the
+    /// coordinator moves ([`Refusal::CoordinatorMoving`]) is sent again either way:
+    /// librdkafka's own thread fetches the epoch or finds the coordinator.
     pub fn drain_and_commit(
         &self,
         tps: &[Tp],
@@ -695,7 +697,8 @@ impl<P: Processor> GroupContext<P> {
 
     /// Commits what the partitions of `tps` that are still owned acknowledged; with
     /// `serve`, retries a commit refused for a rebalance in progress after serving the
-    /// group, until `deadline`. Returns the last offsets tried and whether they are
+    /// group, and (with or without it) one refused for a stale member epoch, until
+    /// `deadline`. Returns the last offsets tried and whether they are
     /// committed.
     fn commit_owned(
         &self,
@@ -718,40 +721,65 @@ impl<P: Processor> GroupContext<P> {
                 Err(e) => e,
             };
             let until = Instant::now() + wait;
-            match (serve, &error) {
-                (Some(serve), committer::CommitError::Refused(e))
-                    if rebalancing(e) && until < deadline =>
-                {
+            let refusal = match &error {
+                committer::CommitError::Refused(e) => Refusal::of(e),
+                _ => Refusal::Final,
+            };
+            match (refusal, serve) {
+                (Refusal::Rebalancing, Some(serve)) if until < deadline => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
                         partitions = pending.len(),
                         wait_ms = wait.as_millis() as u64,
+                        error = %error,
                         "commit refused while the group rebalances: serving the rebalance, then committing again"
                     );
                     serve(until);
-                    wait = (wait * 2).min(REBALANCE_WAIT_MAX);
                 }
-                // librdkafka finds the new coordinator on its own thread: waiting is enough,
-                // so a revoke (which cannot serve the group) retries too.
-                (_, committer::CommitError::Refused(e))
-                    if coordinator_moving(e) && until < deadline =>
-                {
+                (Refusal::StaleEpoch, serve) if until < deadline => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
                         partitions = pending.len(),
                         wait_ms = wait.as_millis() as u64,
-                        error = %e,
+                        error = %error,
+                        "commit refused for a stale member epoch: the partitions are still ours; committing again once librdkafka's heartbeat has the current epoch"
+                    );
+                    // librdkafka heartbeats on its own thread (it hastens the next one on
+                    // this error): a revoke, which runs inside the rebalance callback, can
+                    // wait for it; the shutdown serves the group meanwhile.
+                    match serve {
+                        Some(serve) => serve(until),
+                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                    }
+                }
+                // librdkafka finds the new coordinator on its own thread: waiting is enough,
+                // so a revoke (which cannot serve the group) retries too.
+                (Refusal::CoordinatorMoving, serve) if until < deadline => {
+                    tracing::warn!(
+                        at = "commit_retry",
+                        reason = reason.as_str(),
+                        partitions = pending.len(),
+                        wait_ms = wait.as_millis() as u64,
+                        error = %error,
                         "commit refused while the group's coordinator moves or loads: committing again"
                     );
                     match serve {
                         Some(serve) => serve(until),
-                        None => std::thread::sleep(wait),
+                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
                     }
-                    wait = (wait * 2).min(REBALANCE_WAIT_MAX);
                 }
                 _ => {
+                    if refusal == Refusal::MemberGone {
+                        tracing::error!(
+                            at = "member_gone",
+                            reason = reason.as_str(),
+                            partitions = pending.len(),
+                            error = %error,
+                            "the broker no longer counts this process a member of the group: its partitions may already be another's, so the commit is not retried; their next owner redelivers from the last committed offset"
+                        );
+                    }
                     // The committer logged a refusal (or a drop) per partition; the rest is
                     // ours to say.
                     if !matches!(
@@ -766,6 +794,7 @@ impl<P: Processor> GroupContext<P> {
                     return (pending, false);
                 }
             }
+            wait = (wait * 2).min(REBALANCE_WAIT_MAX);
         }
     }
 }
@@ -787,16 +816,45 @@ fn generation<C: ConsumerContext>(base: &BaseConsumer<C>) -> Option<i32> {
     }
 }
 
-/// Commit refusals that mean "a rebalance is in progress": once it completes, a member
-/// that still owns the partition can commit them under the new generation (KIP-429; the
-/// Java client calls these retriable: "complete the rebalance by calling poll() and then
-/// retry"). UNKNOWN_MEMBER_ID is not among them: the member was dropped from the group
-/// and its partitions may already be consumed by another.
-fn rebalancing(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)
-    )
+/// What a refused commit means for trying it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The classic protocol's "a rebalance is in progress" (ILLEGAL_GENERATION,
+    /// REBALANCE_IN_PROGRESS): once it completes, a member that still owns the
+    /// partitions can commit them under the new generation (KIP-429; the Java client
+    /// calls these retriable: "complete the rebalance by calling poll() and then retry").
+    /// Only the shutdown, which owns the poll loop, can complete it.
+    Rebalancing,
+    /// The consumer protocol's STALE_MEMBER_EPOCH: the member's epoch moved on (a new
+    /// assignment) since librdkafka last heard it. The member is still in the group and
+    /// the partitions still ours until we release them; librdkafka hastens a heartbeat
+    /// that brings the current epoch but does not retry a manual commit itself (KIP-848;
+    /// rdkafka_cgrp.c): a commit sent again after it is accepted.
+    StaleEpoch,
+    /// The group's coordinator moves or loads ([`coordinator_moving`]): the same commit
+    /// succeeds once the new coordinator is ready, without serving the group.
+    CoordinatorMoving,
+    /// UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: the broker dropped or fenced the member;
+    /// its partitions may already be another's. Never retried.
+    MemberGone,
+    /// Anything else: not retried here (the next periodic commit tries again).
+    Final,
+}
+
+impl Refusal {
+    fn of(error: &KafkaError) -> Refusal {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress) => {
+                Refusal::Rebalancing
+            }
+            Some(RDKafkaErrorCode::StaleMemberEpoch) => Refusal::StaleEpoch,
+            Some(RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::FencedMemberEpoch) => {
+                Refusal::MemberGone
+            }
+            _ if coordinator_moving(error) => Refusal::CoordinatorMoving,
+            _ => Refusal::Final,
+        }
+    }
 }
 
 /// Commit refusals that mean "the group's coordinator is moving to another broker or is
@@ -836,4 +894,42 @@ pub struct Drained {
     /// librdkafka declared the consumer dead (fenced) before or during the commit:
     /// nothing was committed, `not_committed` says what was acknowledged.
     pub fatal: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_commits_are_retried_only_where_the_member_still_owns_its_partitions() {
+        let refusal = |code| Refusal::of(&KafkaError::ConsumerCommit(code));
+        assert_eq!(
+            refusal(RDKafkaErrorCode::RebalanceInProgress),
+            Refusal::Rebalancing
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::IllegalGeneration),
+            Refusal::Rebalancing
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::StaleMemberEpoch),
+            Refusal::StaleEpoch
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::UnknownMemberId),
+            Refusal::MemberGone
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::FencedMemberEpoch),
+            Refusal::MemberGone
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::NotCoordinator),
+            Refusal::CoordinatorMoving
+        );
+        assert_eq!(
+            refusal(RDKafkaErrorCode::GroupAuthorizationFailed),
+            Refusal::Final
+        );
+    }
 }

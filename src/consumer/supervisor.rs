@@ -205,10 +205,11 @@ fn log_fatal<P: Processor>(consumer: &AckdConsumer<P>, code: Option<RDKafkaError
         reason,
         fenced,
         "librdkafka reported a fatal error: stopping without committing{}",
-        if fenced {
-            "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now"
-        } else {
-            ""
+        match cause {
+            RDKafkaErrorCode::FencedInstanceId => "; another process joined with the same group.instance.id (ACKD_STATIC_MEMBERSHIP) and owns the partitions now",
+            // KIP-848 refuses the newcomer instead of fencing the first.
+            RDKafkaErrorCode::UnreleasedInstanceId => "; another live process holds this group.instance.id (ACKD_STATIC_MEMBERSHIP under ACKD_GROUP_PROTOCOL=consumer): start this one after it has stopped",
+            _ => "",
         }
     );
 }
@@ -266,9 +267,11 @@ async fn poll_loop<P: Processor>(
                 }
                 Err(KafkaError::MessageConsumptionFatal(code)) => {
                     // librdkafka refuses every commit after a fatal error, and for a consumer
-                    // the one fatal error is FENCED_INSTANCE_ID: another process joined with
-                    // this group.instance.id and owns the partitions now. Committing would
-                    // send stale offsets (or be refused): stop without it.
+                    // the fatal errors are FENCED_INSTANCE_ID (classic: another process joined
+                    // with this group.instance.id and owns the partitions now) and
+                    // UNRELEASED_INSTANCE_ID (consumer protocol: this process is the newcomer,
+                    // and owns nothing). Committing would send stale offsets (or be refused):
+                    // stop without it.
                     log_fatal(consumer, Some(code));
                     return Stop::Fatal { code: exit::UNAVAILABLE, commit: false };
                 }
