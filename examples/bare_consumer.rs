@@ -15,7 +15,7 @@
 //!
 //! At the end it writes one line on stderr:
 //! `at=bench_phases messages=N join_ms=J consume_ms=C commit_ms=K` (J: from the start
-//! to the first message, which Tansu pads by session.timeout.ms/2; C: first message to
+//! to the first message (Tansu pads it by session.timeout.ms/2); C: first message to
 //! the last partition's end).
 
 use std::collections::BTreeSet;

@@ -1,6 +1,4 @@
-//! Commit metadata and out-of-range offsets on Apache Kafka (until now staged only on
-//! librdkafka's mock cluster, because Tansu dropped metadata and never answered
-//! OFFSET_OUT_OF_RANGE):
+//! Commit metadata and out-of-range offsets on Apache Kafka:
 //! - each commit carries `ackd:processed=H` (`;released` on a revoke's or a stop's); the
 //!   next owner's `at=assigned` line reads it back (`highest_processed=`, `released=`,
 //!   `redelivery=`), compared with the redelivery the harness counts (messages both runs

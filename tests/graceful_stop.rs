@@ -2,8 +2,8 @@
 //! committed only after it was acknowledged, and a graceful stop (SIGTERM) that commits
 //! exactly up to what was processed, so a restart resumes at the next message.
 //!
-//! Ground truth is the producer's delivery reports (TANSU.md: ListOffsets is wrong on
-//! Tansu); committed offsets are read back from the broker.
+//! Ground truth is the producer's delivery reports (what the broker acknowledged to the
+//! producer); committed offsets are read back from the broker.
 
 mod common;
 

@@ -1,7 +1,6 @@
-//! What Tansu cannot stage (TANSU.md: it drops commit metadata, and a committed offset
-//! beyond the log end stalls silently instead of being out of range), against
-//! librdkafka's in-process mock cluster, whose brokers listen on loopback ports the real
-//! `ackd` binary connects to:
+//! What a broker does not do on demand (commit metadata written by hand, injected errors),
+//! against librdkafka's in-process mock cluster, whose brokers listen on loopback ports
+//! the real `ackd` binary connects to:
 //! - commit metadata carries the highest offset ackd processed, and the next owner reads
 //!   it back to say how much it redelivers;
 //! - an out-of-range committed offset follows `ACKD_START_FROM`, and the reset is logged.

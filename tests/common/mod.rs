@@ -421,8 +421,8 @@ pub fn keyed_messages(n: usize, start: usize) -> Vec<(Option<Vec<u8>>, Vec<u8>)>
         .collect()
 }
 
-/// Per partition, the log end offset (max delivered offset + 1). The ground truth: Tansu's
-/// ListOffsets (watermarks) is wrong, so tests never query it.
+/// Per partition, the log end offset (max delivered offset + 1), from the producer's
+/// delivery reports: the ground truth of what the broker holds.
 pub fn log_ends(delivered: &[Delivered]) -> BTreeMap<i32, i64> {
     let mut ends = BTreeMap::new();
     for d in delivered {
