@@ -26,6 +26,7 @@ use crate::exit;
 use crate::failure::OnFailure;
 use crate::group::{AckdConsumer, Group, GroupContext};
 use crate::metrics::{self, CommitMetrics};
+use crate::output::health::{self, Health, Phase};
 use crate::processor::Processor;
 use crate::settings::{SettingError, Settings};
 use crate::supervisor::{self, Control};
@@ -118,6 +119,31 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         .stop_at_end
         .then(|| Arc::new(tokio::sync::Notify::new()));
     let commit_metrics = Arc::new(CommitMetrics::default());
+    let health = Arc::new(Health::new(
+        commit_metrics.clone(),
+        settings.health_stuck_after(),
+        settings.shutdown_timeout + health::SUPERVISOR_MARGIN,
+        &settings.metric_prefix,
+    ));
+    if let Some(addr) = settings.health_listen {
+        // Before connecting to Kafka: /ready answers 503 while ackd connects and waits.
+        match health::bind(addr).and_then(|l| health::serve(l, health.clone())) {
+            Ok(()) => tracing::info!(
+                at = "health_listening",
+                addr = %addr,
+                stuck_after_ms = settings.health_stuck_after().as_millis() as u64,
+                "GET /live, /ready, /metrics"
+            ),
+            Err(e) => {
+                crate::report_setting_error(&SettingError {
+                    setting: "ACKD_HEALTH_PORT".into(),
+                    value: Some(addr.port().to_string()),
+                    problem: format!("cannot listen on {addr}: {e}"),
+                });
+                return exit::CONFIG;
+            }
+        }
+    }
     let context = GroupContext {
         consumer: OnceLock::new(),
         committer: OnceLock::new(),
@@ -126,6 +152,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         metrics_interval: settings.metrics_interval,
         summaries_done: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
+        health: health.clone(),
         released_incomplete: AtomicBool::new(false),
         connectivity: Default::default(),
         group: group.clone(),
@@ -223,6 +250,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let begun = Instant::now();
     let deadline = begun + settings.shutdown_timeout;
     // The stop first, the line after: writing a line may wait on a slow stdout.
+    health.set_phase(Phase::Stopping);
     let _ = shutdown_tx.send(Some(deadline));
     ticker.abort();
     tracing::info!(

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use crate::committer::{millis, Reason};
 use crate::exit;
 use crate::group::{AckdConsumer, Tp};
+use crate::output::health::Phase;
 use crate::processor::Processor;
 
 /// What the daemon tells the supervisor.
@@ -59,6 +60,10 @@ pub fn run<P: Processor>(
         Stop::Shutdown(deadline) => (deadline, exit::OK, true),
         Stop::Fatal { code, commit } => (Instant::now() + shutdown_timeout, code, commit),
     };
+    consumer.context().health.set_phase(match stop {
+        Stop::Shutdown(_) => Phase::Stopping,
+        Stop::Fatal { .. } => Phase::Fatal,
+    });
     let started = Instant::now();
     let ctx = consumer.context();
     ctx.stopping.store(true, Ordering::Release);
