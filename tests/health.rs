@@ -406,10 +406,11 @@ fn a_stuck_processor_call_fails_live_naming_its_partition() {
     assert_eq!(committed[&1], Some(1));
     eprintln!(
         "health stuck: delay_ms={} stuck_after_ms=1000 stuck_seen_after_ms={} live_again_after_ms={} \
-         committed={committed:?} exit={code}",
+         committed={committed:?} exit={code} live_body={}",
         delay.as_millis(),
         stuck_seen.as_millis(),
-        recovered.as_millis()
+        recovered.as_millis(),
+        stuck_body.trim()
     );
 }
 

@@ -108,6 +108,7 @@ pub fn run<P: Processor>(
     // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
     // while this one drains): say so, as when it happens while running.
     if drained.fatal && code == exit::OK {
+        ctx.health.set_phase(Phase::Fatal);
         log_fatal(&consumer, None);
         code = exit::UNAVAILABLE;
     }

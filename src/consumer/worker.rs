@@ -82,12 +82,12 @@ impl WorkerShared {
     }
 
     /// A processor call begins: a load and a store, no clock read (the hot path).
-    fn call_begins(&self) {
+    pub(crate) fn call_begins(&self) {
         self.call_started_ms
             .store(crate::output::health::now_ms(), Ordering::Relaxed);
     }
 
-    fn call_ended(&self) {
+    pub(crate) fn call_ended(&self) {
         self.call_started_ms.store(0, Ordering::Relaxed);
     }
 

@@ -96,12 +96,19 @@ impl Busy {
     }
 }
 
-/// Marks the supervisor busy until dropped.
-pub struct BusyGuard<'a>(&'a Health);
+/// Marks the supervisor busy until dropped; then it is as busy as before (a callback
+/// served inside another one does not end the outer one's time).
+pub struct BusyGuard<'a> {
+    health: &'a Health,
+    since: u64,
+    what: u8,
+}
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        self.0.supervisor_since.store(0, Ordering::Relaxed);
+        let h = self.health;
+        h.supervisor_busy.store(self.what, Ordering::Relaxed);
+        h.supervisor_since.store(self.since, Ordering::Relaxed);
     }
 }
 
@@ -196,9 +203,16 @@ impl Health {
 
     /// Marks the supervisor busy with `what` until the guard is dropped.
     pub fn busy(&self, what: Busy) -> BusyGuard<'_> {
-        self.supervisor_busy.store(what as u8, Ordering::Relaxed);
-        self.supervisor_since.store(now_ms(), Ordering::Relaxed);
-        BusyGuard(self)
+        let guard = BusyGuard {
+            health: self,
+            since: self.supervisor_since.load(Ordering::Relaxed),
+            what: self.supervisor_busy.load(Ordering::Relaxed),
+        };
+        if guard.since == 0 {
+            self.supervisor_busy.store(what as u8, Ordering::Relaxed);
+            self.supervisor_since.store(now_ms(), Ordering::Relaxed);
+        }
+        guard
     }
 
     fn live_partitions(&self) -> Vec<(Tp, Arc<WorkerShared>)> {
@@ -554,6 +568,46 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
         assert!(out.contains("x_sum 20\n"), "{out}");
         assert!(out.contains("x_count 4\n"), "{out}");
+    }
+
+    /// The one test that sets the clock by hand (no ticker runs in unit tests).
+    #[test]
+    fn live_names_a_stuck_call_and_a_stuck_supervisor() {
+        let h = Health::new(
+            Arc::default(),
+            Duration::from_millis(1000),
+            Duration::from_millis(5000),
+            "ackd",
+        );
+        CLOCK_MS.store(10_000, Ordering::Relaxed);
+        let busy = Arc::new(WorkerShared::new());
+        let idle = Arc::new(WorkerShared::new());
+        h.assigned((Arc::from("t"), 0), idle);
+        h.assigned((Arc::from("t"), 1), busy.clone());
+        busy.call_begins();
+        assert_eq!(h.live().0, StatusCode::OK);
+        CLOCK_MS.store(11_001, Ordering::Relaxed);
+        let (status, body) = h.live();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["stuck"].as_array().unwrap().len(), 1, "{body}");
+        assert_eq!(body["stuck"][0]["partition"], 1);
+        assert_eq!(body["stuck"][0]["in_call_ms"], 1001);
+        busy.call_ended();
+        assert_eq!(h.live().0, StatusCode::OK);
+
+        // The supervisor: an inner callback does not restart the outer one's time.
+        let outer = h.busy(Busy::Revoke);
+        CLOCK_MS.store(14_000, Ordering::Relaxed);
+        drop(h.busy(Busy::Statistics));
+        CLOCK_MS.store(16_002, Ordering::Relaxed);
+        let (status, body) = h.live();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains(r#""busy":"revoke""#), "{body}");
+        drop(outer);
+        let (status, body) = h.live();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(!body.contains("supervisor"), "{body}");
     }
 
     #[test]
