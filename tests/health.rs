@@ -451,3 +451,58 @@ fn a_port_in_use_is_a_config_error() {
     let line = bad.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
 }
+
+/// Counters survive a rebalance: when a second process joins and takes partitions away,
+/// the first one's `/metrics` totals never go down (the revoked partitions' counts stay
+/// in them), its `ackd_partitions` gauge drops, and the two processes' totals add up to
+/// exactly what was produced (cooperative rebalance, committed on revoke: nothing twice).
+#[test]
+fn metrics_totals_survive_a_rebalance() {
+    let topic = unique_name("health-rebalance");
+    let group = unique_name("g-health-rebalance");
+    create_topic(&topic, 4);
+    let (port_a, port_b) = (free_port(), free_port());
+    let spawn = |port: u16| {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "noop")
+            .env("ACKD_HEALTH_PORT", port.to_string())
+            .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+            .spawn()
+    };
+    let a = spawn(port_a);
+    wait_until(WAIT, || {
+        get(port_a, "/ready").is_ok_and(|r| r.status == 200 && json(&r)["partitions"] == 4)
+    });
+    let first = produce_keyed(&topic, 400, 0);
+    wait_until(WAIT, || {
+        sample(&scrape(port_a), "ackd_processed_total") == 400.0
+    });
+
+    let b = spawn(port_b);
+    let mut last = 400.0;
+    let mut scrapes = 0;
+    wait_until(WAIT, || {
+        let m = scrape(port_a);
+        let processed = sample(&m, "ackd_processed_total");
+        assert!(processed >= last, "went down from {last} to {processed}");
+        last = processed;
+        scrapes += 1;
+        sample(&m, "ackd_partitions") < 4.0 && get(port_b, "/ready").is_ok_and(|r| r.status == 200)
+    });
+    let second = produce_keyed(&topic, 400, 400);
+    let total = |port| sample(&scrape(port), "ackd_processed_total");
+    wait_until(WAIT, || total(port_a) + total(port_b) == 800.0);
+    let (on_a, on_b) = (total(port_a), total(port_b));
+    assert!(on_b > 0.0, "the second process got messages");
+    let revoked = a.lines().iter().filter(|l| at(l, "revoked")).count();
+    a.sigterm();
+    b.sigterm();
+    assert_eq!(a.wait_exit(WAIT), 0);
+    assert_eq!(b.wait_exit(WAIT), 0);
+    let delivered: Vec<Delivered> = first.into_iter().chain(second).collect();
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
+    eprintln!(
+        "health rebalance: produced=800 process_a={on_a} process_b={on_b} \
+         revoked_on_a={revoked} scrapes_during_rebalance={scrapes}"
+    );
+}
