@@ -1187,6 +1187,45 @@ mod tests {
         Settings::from_vars(vars(extra)).expect_err("accepted")
     }
 
+    /// The health endpoint: off by default and with 0, on with a port; its address and
+    /// stuck bound validated and derived.
+    #[test]
+    fn health_settings() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.health_listen, None);
+        assert_eq!(s.health_stuck_after(), s.drain_budget());
+        let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "0")])).unwrap();
+        assert_eq!(s.health_listen, None);
+        let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "8080")])).unwrap();
+        assert_eq!(s.health_listen, Some("0.0.0.0:8080".parse().unwrap()));
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_HEALTH_PORT", "9000"),
+            ("ACKD_HEALTH_ADDR", "::1"),
+            ("ACKD_HEALTH_STUCK_MS", "2500"),
+        ]))
+        .unwrap();
+        assert_eq!(s.health_listen, Some("[::1]:9000".parse().unwrap()));
+        assert_eq!(s.health_stuck_after(), Duration::from_millis(2500));
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_EXEC_TIMEOUT_MS", "3000"),
+        ]))
+        .unwrap();
+        assert_eq!(s.health_stuck_after(), Duration::from_millis(8000));
+        for (key, value) in [
+            ("ACKD_HEALTH_PORT", "70000"),
+            ("ACKD_HEALTH_PORT", "http"),
+            ("ACKD_HEALTH_PORT", "-1"),
+            ("ACKD_HEALTH_ADDR", "localhost"),
+            ("ACKD_HEALTH_STUCK_MS", "soon"),
+        ] {
+            let e = err(&[("ACKD_HEALTH_PORT", "8080"), (key, value)]);
+            assert_eq!(e.setting, key, "{e}");
+            assert_eq!(e.value.as_deref(), Some(value), "{e}");
+        }
+    }
+
     /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in
     /// the drain's share of the shutdown deadline (they were 30 s against a 20 s drain).
     #[test]
