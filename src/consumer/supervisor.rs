@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use crate::committer::{millis, Reason};
 use crate::exit;
 use crate::group::{AckdConsumer, Tp};
-use crate::output::health::Phase;
+use crate::output::health::{Busy, Phase};
 use crate::processor::Processor;
 
 /// What the daemon tells the supervisor.
@@ -253,6 +253,7 @@ async fn poll_loop<P: Processor>(
             }
             Some(()) = control.commit_ticks.recv() => {
                 let ctx = consumer.context();
+                let _busy = ctx.health.busy(Busy::Commit);
                 if let Some(committer) = ctx.committer.get() {
                     committer.periodic(ctx.lock().uncommitted(None));
                 }

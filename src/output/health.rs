@@ -83,6 +83,8 @@ pub enum Busy {
     Assign = 1,
     Revoke = 2,
     Statistics = 3,
+    /// Queuing the periodic commit (it waits for the group's lock).
+    Commit = 4,
 }
 
 impl Busy {
@@ -91,6 +93,7 @@ impl Busy {
             1 => "assign",
             2 => "revoke",
             3 => "statistics",
+            4 => "commit",
             _ => "unknown",
         }
     }
