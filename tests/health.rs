@@ -298,6 +298,13 @@ fn ready_follows_the_assignment_and_metrics_count_what_was_produced() {
                 .all(|s| s.labels["topic"] == topic && s.value == 0.0)
     });
     wait_until(WAIT, || sample(&scrape(port), "ackd_commits_total") >= 1.0);
+    // What a scraper saw, for the record (run with --nocapture).
+    let seen = get_ok(port, "/metrics").body;
+    let seen: Vec<&str> = seen
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+        .collect();
+    eprintln!("health ready: /metrics samples:\n  {}", seen.join("\n  "));
 
     ackd.sigterm();
     let code = ackd.wait_exit(WAIT);

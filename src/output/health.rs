@@ -295,10 +295,12 @@ impl Health {
     /// `/metrics`: the summary line's vocabulary in Prometheus's text format 0.0.4, as
     /// totals since start.
     fn metrics(&self) -> String {
-        let (mut counts, mut durations, partitions) = {
+        // One look at the list: the retired counts and the live partitions agree.
+        let (mut counts, mut durations, owned, partitions) = {
             let r = self.registry();
+            let owned: Vec<Tp> = r.live.keys().cloned().collect();
             let live: Vec<Arc<WorkerShared>> = r.live.values().cloned().collect();
-            (r.retired, r.retired_durations, live)
+            (r.retired, r.retired_durations, owned, live)
         };
         let mut in_flight = 0u64;
         let mut halted = 0u64;
@@ -308,7 +310,6 @@ impl Health {
             in_flight += u64::from(s.in_flight().is_some());
             halted += u64::from(s.halted_at().is_some());
         }
-        let owned: Vec<Tp> = self.registry().live.keys().cloned().collect();
         let lags: Vec<(Tp, i64)> = self
             .lags
             .lock()
