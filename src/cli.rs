@@ -171,6 +171,9 @@ const MEANINGS: &[(&str, &str)] = &[
     ("ACKD_HTTP_CONCURRENCY", "http: requests in flight at most (1-1024)"),
     ("ACKD_HTTP_TIMEOUT_MS", "http: how long one request may take"),
     ("ACKD_WAIT_FOR_TOPICS", "true: wait for topics that do not exist yet; false: exit 78 naming them"),
+    ("ACKD_HEALTH_PORT", "port of the HTTP endpoint /live, /ready, /metrics (0: off)"),
+    ("ACKD_HEALTH_ADDR", "address the health endpoint listens on"),
+    ("ACKD_HEALTH_STUCK_MS", "a processor call longer than this fails /live (0: its timeout + 5 s, else the drain budget)"),
     ("ACKD_RDKAFKA_<NAME>", "any librdkafka consumer property: upper-cased, . -> _, _ -> __, - -> ___"),
 ];
 

@@ -117,6 +117,9 @@ const KEYS: &[&str] = &[
     "http_concurrency",
     "http_timeout_ms",
     "wait_for_topics",
+    "health_port",
+    "health_addr",
+    "health_stuck_ms",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -292,6 +295,11 @@ pub struct Settings {
     /// Wait for topics of `topics` that do not exist yet (saying so periodically)
     /// instead of stopping with exit 78.
     pub wait_for_topics: bool,
+    /// Where the health endpoint listens (`ACKD_HEALTH_ADDR`:`ACKD_HEALTH_PORT`); `None`:
+    /// off (the port unset or 0).
+    pub health_listen: Option<std::net::SocketAddr>,
+    /// `ACKD_HEALTH_STUCK_MS`; `None` (0): derived, see [`Settings::health_stuck_after`].
+    pub health_stuck: Option<Duration>,
     /// Per-message delay of the testkit's `slow` processor.
     #[cfg(feature = "testkit")]
     pub test_delay: Duration,
@@ -352,6 +360,21 @@ impl Settings {
     /// less [`commit_reserve`]. Processor timeouts and the dead-letter delivery fit in it.
     pub fn drain_budget(&self) -> Duration {
         self.shutdown_timeout - commit_reserve(self.shutdown_timeout)
+    }
+
+    /// How long a processor call may run before `/live` reports its partition stuck:
+    /// `ACKD_HEALTH_STUCK_MS`, else the processor's own timeout (exec, http) plus 5 s (it
+    /// should have ended the call by then), else the drain budget (a call longer than
+    /// that could not finish in a graceful stop either).
+    pub fn health_stuck_after(&self) -> Duration {
+        if let Some(d) = self.health_stuck {
+            return d;
+        }
+        match self.processor.as_str() {
+            "exec" => self.exec_timeout + Duration::from_secs(5),
+            "http" => self.http_timeout + Duration::from_secs(5),
+            _ => self.drain_budget(),
+        }
     }
 
     /// The full broker-side name of a topic or group: `KAFKA_PREFIX` applied once.
@@ -612,6 +635,26 @@ impl RawSettings {
     }
 
     /// A whole number in `allowed`; otherwise the error `problem`.
+    /// `ACKD_HEALTH_ADDR` and `ACKD_HEALTH_PORT` (0 or unset: off).
+    fn health_listen(&self) -> Result<Option<std::net::SocketAddr>, SettingError> {
+        let port = match self.get("health_port").trim() {
+            "" => 0,
+            p => p.parse::<u16>().map_err(|_| {
+                self.error(
+                    "health_port",
+                    "expected a port number from 1 to 65535, or 0 (off)",
+                )
+            })?,
+        };
+        let addr: std::net::IpAddr = self.get("health_addr").trim().parse().map_err(|_| {
+            self.error(
+                "health_addr",
+                "expected an IP address to listen on, e.g. 0.0.0.0 (every IPv4 interface), :: or 127.0.0.1",
+            )
+        })?;
+        Ok((port != 0).then_some(std::net::SocketAddr::new(addr, port)))
+    }
+
     fn whole(
         &self,
         key: &'static str,
@@ -1064,6 +1107,9 @@ impl RawSettings {
             )?,
             http_timeout: self.millis("http_timeout_ms", 1, 3_600_000)?,
             wait_for_topics: self.boolean("wait_for_topics")?,
+            health_listen: self.health_listen()?,
+            health_stuck: Some(self.millis("health_stuck_ms", 0, 86_400_000)?)
+                .filter(|d| !d.is_zero()),
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 self.millis("test_delay_ms", 0, 3_600_000)?
@@ -1265,6 +1311,45 @@ mod tests {
 
     fn err(extra: &[(&str, &str)]) -> SettingError {
         Settings::from_vars(vars(extra)).expect_err("accepted")
+    }
+
+    /// The health endpoint: off by default and with 0, on with a port; its address and
+    /// stuck bound validated and derived.
+    #[test]
+    fn health_settings() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.health_listen, None);
+        assert_eq!(s.health_stuck_after(), s.drain_budget());
+        let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "0")])).unwrap();
+        assert_eq!(s.health_listen, None);
+        let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "8080")])).unwrap();
+        assert_eq!(s.health_listen, Some("0.0.0.0:8080".parse().unwrap()));
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_HEALTH_PORT", "9000"),
+            ("ACKD_HEALTH_ADDR", "::1"),
+            ("ACKD_HEALTH_STUCK_MS", "2500"),
+        ]))
+        .unwrap();
+        assert_eq!(s.health_listen, Some("[::1]:9000".parse().unwrap()));
+        assert_eq!(s.health_stuck_after(), Duration::from_millis(2500));
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_EXEC_TIMEOUT_MS", "3000"),
+        ]))
+        .unwrap();
+        assert_eq!(s.health_stuck_after(), Duration::from_millis(8000));
+        for (key, value) in [
+            ("ACKD_HEALTH_PORT", "70000"),
+            ("ACKD_HEALTH_PORT", "http"),
+            ("ACKD_HEALTH_PORT", "-1"),
+            ("ACKD_HEALTH_ADDR", "localhost"),
+            ("ACKD_HEALTH_STUCK_MS", "soon"),
+        ] {
+            let e = err(&[("ACKD_HEALTH_PORT", "8080"), (key, value)]);
+            assert_eq!(e.setting, key, "{e}");
+            assert_eq!(e.value.as_deref(), Some(value), "{e}");
+        }
     }
 
     /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in

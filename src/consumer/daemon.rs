@@ -26,6 +26,7 @@ use crate::exit;
 use crate::failure::OnFailure;
 use crate::group::{AckdConsumer, Group, GroupContext};
 use crate::metrics::{self, CommitMetrics};
+use crate::output::health::{self, Health, Phase};
 use crate::processor::Processor;
 use crate::settings::{SettingError, Settings};
 use crate::supervisor::{self, Control};
@@ -119,6 +120,31 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         .stop_at_end
         .then(|| Arc::new(tokio::sync::Notify::new()));
     let commit_metrics = Arc::new(CommitMetrics::default());
+    let health = Arc::new(Health::new(
+        commit_metrics.clone(),
+        settings.health_stuck_after(),
+        settings.shutdown_timeout + health::SUPERVISOR_MARGIN,
+        &settings.metric_prefix,
+    ));
+    if let Some(addr) = settings.health_listen {
+        // Before connecting to Kafka: /ready answers 503 while ackd connects and waits.
+        match health::bind(addr).and_then(|l| health::serve(l, health.clone())) {
+            Ok(()) => tracing::info!(
+                at = "health_listening",
+                addr = %addr,
+                stuck_after_ms = settings.health_stuck_after().as_millis() as u64,
+                "GET /live, /ready, /metrics"
+            ),
+            Err(e) => {
+                crate::report_setting_error(&SettingError {
+                    setting: "ACKD_HEALTH_PORT".into(),
+                    value: Some(addr.port().to_string()),
+                    problem: format!("cannot listen on {addr}: {e}"),
+                });
+                return exit::CONFIG;
+            }
+        }
+    }
     let context = GroupContext {
         consumer: OnceLock::new(),
         committer: OnceLock::new(),
@@ -127,6 +153,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         metrics_interval: settings.metrics_interval,
         summaries_done: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
+        health: health.clone(),
         released_incomplete: AtomicBool::new(false),
         connectivity: Default::default(),
         group: group.clone(),
@@ -180,11 +207,13 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let (shutdown_tx, shutdown) = watch::channel(None);
     let (committed_tx, committed_rx) = oneshot::channel();
     let (done_tx, mut done_rx) = oneshot::channel();
+    let (fatal_tx, mut fatal_rx) = oneshot::channel();
     let control = Control {
         commit_ticks,
         at_end,
         shutdown,
         committed: committed_tx,
+        fatal: Some(fatal_tx),
     };
     let timeout = settings.shutdown_timeout;
     let spawned = std::thread::Builder::new()
@@ -212,26 +241,33 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         }
     });
 
-    // Running: until a signal, or the supervisor stops on its own (a fatal error).
-    let signal = tokio::select! {
-        s = signals.next() => s,
+    // Running: until a signal, or the supervisor stops on its own (a fatal error: it says
+    // so with its deadline first, then stops as after a signal).
+    let (deadline, fatal_code) = tokio::select! {
+        s = signals.next() => {
+            let deadline = Instant::now() + settings.shutdown_timeout;
+            // The stop first, the line after: writing a line may wait on a slow stdout.
+            health.set_phase(Phase::Stopping);
+            let _ = shutdown_tx.send(Some(deadline));
+            ticker.abort();
+            tracing::info!(
+                at = "signal",
+                signal = signal_name(s),
+                deadline_ms = settings.shutdown_timeout.as_millis() as u64,
+                "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
+            );
+            (deadline, None)
+        }
+        Ok((deadline, code)) = &mut fatal_rx => {
+            ticker.abort();
+            (deadline, Some(code))
+        }
         code = &mut done_rx => {
             ticker.abort();
             stop_processor(processor, Instant::now() + settings.shutdown_timeout).await;
             return code.unwrap_or(exit::SOFTWARE);
         }
     };
-    let begun = Instant::now();
-    let deadline = begun + settings.shutdown_timeout;
-    // The stop first, the line after: writing a line may wait on a slow stdout.
-    let _ = shutdown_tx.send(Some(deadline));
-    ticker.abort();
-    tracing::info!(
-        at = "signal",
-        signal = signal_name(signal),
-        deadline_ms = settings.shutdown_timeout.as_millis() as u64,
-        "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
-    );
 
     let mut committed_rx = committed_rx;
     let mut committed_code = None;
@@ -273,7 +309,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                     None => {
                         tracing::error!(at = "shutdown_timeout", "the deadline passed before the final commit");
                         log_uncommitted(&group);
-                        exit::INCOMPLETE
+                        // A fatal error's own code says more than "incomplete".
+                        fatal_code.unwrap_or(exit::INCOMPLETE)
                     }
                 };
             }

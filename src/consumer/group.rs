@@ -29,6 +29,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::committer::{self, CommitOffset, Committer, Reason};
 use crate::metrics::{self, CommitMetrics, Interval};
+use crate::output::health::{Busy, Health};
 use crate::processor::Processor;
 use crate::settings::StartFrom;
 use crate::worker::{self, WorkerConfig, WorkerHandle};
@@ -143,6 +144,8 @@ pub struct GroupContext<P: Processor> {
     pub connectivity: Connectivity,
     /// Set when the shutdown begins: partitions assigned after that get no worker.
     pub stopping: AtomicBool,
+    /// What the health endpoint reports (kept current even when it is off: it is cheap).
+    pub health: Arc<Health>,
     /// Set when, while stopping, a revoke released partitions with acknowledged offsets
     /// it could not commit (lost, refused, or a drain past its deadline): the stop is
     /// then incomplete, as if the final commit had failed.
@@ -302,9 +305,10 @@ impl<P: Processor> GroupContext<P> {
                 "partition stopped on a processor failure; nothing past this offset is processed or committed"
             );
         }
-        for ((topic, partition), lag) in lags {
-            metrics::emit_lag(&topic, partition, lag, &self.source);
+        for ((topic, partition), lag) in &lags {
+            metrics::emit_lag(topic, *partition, *lag, &self.source);
         }
+        self.health.set_lags(lags);
     }
 }
 
@@ -342,6 +346,7 @@ impl<P: Processor> ClientContext for GroupContext<P> {
     /// librdkafka's statistics arrive every `ACKD_METRICS_INTERVAL_MS`: they carry the
     /// high watermarks of fetch responses (lag), and they pace the summary.
     fn stats(&self, statistics: Statistics) {
+        let _busy = self.health.busy(Busy::Statistics);
         if statistics.brokers.values().any(|b| b.state == "UP") {
             self.connectivity.reachable();
         }
@@ -365,8 +370,15 @@ impl<P: Processor> ClientContext for GroupContext<P> {
 impl<P: Processor> ConsumerContext for GroupContext<P> {
     fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Assign(tpl) => self.assign(base, tpl),
-            Rebalance::Revoke(tpl) => self.revoke(base, tpl),
+            Rebalance::Assign(tpl) => {
+                let _busy = self.health.busy(Busy::Assign);
+                self.assign(base, tpl);
+                self.health.joined();
+            }
+            Rebalance::Revoke(tpl) => {
+                let _busy = self.health.busy(Busy::Revoke);
+                self.revoke(base, tpl)
+            }
             Rebalance::Error(e) => tracing::error!(at = "rebalance_error", error = %e),
         }
     }
@@ -499,6 +511,7 @@ impl<P: Processor> GroupContext<P> {
             if let Some(c) = self.committer.get() {
                 c.acquire(&tp);
             }
+            self.health.assigned(tp.clone(), worker.shared.clone());
             group.owned.insert(
                 tp,
                 Owned {
@@ -630,8 +643,9 @@ impl<P: Processor> GroupContext<P> {
                 .iter()
                 .filter_map(|tp| group.owned.remove(tp).map(|p| (tp.clone(), p)))
                 .collect();
-            for (_, p) in &removed {
+            for (tp, p) in &removed {
                 p.worker.shared.metrics.take_into(&mut group.retired);
+                self.health.released(tp);
             }
             removed
         };

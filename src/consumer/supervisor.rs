@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use crate::committer::{millis, Reason};
 use crate::exit;
 use crate::group::{AckdConsumer, Tp};
+use crate::output::health::{Busy, Phase};
 use crate::processor::Processor;
 
 /// What the daemon tells the supervisor.
@@ -35,6 +36,9 @@ pub struct Control {
     pub at_end: Option<Arc<Notify>>,
     /// Told the exit code once the final commit is done, before the (possibly slow) close.
     pub committed: oneshot::Sender<i32>,
+    /// Told the deadline and the exit code when the supervisor stops on its own (a fatal
+    /// error): the daemon holds the deadline as it does after a signal.
+    pub fatal: Option<oneshot::Sender<(Instant, i32)>>,
 }
 
 /// Why the poll loop ended.
@@ -57,8 +61,18 @@ pub fn run<P: Processor>(
     let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
     let (deadline, mut code, commit) = match stop {
         Stop::Shutdown(deadline) => (deadline, exit::OK, true),
-        Stop::Fatal { code, commit } => (Instant::now() + shutdown_timeout, code, commit),
+        Stop::Fatal { code, commit } => {
+            let deadline = Instant::now() + shutdown_timeout;
+            if let Some(fatal) = control.fatal.take() {
+                let _ = fatal.send((deadline, code));
+            }
+            (deadline, code, commit)
+        }
     };
+    consumer.context().health.set_phase(match stop {
+        Stop::Shutdown(_) => Phase::Stopping,
+        Stop::Fatal { .. } => Phase::Fatal,
+    });
     let started = Instant::now();
     let ctx = consumer.context();
     ctx.stopping.store(true, Ordering::Release);
@@ -103,6 +117,7 @@ pub fn run<P: Processor>(
     // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
     // while this one drains): say so, as when it happens while running.
     if drained.fatal && code == exit::OK {
+        ctx.health.set_phase(Phase::Fatal);
         log_fatal(&consumer, None);
         code = exit::UNAVAILABLE;
     }
@@ -248,6 +263,7 @@ async fn poll_loop<P: Processor>(
             }
             Some(()) = control.commit_ticks.recv() => {
                 let ctx = consumer.context();
+                let _busy = ctx.health.busy(Busy::Commit);
                 if let Some(committer) = ctx.committer.get() {
                     committer.periodic(ctx.lock().uncommitted(None));
                 }

@@ -7,7 +7,7 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,10 +57,13 @@ pub struct WorkerShared {
     pub metrics: PartitionMetrics,
     /// Set when the partition reached the end of its log (with `ACKD_STOP_AT_END`).
     at_end: AtomicBool,
+    /// When the processor call under way began, on the health endpoint's coarse clock
+    /// (`output::health::now_ms`), or 0: no call, or the endpoint is off.
+    call_started_ms: AtomicU64,
 }
 
 impl WorkerShared {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         WorkerShared {
             committable: AtomicI64::new(NONE),
             in_flight: AtomicI64::new(NONE),
@@ -70,7 +73,23 @@ impl WorkerShared {
             done: Latch::default(),
             metrics: PartitionMetrics::default(),
             at_end: AtomicBool::new(false),
+            call_started_ms: AtomicU64::new(0),
         }
+    }
+
+    /// When the processor call under way began (see `output::health`), if one is.
+    pub fn call_started_ms(&self) -> Option<u64> {
+        Some(self.call_started_ms.load(Ordering::Relaxed)).filter(|t| *t != 0)
+    }
+
+    /// A processor call begins: a load and a store, no clock read (the hot path).
+    pub(crate) fn call_begins(&self) {
+        self.call_started_ms
+            .store(crate::output::health::now_ms(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn call_ended(&self) {
+        self.call_started_ms.store(0, Ordering::Relaxed);
     }
 
     pub fn committable(&self) -> Option<i64> {
@@ -980,9 +999,11 @@ impl<P: Processor> Handler<'_, P> {
         let mut attempt = 1;
         let error = loop {
             let started = self.shared.metrics.stopwatch();
+            self.shared.call_begins();
             let outcome = AssertUnwindSafe(self.config.processor.process(view))
                 .catch_unwind()
                 .await;
+            self.shared.call_ended();
             let took = started.elapsed();
             let error = match outcome {
                 Ok(Ok(())) => {
@@ -1020,9 +1041,11 @@ impl<P: Processor> Handler<'_, P> {
                 .in_flight
                 .store(first.offset(), Ordering::Release);
             let started = Instant::now();
+            self.shared.call_begins();
             let outcome = AssertUnwindSafe(self.config.processor.process_batch(rest))
                 .catch_unwind()
                 .await;
+            self.shared.call_ended();
             let took = started.elapsed();
             let (failed_at, error) = match outcome {
                 Ok(Ok(())) => {

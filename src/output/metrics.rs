@@ -48,7 +48,9 @@ const TIME_EVERY_CALL_FROM: Duration = Duration::from_micros(50);
 /// systematic sample, as soon as one timed call takes longer, every call is timed again.
 const SAMPLE_FAST_CALLS: u32 = 16;
 
-/// Counters of one partition worker.
+/// Counters of one partition worker. They only grow: the summary line takes what they
+/// grew by since its last look ([`PartitionMetrics::take_into`]), the health endpoint's
+/// `/metrics` their totals ([`PartitionMetrics::counts`]): one count, two readers.
 #[derive(Debug)]
 pub struct PartitionMetrics {
     received: AtomicU64,
@@ -59,7 +61,12 @@ pub struct PartitionMetrics {
     dead_lettered: AtomicU64,
     /// Offsets passed with no message at them (gaps), or unread after a fetch error.
     offsets_skipped: AtomicU64,
+    /// The counts as the summary last took them (only the summary touches it).
+    taken: Mutex<Counts>,
     durations: Mutex<Histogram<u64>>,
+    /// The same timed calls as `durations`, in Prometheus's fixed buckets (lock-free,
+    /// never reset).
+    pub buckets: DurationBuckets,
     /// Calls to leave untimed before the next timed one, and how many calls that one
     /// will stand for. Written only by the partition's worker.
     untimed: AtomicU32,
@@ -99,7 +106,9 @@ impl Default for PartitionMetrics {
             skipped: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             offsets_skipped: AtomicU64::new(0),
+            taken: Mutex::new(Counts::default()),
             durations: Mutex::new(histogram()),
+            buckets: DurationBuckets::default(),
             untimed: AtomicU32::new(0),
             weight: AtomicU32::new(1),
         }
@@ -165,6 +174,7 @@ impl PartitionMetrics {
         if let Ok(mut h) = self.durations.lock() {
             h.saturating_record_n(micros, u64::from(weight));
         }
+        self.buckets.observe(micros, u64::from(weight));
         let (untimed, weight) = if took < TIME_EVERY_CALL_FROM {
             (SAMPLE_FAST_CALLS - 1, SAMPLE_FAST_CALLS)
         } else {
@@ -174,15 +184,33 @@ impl PartitionMetrics {
         self.weight.store(weight, Ordering::Relaxed);
     }
 
-    /// Moves this interval's counts into `into` and starts a new interval.
+    /// Everything counted since the partition was assigned.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            received: self.received.load(Ordering::Relaxed),
+            processed: self.processed.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            offsets_skipped: self.offsets_skipped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Adds what was counted since the last take to `into` and starts a new interval.
     pub fn take_into(&self, into: &mut Interval) {
-        into.received += self.received.swap(0, Ordering::Relaxed);
-        into.processed += self.processed.swap(0, Ordering::Relaxed);
-        into.failed += self.failed.swap(0, Ordering::Relaxed);
-        into.retried += self.retried.swap(0, Ordering::Relaxed);
-        into.skipped += self.skipped.swap(0, Ordering::Relaxed);
-        into.dead_lettered += self.dead_lettered.swap(0, Ordering::Relaxed);
-        into.offsets_skipped += self.offsets_skipped.swap(0, Ordering::Relaxed);
+        let now = self.counts();
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        let since = now.minus(&taken);
+        *taken = now;
+        drop(taken);
+        into.received += since.received;
+        into.processed += since.processed;
+        into.failed += since.failed;
+        into.retried += since.retried;
+        into.skipped += since.skipped;
+        into.dead_lettered += since.dead_lettered;
+        into.offsets_skipped += since.offsets_skipped;
         if let Ok(mut h) = self.durations.lock() {
             let _ = into.durations.add(&*h);
             h.reset();
@@ -190,22 +218,36 @@ impl PartitionMetrics {
     }
 }
 
-/// Counters of the committer.
+/// Counters of the committer: per interval for the summary, and totals for `/metrics`.
 #[derive(Debug)]
 pub struct CommitMetrics {
     state: Mutex<(u64, u64, Histogram<u64>)>,
+    pub commits_total: AtomicU64,
+    pub failures_total: AtomicU64,
+    pub buckets: DurationBuckets,
 }
 
 impl Default for CommitMetrics {
     fn default() -> Self {
         CommitMetrics {
             state: Mutex::new((0, 0, histogram())),
+            commits_total: AtomicU64::new(0),
+            failures_total: AtomicU64::new(0),
+            buckets: DurationBuckets::default(),
         }
     }
 }
 
 impl CommitMetrics {
     pub fn record(&self, took: Duration, ok: bool) {
+        let micros = (took.as_micros() as u64).clamp(1, 3_600_000_000);
+        self.buckets.observe(micros, 1);
+        let total = if ok {
+            &self.commits_total
+        } else {
+            &self.failures_total
+        };
+        total.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut s) = self.state.lock() {
             if ok {
                 s.0 += 1;
@@ -229,6 +271,95 @@ impl CommitMetrics {
             let _ = into.commit_durations.add(&s.2);
             s.2.reset();
         }
+    }
+}
+
+/// A partition's counts at one moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub received: u64,
+    pub processed: u64,
+    pub failed: u64,
+    pub retried: u64,
+    pub skipped: u64,
+    pub dead_lettered: u64,
+    pub offsets_skipped: u64,
+}
+
+impl Counts {
+    fn minus(&self, earlier: &Counts) -> Counts {
+        Counts {
+            received: self.received.saturating_sub(earlier.received),
+            processed: self.processed.saturating_sub(earlier.processed),
+            failed: self.failed.saturating_sub(earlier.failed),
+            retried: self.retried.saturating_sub(earlier.retried),
+            skipped: self.skipped.saturating_sub(earlier.skipped),
+            dead_lettered: self.dead_lettered.saturating_sub(earlier.dead_lettered),
+            offsets_skipped: self.offsets_skipped.saturating_sub(earlier.offsets_skipped),
+        }
+    }
+
+    pub fn add(&mut self, other: &Counts) {
+        self.received += other.received;
+        self.processed += other.processed;
+        self.failed += other.failed;
+        self.retried += other.retried;
+        self.skipped += other.skipped;
+        self.dead_lettered += other.dead_lettered;
+        self.offsets_skipped += other.offsets_skipped;
+    }
+}
+
+/// Upper bounds of the `/metrics` duration buckets, in microseconds (Prometheus's `le`,
+/// 1 ms to 10 s; `+Inf` above).
+pub const BUCKET_BOUNDS_MICROS: [u64; 12] = [
+    1_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000,
+];
+
+/// Durations in fixed buckets, never reset: what a Prometheus histogram needs. Atomics,
+/// so a scrape takes no lock a worker waits for.
+#[derive(Debug, Default)]
+pub struct DurationBuckets {
+    /// Per bucket (not cumulative), the last one `+Inf`.
+    counts: [AtomicU64; BUCKET_BOUNDS_MICROS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+/// A [`DurationBuckets`] read at one moment.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BucketCounts {
+    pub counts: [u64; BUCKET_BOUNDS_MICROS.len() + 1],
+    pub sum_micros: u64,
+}
+
+impl DurationBuckets {
+    fn observe(&self, micros: u64, weight: u64) {
+        let i = BUCKET_BOUNDS_MICROS
+            .iter()
+            .position(|b| micros <= *b)
+            .unwrap_or(BUCKET_BOUNDS_MICROS.len());
+        self.counts[i].fetch_add(weight, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(micros.saturating_mul(weight), Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> BucketCounts {
+        let mut out = BucketCounts::default();
+        for (o, c) in out.counts.iter_mut().zip(&self.counts) {
+            *o = c.load(Ordering::Relaxed);
+        }
+        out.sum_micros = self.sum_micros.load(Ordering::Relaxed);
+        out
+    }
+}
+
+impl BucketCounts {
+    pub fn add(&mut self, other: &BucketCounts) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.sum_micros += other.sum_micros;
     }
 }
 

@@ -1,0 +1,559 @@
+//! The health endpoint (`ACKD_HEALTH_PORT`) as an orchestrator and a scraper see it,
+//! against the real broker and the real binary, read with a plain HTTP/1.1 client over
+//! `TcpStream`: `/ready` 503 before the first assignment and while stopping, 200 while
+//! consuming; `/live` 200 while idle or consuming, 503 naming the partition whose
+//! processor call is stuck, 200 again once it returns; `/metrics` parses as Prometheus
+//! text (checked by a parser here) and counts exactly what was produced; and nothing
+//! listens when the port is not set.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One response: status, head (status line and headers), body.
+struct Reply {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+/// `GET path` on 127.0.0.1:`port`, one request per connection.
+fn get(port: u16, path: &str) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no end of head in {raw:?}")))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
+    Ok(Reply {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    })
+}
+
+#[track_caller]
+fn get_ok(port: u16, path: &str) -> Reply {
+    get(port, path).unwrap_or_else(|e| panic!("GET {path} on port {port}: {e}"))
+}
+
+fn json(reply: &Reply) -> serde_json::Value {
+    serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{}: {e}", reply.body))
+}
+
+/// One sample of the Prometheus text format.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the Prometheus text exposition format 0.0.4 strictly enough to fail on what a
+/// scraper refuses: every sample's family declared by `# TYPE` before it, valid metric
+/// and label names, quoted and escaped label values, numeric values, counters named
+/// `_total`, histogram buckets cumulative and ending in `+Inf` = `_count`.
+fn parse_prometheus(text: &str) -> (HashMap<String, String>, Vec<Sample>) {
+    fn valid_name(n: &str) -> bool {
+        let mut chars = n.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+    assert!(text.ends_with('\n'), "the text ends with a newline");
+    let mut types: HashMap<String, String> = HashMap::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut parts = comment.splitn(3, ' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("TYPE"), Some(name), Some(kind)) => {
+                    assert!(valid_name(name), "{line}");
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                        "{line}"
+                    );
+                    assert!(
+                        types.insert(name.to_string(), kind.to_string()).is_none(),
+                        "TYPE twice: {line}"
+                    );
+                }
+                (Some("HELP"), Some(name), _) => assert!(valid_name(name), "{line}"),
+                _ => {}
+            }
+            continue;
+        }
+        assert!(!line.is_empty(), "no empty lines");
+        let (series, rest) = match line.find('{') {
+            Some(_) => {
+                let close = line.rfind('}').unwrap_or_else(|| panic!("{line}"));
+                (&line[..=close], line[close + 1..].trim_start())
+            }
+            None => line.split_once(' ').unwrap_or_else(|| panic!("{line}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, parse_labels(labels.trim_end_matches('}'), line)),
+            None => (series, BTreeMap::new()),
+        };
+        assert!(valid_name(name), "bad metric name in {line}");
+        let value = rest.split(' ').next().unwrap_or_default();
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+        };
+        let family = types
+            .keys()
+            .filter(|f| {
+                name == f.as_str()
+                    || ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|s| name.strip_suffix(s) == Some(f.as_str()))
+            })
+            .max_by_key(|f| f.len())
+            .unwrap_or_else(|| panic!("no TYPE before {line}"));
+        if types[family] == "counter" {
+            assert!(name.ends_with("_total"), "counter without _total: {line}");
+            assert!(value >= 0.0, "{line}");
+        }
+        samples.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    for (family, _) in types.iter().filter(|(_, k)| *k == "histogram") {
+        let buckets: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.name == format!("{family}_bucket"))
+            .collect();
+        assert!(!buckets.is_empty(), "{family} has no buckets");
+        assert!(
+            buckets.windows(2).all(|w| w[0].value <= w[1].value),
+            "{family}: buckets are cumulative"
+        );
+        let last = buckets.last().unwrap();
+        assert_eq!(last.labels.get("le").map(String::as_str), Some("+Inf"));
+        let count = samples
+            .iter()
+            .find(|s| s.name == format!("{family}_count"))
+            .unwrap_or_else(|| panic!("{family}_count"));
+        assert_eq!(last.value, count.value, "{family}: +Inf bucket = count");
+        assert!(samples.iter().any(|s| s.name == format!("{family}_sum")));
+    }
+    (types, samples)
+}
+
+fn parse_labels(text: &str, line: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (name, after) = rest
+            .split_once("=\"")
+            .unwrap_or_else(|| panic!("label in {line}"));
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c @ ('\\' | '"'))) => value.push(c),
+                    _ => panic!("bad escape in {line}"),
+                },
+                Some((i, '"')) => break i,
+                Some((_, c)) => value.push(c),
+                None => panic!("unterminated label value in {line}"),
+            }
+        };
+        labels.insert(name.to_string(), value);
+        rest = after[end + 1..].trim_start_matches(',');
+    }
+    labels
+}
+
+fn sample(samples: &[Sample], name: &str) -> f64 {
+    samples
+        .iter()
+        .find(|s| s.name == name && s.labels.is_empty())
+        .unwrap_or_else(|| panic!("no {name}"))
+        .value
+}
+
+/// Scrapes `/metrics`, checks its format, returns its samples.
+fn scrape(port: u16) -> Vec<Sample> {
+    let reply = get_ok(port, "/metrics");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(
+        reply
+            .head
+            .to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{}",
+        reply.head
+    );
+    parse_prometheus(&reply.body).1
+}
+
+/// TCP ports `pid` listens on: its socket inodes (from /proc/<pid>/fd) in LISTEN state
+/// in /proc/net/tcp{,6}.
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("read ackd's fds")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for row in text.lines().skip(1) {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
+                let port = cols[1].rsplit(':').next().unwrap_or_default();
+                ports.push(u16::from_str_radix(port, 16).expect("hex port"));
+            }
+        }
+    }
+    ports
+}
+
+/// `/ready` is 503 while ackd waits for its topic (no assignment yet) and 200 once it
+/// consumes; `/live` is 200 throughout; `/metrics` counts every message produced, once,
+/// and the summary lines (the l2met vocabulary) add up to the same numbers.
+#[test]
+fn ready_follows_the_assignment_and_metrics_count_what_was_produced() {
+    let topic = unique_name("health-ready");
+    let group = unique_name("g-health-ready");
+    let port = free_port();
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "noop")
+        .env("ACKD_WAIT_FOR_TOPICS", "true")
+        .env("ACKD_HEALTH_PORT", port.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .env("ACKD_METRICS_INTERVAL_MS", "500")
+        .spawn();
+    ackd.wait_for_line(|l| at(l, "health_listening"), WAIT);
+    ackd.wait_for_line(|l| at(l, "waiting_for_topics"), WAIT);
+    // The check that the default test relies on finds this listener.
+    assert_eq!(listening_ports(ackd.pid()), vec![port]);
+
+    let ready = get_ok(port, "/ready");
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert_eq!(json(&ready)["reason"], "not in the group yet");
+    let live = get_ok(port, "/live");
+    assert_eq!(live.status, 200, "idle is live: {}", live.body);
+    let before = scrape(port);
+    assert_eq!(sample(&before, "ackd_processed_total"), 0.0);
+    assert_eq!(sample(&before, "ackd_partitions"), 0.0);
+
+    create_topic(&topic, 3);
+    let started = Instant::now();
+    wait_until(WAIT, || get(port, "/ready").is_ok_and(|r| r.status == 200));
+    let became_ready = started.elapsed();
+    // Lines reach us through a writer thread and a pipe, so the line may come after the
+    // 200: it must come, though.
+    ackd.wait_for_count(|l| at(l, "assigned"), 3, WAIT);
+    assert_eq!(json(&get_ok(port, "/ready"))["partitions"], 3);
+
+    let delivered = produce_keyed(&topic, 500, 0);
+    wait_until(WAIT, || {
+        sample(&scrape(port), "ackd_processed_total") == delivered.len() as f64
+    });
+    let live = get_ok(port, "/live");
+    assert_eq!(live.status, 200, "{}", live.body);
+    let m = scrape(port);
+    assert_eq!(sample(&m, "ackd_received_total"), 500.0);
+    assert_eq!(sample(&m, "ackd_failed_total"), 0.0);
+    assert_eq!(sample(&m, "ackd_partitions"), 3.0);
+    assert!(sample(&m, "ackd_process_duration_seconds_count") > 0.0);
+    // Lag per partition, from the summaries' statistics: every partition, caught up.
+    wait_until(WAIT, || {
+        let m = scrape(port);
+        let lags: Vec<&Sample> = m.iter().filter(|s| s.name == "ackd_lag").collect();
+        lags.len() == 3
+            && lags
+                .iter()
+                .all(|s| s.labels["topic"] == topic && s.value == 0.0)
+    });
+    wait_until(WAIT, || sample(&scrape(port), "ackd_commits_total") >= 1.0);
+    // What a scraper saw, for the record (run with --nocapture).
+    let seen = get_ok(port, "/metrics").body;
+    let seen: Vec<&str> = seen
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+        .collect();
+    eprintln!("health ready: /metrics samples:\n  {}", seen.join("\n  "));
+
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    assert_eq!(code, 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let summarized: u64 = lines
+        .iter()
+        .filter(|l| at(l, "summary"))
+        .filter_map(|l| field(l, "count#ackd.processed")?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(summarized, 500, "the summaries count what /metrics counted");
+    assert_committed_to_ends(&group, &topic, 3, &log_ends(&delivered));
+    eprintln!(
+        "health ready: produced=500 metrics_processed=500 summaries_processed={summarized} \
+         ready_after_topic_ms={} exit={code}",
+        became_ready.as_millis()
+    );
+}
+
+/// A processor call that runs past `ACKD_HEALTH_STUCK_MS` makes `/live` 503 naming its
+/// partition and offset (the other partition, idle, is not named); once the call returns
+/// `/live` is 200 again. A SIGTERM during a stuck call makes `/ready` 503 (stopping) while
+/// the drain waits for it; the call finishes and is committed: exit 0.
+#[test]
+fn a_stuck_processor_call_fails_live_naming_its_partition() {
+    let topic = unique_name("health-stuck");
+    let group = unique_name("g-health-stuck");
+    create_topic(&topic, 2);
+    let port = free_port();
+    let delay = Duration::from_millis(4000);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", delay.as_millis().to_string())
+        .env("ACKD_HEALTH_PORT", port.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .env("ACKD_HEALTH_STUCK_MS", "1000")
+        .spawn();
+    wait_until(WAIT, || {
+        get(port, "/ready").is_ok_and(|r| r.status == 200 && json(&r)["partitions"] == 2)
+    });
+    let live = get_ok(port, "/live");
+    assert_eq!(live.status, 200, "idle workers are live: {}", live.body);
+
+    let stuck_on = |partition: i32, offset: i64| {
+        move |r: &Reply| {
+            r.status == 503
+                && json(r)["stuck"].as_array().is_some_and(|s| {
+                    s.len() == 1 && s[0]["partition"] == partition && s[0]["offset"] == offset
+                })
+        }
+    };
+    let produced_at = Instant::now();
+    let first = produce_records(&topic, &[(1, Some(b"k"), b"slow one", &[])]);
+    assert_eq!(first, vec![(1, 0)]);
+    let mut stuck_body = String::new();
+    wait_until(WAIT, || match get(port, "/live") {
+        Ok(r) if stuck_on(1, 0)(&r) => {
+            stuck_body = r.body;
+            true
+        }
+        _ => false,
+    });
+    let stuck_seen = produced_at.elapsed();
+    let body: serde_json::Value = serde_json::from_str(&stuck_body).unwrap();
+    assert_eq!(body["stuck"][0]["topic"], topic.as_str());
+    assert!(
+        body["stuck"][0]["in_call_ms"].as_u64().unwrap() > 1000,
+        "{stuck_body}"
+    );
+    // Back to live once the call returns (it acknowledges after the delay).
+    wait_until(WAIT, || get(port, "/live").is_ok_and(|r| r.status == 200));
+    let recovered = produced_at.elapsed();
+    // Live again only once the call returned: not before its delay, and with its
+    // message acknowledged (its line may reach us after the 200: it must come).
+    assert!(recovered >= delay, "recovered after {recovered:?}");
+    ackd.wait_for_line(
+        |l| {
+            is_processed(l)
+                && field(l, "partition").as_deref() == Some("1")
+                && field(l, "offset").as_deref() == Some("0")
+        },
+        WAIT,
+    );
+
+    // Stuck again, on partition 0; stop meanwhile.
+    produce_records(&topic, &[(0, Some(b"k"), b"slow two", &[])]);
+    wait_until(WAIT, || {
+        get(port, "/live").is_ok_and(|r| stuck_on(0, 0)(&r))
+    });
+    ackd.sigterm();
+    let mut stopping_seen = false;
+    wait_until(WAIT, || match get(port, "/ready") {
+        Ok(r) if r.status == 503 => {
+            stopping_seen = json(&r)["reason"] == "stopping";
+            true
+        }
+        Ok(_) => false,
+        // Gone already: the check below fails.
+        Err(_) => true,
+    });
+    assert!(stopping_seen, "/ready said stopping while the drain waited");
+    let code = ackd.wait_exit(WAIT);
+    assert_eq!(code, 0, "{}", ackd.lines().join("\n"));
+    let committed = committed(&group, &topic, 2);
+    assert_eq!(committed[&0], Some(1));
+    assert_eq!(committed[&1], Some(1));
+    eprintln!(
+        "health stuck: delay_ms={} stuck_after_ms=1000 stuck_seen_after_ms={} live_again_after_ms={} \
+         committed={committed:?} exit={code} live_body={}",
+        delay.as_millis(),
+        stuck_seen.as_millis(),
+        recovered.as_millis(),
+        stuck_body.trim()
+    );
+}
+
+/// Off by default: without ACKD_HEALTH_PORT ackd listens on no port at all.
+#[test]
+fn nothing_listens_by_default() {
+    let topic = unique_name("health-off");
+    let group = unique_name("g-health-off");
+    create_topic(&topic, 1);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "noop")
+        .spawn();
+    ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(listening_ports(ackd.pid()), Vec::<u16>::new());
+    assert!(!ackd.lines().iter().any(|l| at(l, "health_listening")));
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+}
+
+/// A port that cannot be listened on is a configuration error naming the setting: exit
+/// 78 before connecting to Kafka.
+#[test]
+fn a_port_in_use_is_a_config_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let ackd = AckdBuilder::new("any-topic", "any-group")
+        .env("ACKD_HEALTH_PORT", port.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 78);
+    let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
+    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
+    assert_eq!(field(&line, "value"), Some(port.to_string()));
+    let bad = AckdBuilder::new("any-topic", "any-group")
+        .env("ACKD_HEALTH_PORT", "70000")
+        .spawn();
+    assert_eq!(bad.wait_exit(WAIT), 78);
+    let line = bad.wait_for_line(|l| at(l, "config_error"), WAIT);
+    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
+}
+
+/// Counters survive a rebalance: when a second process joins and takes partitions away,
+/// the first one's `/metrics` totals never go down (the revoked partitions' counts stay
+/// in them), its `ackd_partitions` gauge drops, and the two processes' totals add up to
+/// exactly what was produced (cooperative rebalance, committed on revoke: nothing twice).
+#[test]
+fn metrics_totals_survive_a_rebalance() {
+    let topic = unique_name("health-rebalance");
+    let group = unique_name("g-health-rebalance");
+    create_topic(&topic, 4);
+    let (port_a, port_b) = (free_port(), free_port());
+    let spawn = |port: u16| {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "noop")
+            .env("ACKD_HEALTH_PORT", port.to_string())
+            .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+            .spawn()
+    };
+    let a = spawn(port_a);
+    wait_until(WAIT, || {
+        get(port_a, "/ready").is_ok_and(|r| r.status == 200 && json(&r)["partitions"] == 4)
+    });
+    let first = produce_keyed(&topic, 400, 0);
+    wait_until(WAIT, || {
+        sample(&scrape(port_a), "ackd_processed_total") == 400.0
+    });
+
+    let b = spawn(port_b);
+    let mut last = 400.0;
+    let mut scrapes = 0;
+    wait_until(WAIT, || {
+        let m = scrape(port_a);
+        let processed = sample(&m, "ackd_processed_total");
+        assert!(processed >= last, "went down from {last} to {processed}");
+        last = processed;
+        scrapes += 1;
+        sample(&m, "ackd_partitions") < 4.0 && get(port_b, "/ready").is_ok_and(|r| r.status == 200)
+    });
+    let second = produce_keyed(&topic, 400, 400);
+    let total = |port| sample(&scrape(port), "ackd_processed_total");
+    wait_until(WAIT, || total(port_a) + total(port_b) == 800.0);
+    let (on_a, on_b) = (total(port_a), total(port_b));
+    assert!(on_b > 0.0, "the second process got messages");
+    let revoked = a.lines().iter().filter(|l| at(l, "revoked")).count();
+    a.sigterm();
+    b.sigterm();
+    assert_eq!(a.wait_exit(WAIT), 0);
+    assert_eq!(b.wait_exit(WAIT), 0);
+    let delivered: Vec<Delivered> = first.into_iter().chain(second).collect();
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
+    eprintln!(
+        "health rebalance: produced=800 process_a={on_a} process_b={on_b} \
+         revoked_on_a={revoked} scrapes_during_rebalance={scrapes}"
+    );
+}
+
+/// With more processes than partitions, the one the group gave nothing is ready too (it
+/// is in the group, and takes partitions over when another leaves), so an orchestrator
+/// waiting for every replica (a rollout) does not wait forever.
+#[test]
+fn a_member_without_partitions_is_ready() {
+    let topic = unique_name("health-idle");
+    let group = unique_name("g-health-idle");
+    create_topic(&topic, 1);
+    let member = |port: u16| {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "noop")
+            .env("ACKD_HEALTH_PORT", port.to_string())
+            .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+            .spawn()
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let a = member(port_a);
+    a.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let b = member(port_b);
+    // Both ready: one with the partition, one with none.
+    wait_until(WAIT, || {
+        [port_a, port_b]
+            .iter()
+            .all(|p| get(*p, "/ready").is_ok_and(|r| r.status == 200))
+    });
+    let partitions: Vec<serde_json::Value> = [port_a, port_b]
+        .iter()
+        .map(|p| json(&get_ok(*p, "/ready"))["partitions"].clone())
+        .collect();
+    let mut held: Vec<i64> = partitions.iter().map(|v| v.as_i64().unwrap()).collect();
+    held.sort_unstable();
+    assert_eq!(
+        held,
+        vec![0, 1],
+        "one member holds the partition: {partitions:?}"
+    );
+    for p in [&a, &b] {
+        p.sigterm();
+    }
+    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
+    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    eprintln!("health idle member: partitions held {held:?}, both ready, both exit 0");
+}
