@@ -14,6 +14,7 @@
 //! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`, `http`).
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod consumer;
 pub mod exit;
@@ -46,8 +47,9 @@ pub fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
     // Arguments first: they answer without reading a setting, and never consume.
-    match cli::parse(std::env::args_os().skip(1)) {
-        Ok(cli::Command::Run) => {}
+    let command = cli::parse(std::env::args_os().skip(1));
+    match command {
+        Ok(cli::Command::Run | cli::Command::Check | cli::Command::Status) => {}
         Ok(cli::Command::Help) => return print_out(&cli::help()),
         Ok(cli::Command::Version) => return print_out(&format!("{}\n", cli::version())),
         Err(e) => {
@@ -74,6 +76,36 @@ pub fn main_with<P: Processor>(
             setting = "RUST_LOG",
             "{e}; using ACKD_LOG_LEVEL"
         );
+    }
+    // `ackd check` / `ackd status`: the settings, then questions to the brokers; the
+    // processor is never built (an exec handler is not started for a check).
+    if let Ok(command @ (cli::Command::Check | cli::Command::Status)) = command {
+        let started = std::time::Instant::now();
+        let code = match &settings {
+            Ok(s) if command == cli::Command::Check => commands::check::run(s),
+            Ok(s) => commands::status::run(s),
+            Err(e) => {
+                report_setting_error(e);
+                if command == cli::Command::Check {
+                    tracing::error!(
+                        at = "check",
+                        check = "settings",
+                        ok = false,
+                        setting = &e.setting
+                    );
+                }
+                exit::CONFIG
+            }
+        };
+        if command == cli::Command::Check || code != exit::OK {
+            tracing::info!(
+                at = "exit",
+                code,
+                duration_ms = started.elapsed().as_millis() as u64
+            );
+        }
+        drop(guard);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => daemon::run(settings, processor),
