@@ -340,4 +340,60 @@ fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
     );
     // Status committed nothing.
     assert_eq!(committed(&group, &topic, 3), harness);
+
+    // On a terminal (util-linux `script` gives it a pseudo-terminal): the same figures as
+    // a table.
+    let table = status_on_a_terminal(AckdBuilder::new(&topic, &group));
+    eprintln!("status on a terminal:\n{table}");
+    assert!(
+        table.contains("state Empty  members 0  partitions 3  lag 30"),
+        "{table}"
+    );
+    let header = table
+        .lines()
+        .find(|l| l.starts_with("TOPIC"))
+        .expect("header");
+    assert!(
+        header.contains("PARTITION  COMMITTED  END  LAG  MEMBER"),
+        "{table}"
+    );
+    for (p, end) in &new_ends {
+        let row = table
+            .lines()
+            .find(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.first() == Some(&topic.as_str())
+                    && cells.get(1) == Some(&p.to_string().as_str())
+            })
+            .unwrap_or_else(|| panic!("no row for partition {p}: {table}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        let expected = [
+            ends[p].to_string(),
+            end.to_string(),
+            (end - ends[p]).to_string(),
+        ];
+        assert_eq!(
+            cells[2..5],
+            expected.each_ref().map(String::as_str),
+            "{row}"
+        );
+        assert_eq!(cells[5], "-", "{row}");
+    }
+    assert!(!table.contains("at=status"), "{table}");
+}
+
+/// `ackd status` with its stdout on a pseudo-terminal; what the terminal showed.
+fn status_on_a_terminal(builder: AckdBuilder) -> String {
+    let bin = env!("CARGO_BIN_EXE_ackd");
+    let output = std::process::Command::new("script")
+        .args(["-qec", &format!("{bin} status"), "/dev/null"])
+        .env_clear()
+        .envs(std::env::var("PATH").map(|p| ("PATH".to_string(), p)))
+        .envs(builder.env_map())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run script (util-linux)");
+    let shown = String::from_utf8_lossy(&output.stdout).replace('\r', "");
+    assert!(output.status.success(), "{:?}: {shown}", output.status);
+    shown
 }
