@@ -397,3 +397,81 @@ fn status_on_a_terminal(builder: AckdBuilder) -> String {
     assert!(output.status.success(), "{:?}: {shown}", output.status);
     shown
 }
+
+/// A KIP-848 group (`group.protocol=consumer`, another client than ackd): the classic
+/// DescribeGroups does not know it; `ackd status` and `ackd check` still show its state,
+/// its member and what it holds (librdkafka's DescribeConsumerGroups).
+#[test]
+fn status_and_check_describe_a_kip848_group_too() {
+    use rdkafka::consumer::CommitMode;
+    use rdkafka::Message as _;
+
+    let topic = unique_name("st848");
+    let group = unique_name("g-st848");
+    create_topic(&topic, 3);
+    let delivered = produce_keyed(&topic, 30, 0);
+    let ends = log_ends(&delivered);
+    let mut config = broker().client_config();
+    config
+        .set("group.id", &group)
+        .set("group.protocol", "consumer")
+        .set("client.id", "kip848-consumer")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let mut read = 0;
+    wait_until(WAIT, || {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            read += 1;
+            consumer
+                .store_offset(m.topic(), m.partition(), m.offset())
+                .ok();
+        }
+        read == delivered.len()
+    });
+    consumer
+        .commit_consumer_state(CommitMode::Sync)
+        .expect("commit");
+    // SAFETY: the handle is live; the string librdkafka allocates is copied, then freed.
+    let member_id = unsafe {
+        let rk = consumer.client().native_ptr();
+        let p = rdkafka::bindings::rd_kafka_memberid(rk);
+        (!p.is_null()).then(|| {
+            let id = std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
+            rdkafka::bindings::rd_kafka_mem_free(rk, p.cast());
+            id
+        })
+    };
+    assert!(member_id.is_some(), "the consumer has no member id");
+
+    // The consumer keeps polling (heartbeats) while ackd runs.
+    let mut outputs = Vec::new();
+    for command in ["status", "check"] {
+        let ackd = AckdBuilder::new(&topic, &group).arg(command).spawn();
+        while ackd.try_exit_code().is_none() {
+            let _ = consumer.poll(Duration::from_millis(50));
+        }
+        let code = ackd.wait_exit(WAIT);
+        assert_eq!(code, 0, "{}", ackd.lines().join("\n"));
+        outputs.push(ackd.lines());
+    }
+    let (status, check) = (&outputs[0], &outputs[1]);
+    eprintln!("{}\n{}", status.join("\n"), check.join("\n"));
+    let rows = status_rows(status, &topic);
+    assert_eq!(rows.len(), 3, "{}", status.join("\n"));
+    for (p, (c, end, lag, member, _)) in &rows {
+        assert_eq!(
+            (*c, *end, *lag),
+            (Some(ends[p]), ends[p], 0),
+            "partition {p}"
+        );
+        assert_eq!(Some(member.clone()), member_id, "partition {p}");
+    }
+    let total = status.iter().find(|l| at(l, "status_total")).unwrap();
+    assert_eq!(field(total, "state").as_deref(), Some("Stable"), "{total}");
+    assert_eq!(field(total, "members").as_deref(), Some("1"), "{total}");
+    let g = checks(check, "group")[0];
+    assert_eq!(field(g, "kind").as_deref(), Some("Consumer"), "{g}");
+    assert_eq!(field(g, "members").as_deref(), Some("1"), "{g}");
+}

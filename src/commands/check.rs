@@ -98,6 +98,7 @@ pub fn run(settings: &Settings) -> i32 {
             group = &settings.group_id,
             state = g.state.as_str(),
             protocol = (!g.protocol.is_empty()).then_some(g.protocol.as_str()),
+            kind = (!g.kind.is_empty()).then_some(g.kind.as_str()),
             members = g.members.len(),
         ),
         Err(e) => {

@@ -5,6 +5,7 @@
 
 pub mod assignment;
 pub mod check;
+pub mod describe;
 pub mod status;
 
 use std::sync::Mutex;
@@ -161,8 +162,20 @@ pub fn partitions(probe: &Probe, topics: &[String]) -> Result<Vec<TopicPartition
     Ok(out)
 }
 
-/// The group as the coordinator describes it.
+/// The group as the coordinator describes it: through librdkafka's admin API, which
+/// knows classic and KIP-848 groups; if that fails, through the classic DescribeGroups
+/// (members' assignments decoded here).
 pub fn describe_group(probe: &Probe, group: &str) -> Result<GroupView, KafkaError> {
+    match describe::describe(probe, group, REQUEST) {
+        Ok(view) => return Ok(view),
+        Err(reason) => {
+            tracing::debug!(
+                at = "describe_fallback",
+                reason,
+                "DescribeConsumerGroups failed; trying DescribeGroups"
+            )
+        }
+    }
     let list = probe.fetch_group_list(Some(group), REQUEST)?;
     // A group the coordinator does not know is not described at all: Kafka calls that Dead.
     let Some(info) = list
@@ -188,6 +201,7 @@ pub fn describe_group(probe: &Probe, group: &str) -> Result<GroupView, KafkaErro
     Ok(GroupView {
         state: info.state().to_string(),
         protocol: info.protocol().to_string(),
+        kind: "Classic".to_string(),
         members,
     })
 }
@@ -195,10 +209,14 @@ pub fn describe_group(probe: &Probe, group: &str) -> Result<GroupView, KafkaErro
 /// A consumer group's description.
 #[derive(Debug, Default)]
 pub struct GroupView {
-    /// Stable, PreparingRebalance, CompletingRebalance, Empty, Dead (no such group).
+    /// Stable, PreparingRebalance, CompletingRebalance, Empty, Dead (no such group);
+    /// KIP-848 groups also Assigning, Reconciling.
     pub state: String,
-    /// The assignor the members agreed on (e.g. cooperative-sticky).
+    /// The assignor the members agreed on (e.g. cooperative-sticky; uniform or range for
+    /// KIP-848 groups).
     pub protocol: String,
+    /// Classic, or Consumer (KIP-848); empty when the group does not exist.
+    pub kind: String,
     pub members: Vec<Member>,
 }
 
