@@ -27,7 +27,7 @@ pub fn run(settings: &Settings) -> i32 {
         Err(code) => return code,
     };
     let started = Instant::now();
-    match connect(&probe, &settings.topics[0]) {
+    match connect(&probe, settings.topics.first().map(String::as_str)) {
         Ok((metadata, took)) => metadata_ok(settings, &metadata, took),
         Err(Unreached::Auth) => {
             tracing::error!(

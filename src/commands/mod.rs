@@ -99,14 +99,15 @@ impl Unreached {
     }
 }
 
-/// Asks for `topic`'s metadata until the brokers answer, authentication fails, or
-/// [`CONNECT_BOUND`] passes. Short attempts with polls between them: librdkafka reports
+/// Asks for `topic`'s metadata (one topic: a shared cluster's other topics are none of
+/// ackd's business) until the brokers answer, authentication fails, or [`CONNECT_BOUND`]
+/// passes. Short attempts with polls between them: librdkafka reports
 /// authentication failures through the error callback, which only a poll serves.
-pub fn connect(probe: &Probe, topic: &str) -> Result<(Metadata, Duration), Unreached> {
+pub fn connect(probe: &Probe, topic: Option<&str>) -> Result<(Metadata, Duration), Unreached> {
     let started = Instant::now();
     loop {
         let attempt = Duration::from_secs(1).min(CONNECT_BOUND.saturating_sub(started.elapsed()));
-        let result = probe.fetch_metadata(Some(topic), attempt);
+        let result = probe.fetch_metadata(topic, attempt);
         // Serves error events (auth failures); a message cannot come: nothing is assigned.
         let _ = probe.poll(Duration::ZERO);
         if probe.context().auth.failed() {

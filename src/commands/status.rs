@@ -57,7 +57,7 @@ pub fn run(settings: &Settings) -> i32 {
 /// Asks the brokers; `Err` is the exit code, its line written.
 fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
     let probe = create(settings, "status")?;
-    match connect(&probe, &settings.topics[0]) {
+    match connect(&probe, settings.topics.first().map(String::as_str)) {
         Ok(_) => {}
         Err(Unreached::Auth) => return Err(exit::NOPERM),
         Err(e @ Unreached::Unavailable { .. }) => {
