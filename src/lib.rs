@@ -64,10 +64,17 @@ pub fn main_with<P: Processor>(
         // From here on no line carries a secret value, whatever path it takes.
         secret::register(s.never_shown());
     }
-    let (level, prefix) = match &settings {
+    let (mut level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
     };
+    // The info lines of `check` and `status` are their output, not log lines: a quiet
+    // ACKD_LOG_LEVEL must not silence them.
+    if matches!(command, Ok(cli::Command::Check | cli::Command::Status))
+        && matches!(level.as_str(), "error" | "warn")
+    {
+        level = "info".to_string();
+    }
     let (guard, rust_log_error) = output::lines::init(&level, &prefix);
     install_panic_hook();
     if let Some(e) = rust_log_error {

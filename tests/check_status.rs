@@ -287,7 +287,21 @@ fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
     assert_eq!(field(total, "lag").as_deref(), Some("0"), "{total}");
     let line = lines.iter().find(|l| at(l, "status")).unwrap();
     assert!(field(line, "host").is_some_and(|h| !h.is_empty()), "{line}");
-    // Status joined nothing: the running ackd was not disturbed by a rebalance.
+    // check describes the classic group ackd runs.
+    let (code, lines, _) = run(AckdBuilder::new(&topic, &group), "check");
+    let all = lines.join("\n");
+    assert_eq!(code, 0, "{all}");
+    let g = checks(&lines, "group")[0];
+    eprintln!("check with ackd running: {g}");
+    assert_eq!(field(g, "state").as_deref(), Some("Stable"), "{g}");
+    assert_eq!(field(g, "kind").as_deref(), Some("Classic"), "{g}");
+    assert_eq!(
+        field(g, "protocol").as_deref(),
+        Some("cooperative-sticky"),
+        "{g}"
+    );
+    assert_eq!(field(g, "members").as_deref(), Some("1"), "{g}");
+    // Status and check joined nothing: the running ackd was not disturbed by a rebalance.
     assert_eq!(group_state(&group), ("Stable".to_string(), 1));
     assert!(
         !ackd.lines().iter().any(|l| at(l, "revoked")),
@@ -303,7 +317,11 @@ fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
     // No member any more, and a backlog: committed stays, end and lag grow.
     let more = produce_keyed(&topic, 30, 60);
     let new_ends = log_ends(&[delivered.clone(), more.clone()].concat());
-    let (code, lines, _) = run(AckdBuilder::new(&topic, &group), "status");
+    // The lines are status's output, not log lines: a quiet log level keeps them.
+    let (code, lines, _) = run(
+        AckdBuilder::new(&topic, &group).env("ACKD_LOG_LEVEL", "error"),
+        "status",
+    );
     let all = lines.join("\n");
     assert_eq!(code, 0, "{all}");
     eprintln!(
