@@ -84,10 +84,15 @@ pub fn main_with<P: Processor>(
             "{e}; using ACKD_LOG_LEVEL"
         );
     }
-    // `ackd check` / `ackd status`: the settings, then questions to the brokers; the
-    // processor is never built (an exec handler is not started for a check).
+    // `ackd check` / `ackd status`: the settings, then questions to the brokers. check
+    // builds the processor to validate its settings, as the daemon would, and drops it
+    // unused (building starts nothing: exec handlers start on the first message).
     if let Ok(command @ (cli::Command::Check | cli::Command::Status)) = command {
         let started = std::time::Instant::now();
+        let settings = match settings {
+            Ok(s) if command == cli::Command::Check => make(&s).map(|_unused| s),
+            other => other,
+        };
         let code = match &settings {
             Ok(s) if command == cli::Command::Check => commands::check::run(s),
             Ok(s) => commands::status::run(s),

@@ -214,6 +214,29 @@ fn a_bad_setting_fails_check_with_78_before_any_connection() {
     assert!(checks(&lines, "brokers").is_empty(), "{all}");
 }
 
+/// The processor's settings are settings too: the daemon refuses them with 78, so does
+/// check (without starting the handler).
+#[test]
+fn check_validates_the_processor_settings_as_the_daemon_does() {
+    let (code, lines, _) = run(
+        AckdBuilder::new("orders", "billing").env("ACKD_PROCESSOR", "exec"),
+        "check",
+    );
+    let all = lines.join("\n");
+    assert_eq!(code, 78, "{all}");
+    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    assert_eq!(errors.len(), 1, "{all}");
+    assert_eq!(
+        field(errors[0], "setting").as_deref(),
+        Some("ACKD_EXEC_COMMAND"),
+        "{all}"
+    );
+    let s = checks(&lines, "settings");
+    assert_eq!(s.len(), 1, "{all}");
+    assert_eq!(field(s[0], "ok").as_deref(), Some("false"), "{all}");
+    assert!(checks(&lines, "brokers").is_empty(), "{all}");
+}
+
 /// Status while ackd holds the partitions, then after it left: the numbers equal what
 /// the harness produced and what the group committed; members shown, then "-".
 #[test]
