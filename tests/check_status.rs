@@ -458,6 +458,7 @@ fn status_and_check_describe_a_kip848_group_too() {
         .set("group.protocol", "consumer")
         .set("client.id", "kip848-consumer")
         .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer = config.create().expect("consumer");
     consumer.subscribe(&[&topic]).expect("subscribe");
@@ -467,7 +468,7 @@ fn status_and_check_describe_a_kip848_group_too() {
             read += 1;
             consumer
                 .store_offset(m.topic(), m.partition(), m.offset())
-                .ok();
+                .expect("store offset");
         }
         read == delivered.len()
     });
