@@ -1,7 +1,7 @@
 //! Command-line arguments. ackd is configured by its environment only; arguments never
 //! start consuming. `--help` and `--version` answer and exit 0, anything else exits 64
-//! (EX_USAGE) with the usage. Subcommands (`ackd check`, `ackd status`) will be parsed
-//! here too, as new [`Command`]s.
+//! (EX_USAGE) with the usage. The subcommands `ackd check` and `ackd status` ask the
+//! brokers and exit; they take no options (settings come from the environment).
 //!
 //! Hand-rolled: two flags do not need a parser crate (nor its build time); once
 //! subcommands take options, lexopt is the small step up.
@@ -20,6 +20,12 @@ pub enum Command {
     Help,
     /// `--version`, `-V`.
     Version,
+    /// `check`: validate the settings, connect, authenticate, look for every topic and
+    /// the group; one line per check (src/commands/check.rs).
+    Check,
+    /// `status`: per partition the committed offset, the log end, the lag and the member
+    /// holding it (src/commands/status.rs).
+    Status,
 }
 
 /// Arguments ackd does not take.
@@ -44,6 +50,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
     let command = match first.to_str() {
         Some("--help" | "-h" | "help") => Command::Help,
         Some("--version" | "-V") => Command::Version,
+        Some("check") => Command::Check,
+        Some("status") => Command::Status,
         _ => {
             return Err(UsageError {
                 argument: first.to_string_lossy().into_owned(),
@@ -63,6 +71,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
 /// The usage: what a wrong argument is answered with (on stderr), and the head of `--help`.
 pub const USAGE: &str = "\
 Usage: ackd             consume the topics the environment names, until SIGTERM
+       ackd check       check the settings, the brokers, the credentials, the topics and
+                        the group, one line each; exit 0, or 78 / 77 / 69 as ackd would
+       ackd status      per partition: committed offset, log end, lag, the member holding it
        ackd --help      every setting with its default (also -h)
        ackd --version   the version (also -V)
 
@@ -194,7 +205,20 @@ mod tests {
         for a in ["--version", "-V"] {
             assert_eq!(parse(args(&[a])), Ok(Command::Version));
         }
-        for bad in [&["-x"][..], &["--version=1"], &["run"], &["-hV"], &[""]] {
+        assert_eq!(parse(args(&["check"])), Ok(Command::Check));
+        assert_eq!(parse(args(&["status"])), Ok(Command::Status));
+        assert_eq!(
+            parse(args(&["status", "--all"])).unwrap_err().problem,
+            "unexpected argument"
+        );
+        for bad in [
+            &["-x"][..],
+            &["--version=1"],
+            &["run"],
+            &["-hV"],
+            &[""],
+            &["Check"],
+        ] {
             assert_eq!(parse(args(bad)).unwrap_err().problem, "unknown argument");
         }
         let e = parse(args(&["--help", "more"])).unwrap_err();

@@ -5,15 +5,18 @@
 //! [`Processor`] by calling [`main_with`] from your `main`, exactly as `ackd` does with
 //! its built-in processors. See `examples/custom_processor.rs`.
 //!
-//! The pieces, in four folders of one concept each:
+//! The pieces, one folder per concern:
 //! - [`config`]: every setting, validated ([`settings`]), and settings → librdkafka;
 //! - [`consumer`]: the daemon (signals, exit code), the supervisor thread that owns the
 //!   consumer and the group, one worker task per partition, the offset [`tracker`], the
-//!   committer;
-//! - [`output`]: every line written, [`logfmt`], the l2met metrics;
-//! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`, `http`).
+//!   committer, the memory budget;
+//! - [`output`]: every line written, [`logfmt`], the l2met metrics, the health endpoint;
+//! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`, `http`);
+//! - [`commands`]: `ackd check` and `ackd status`, which read the group without joining it;
+//! - [`cli`]: the arguments, answered before any setting is read.
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod consumer;
 pub mod exit;
@@ -46,8 +49,9 @@ pub fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
     // Arguments first: they answer without reading a setting, and never consume.
-    match cli::parse(std::env::args_os().skip(1)) {
-        Ok(cli::Command::Run) => {}
+    let command = cli::parse(std::env::args_os().skip(1));
+    match command {
+        Ok(cli::Command::Run | cli::Command::Check | cli::Command::Status) => {}
         Ok(cli::Command::Help) => return print_out(&cli::help()),
         Ok(cli::Command::Version) => return print_out(&format!("{}\n", cli::version())),
         Err(e) => {
@@ -62,10 +66,17 @@ pub fn main_with<P: Processor>(
         // From here on no line carries a secret value, whatever path it takes.
         secret::register(s.never_shown());
     }
-    let (level, prefix) = match &settings {
+    let (mut level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
     };
+    // The info lines of `check` and `status` are their output, not log lines: a quiet
+    // ACKD_LOG_LEVEL must not silence them.
+    if matches!(command, Ok(cli::Command::Check | cli::Command::Status))
+        && matches!(level.as_str(), "error" | "warn")
+    {
+        level = "info".to_string();
+    }
     let (guard, rust_log_error) = output::lines::init(&level, &prefix);
     install_panic_hook();
     if let Some(e) = rust_log_error {
@@ -74,6 +85,41 @@ pub fn main_with<P: Processor>(
             setting = "RUST_LOG",
             "{e}; using ACKD_LOG_LEVEL"
         );
+    }
+    // `ackd check` / `ackd status`: the settings, then questions to the brokers. check
+    // builds the processor to validate its settings, as the daemon would, and drops it
+    // unused (building starts nothing: exec handlers start on the first message).
+    if let Ok(command @ (cli::Command::Check | cli::Command::Status)) = command {
+        let started = std::time::Instant::now();
+        let settings = match settings {
+            Ok(s) if command == cli::Command::Check => make(&s).map(|_unused| s),
+            other => other,
+        };
+        let code = match &settings {
+            Ok(s) if command == cli::Command::Check => commands::check::run(s),
+            Ok(s) => commands::status::run(s),
+            Err(e) => {
+                report_setting_error(e);
+                if command == cli::Command::Check {
+                    tracing::error!(
+                        at = "check",
+                        check = "settings",
+                        ok = false,
+                        setting = &e.setting
+                    );
+                }
+                exit::CONFIG
+            }
+        };
+        if command == cli::Command::Check || code != exit::OK {
+            tracing::info!(
+                at = "exit",
+                code,
+                duration_ms = started.elapsed().as_millis() as u64
+            );
+        }
+        drop(guard);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => daemon::run(settings, processor),

@@ -229,8 +229,9 @@ fn plain_with_the_ackd_sasl_settings_consumes_and_commits() {
 
 /// Runs ackd expecting the broker to refuse its login: exit 77 within the bound, one
 /// `at=auth_failed` line naming the broker with the broker's `reason`, no secret.
+/// Returns the lines.
 #[track_caller]
-fn assert_login_refused(builder: AckdBuilder, mechanism: &str, reason: &str) {
+fn assert_login_refused(builder: AckdBuilder, mechanism: &str, reason: &str) -> Vec<String> {
     let ackd = builder.spawn();
     let code = ackd.wait_exit(AUTH_FAILURE_BOUND);
     let lines = ackd.lines();
@@ -261,6 +262,7 @@ fn assert_login_refused(builder: AckdBuilder, mechanism: &str, reason: &str) {
         "{mechanism} wrong password: exit {code} after {:?}: {line}",
         ackd.elapsed()
     );
+    lines
 }
 
 fn at_exit_with(line: &str, code: i32) -> bool {
@@ -288,4 +290,69 @@ fn a_wrong_plain_password_is_one_auth_failed_line_and_exit_77() {
         &format!("{PLAIN_USER}:{}@", encode(WRONG_PASSWORD)),
     );
     assert_login_refused(builder, "PLAIN", "Invalid username or password");
+}
+
+/// `ackd check` (issue 15.1) over SASL_SSL: the right password passes every check, a
+/// wrong one is the daemon's `at=auth_failed` line, `check=auth ok=false` and exit 77.
+#[test]
+fn ackd_check_over_sasl_passes_with_the_right_password_and_exits_77_with_a_wrong_one() {
+    let (topic, group) = (unique_name("chk"), unique_name("g-chk"));
+    sasl(); // the SASL broker is the one create_topic uses: start it first
+    create_topic(&topic, 2);
+    let good = ackd(&topic, &group, "SCRAM-SHA-512", "")
+        .env("ACKD_SASL_USERNAME", SCRAM_USER)
+        .env("ACKD_SASL_PASSWORD", SCRAM_PASSWORD)
+        .arg("check")
+        .spawn();
+    let code = good.wait_exit(WAIT);
+    let lines = good.lines();
+    let all = lines.join("\n");
+    assert_eq!(code, 0, "{all}");
+    let checks = at(&lines, "check");
+    assert_eq!(checks.len(), 5, "{all}");
+    assert!(
+        checks
+            .iter()
+            .all(|l| field(l, "ok").as_deref() == Some("true")),
+        "{all}"
+    );
+    let auth = checks
+        .iter()
+        .find(|l| field(l, "check").as_deref() == Some("auth"))
+        .unwrap();
+    assert_eq!(
+        field(auth, "security").as_deref(),
+        Some("sasl_ssl"),
+        "{auth}"
+    );
+    assert_eq!(
+        field(auth, "sasl").as_deref(),
+        Some("mechanism=SCRAM-SHA-512,credentials=ACKD_SASL_USERNAME/ACKD_SASL_PASSWORD"),
+        "{auth}"
+    );
+    assert_no_secret(&lines);
+
+    let wrong = ackd(&topic, &group, "SCRAM-SHA-512", "")
+        .env("ACKD_SASL_USERNAME", SCRAM_USER)
+        .env("ACKD_SASL_PASSWORD", WRONG_PASSWORD)
+        .arg("check");
+    let lines = assert_login_refused(
+        wrong,
+        "SCRAM-SHA-512",
+        "invalid credentials with SASL mechanism SCRAM-SHA-512",
+    );
+    let all = lines.join("\n");
+    let checks = at(&lines, "check");
+    let failed: Vec<_> = checks
+        .iter()
+        .filter(|l| field(l, "ok").as_deref() == Some("false"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{all}");
+    assert_eq!(field(failed[0], "check").as_deref(), Some("auth"), "{all}");
+    assert!(
+        !checks
+            .iter()
+            .any(|l| field(l, "check").as_deref() == Some("topic")),
+        "{all}"
+    );
 }

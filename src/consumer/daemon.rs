@@ -354,7 +354,7 @@ fn log_uncommitted(group: &Mutex<Group>) {
 }
 
 /// librdkafka refused the configuration: name the setting it came from.
-fn report_client_error(settings: &Settings, error: KafkaError) -> i32 {
+pub(crate) fn report_client_error(settings: &Settings, error: KafkaError) -> i32 {
     if let KafkaError::ClientConfig(_, description, property, _) = &error {
         let setting = settings
             .rdkafka

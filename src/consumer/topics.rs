@@ -93,14 +93,7 @@ pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: Consu
             return Ok(());
         }
         if !settings.wait_for_topics {
-            tracing::error!(
-                at = "config_error",
-                setting = "ACKD_TOPICS",
-                value = settings.topics.join(","),
-                topics = missing.join(","),
-                problem = "names topics that do not exist on the brokers: check the names (KAFKA_PREFIX included) or create the topics; ACKD_WAIT_FOR_TOPICS=true waits for them",
-                "invalid configuration; fix the setting and start again"
-            );
+            report_missing(settings, &missing.join(","));
             return Err(exit::CONFIG);
         }
         if reported.is_none_or(|t| t.elapsed() >= REPORT) {
@@ -117,6 +110,19 @@ pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: Consu
             s = signals.next() => return Err(stopped_while_waiting(s)),
         }
     }
+}
+
+/// The one `at=config_error setting=ACKD_TOPICS` line for topics that do not exist (the
+/// daemon's, and `ackd check`'s and `ackd status`'s).
+pub fn report_missing(settings: &Settings, missing: &str) {
+    tracing::error!(
+        at = "config_error",
+        setting = "ACKD_TOPICS",
+        value = settings.topics.join(","),
+        topics = missing,
+        problem = "names topics that do not exist on the brokers: check the names (KAFKA_PREFIX included) or create the topics; ACKD_WAIT_FOR_TOPICS=true waits for them",
+        "invalid configuration; fix the setting and start again"
+    );
 }
 
 fn stopped_while_waiting(signal: Option<i32>) -> i32 {

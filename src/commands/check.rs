@@ -1,0 +1,139 @@
+//! `ackd check`: is this configuration right? One `at=check check=NAME ok=true|false`
+//! line per check (settings, brokers, auth, one per topic, group), each with what it
+//! found; the exit code is the daemon's for the same problem: 78 a setting (a missing
+//! topic included), 77 authentication, 69 brokers unreachable within
+//! [`super::CONNECT_BOUND`]. It never joins the group and never commits.
+
+use std::time::Instant;
+
+use crate::exit;
+use crate::settings::Settings;
+
+use super::{connect, create, describe_group, partitions, Unreached};
+
+/// Runs every check that can run; returns the exit code.
+pub fn run(settings: &Settings) -> i32 {
+    tracing::info!(
+        at = "check",
+        check = "settings",
+        ok = true,
+        topics = settings.topics.join(","),
+        group = &settings.group_id,
+        bootstrap = settings.brokers.bootstrap_servers(),
+        security = settings.brokers.security.protocol(),
+    );
+    let probe = match create(settings, "check") {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let started = Instant::now();
+    match connect(&probe, settings.topics.first().map(String::as_str)) {
+        Ok((metadata, took)) => metadata_ok(settings, &metadata, took),
+        Err(Unreached::Auth) => {
+            tracing::error!(
+                at = "check",
+                check = "auth",
+                ok = false,
+                security = settings.brokers.security.protocol(),
+                "the brokers refused ackd's credentials or ackd refused theirs (see at=auth_failed)"
+            );
+            return exit::NOPERM;
+        }
+        Err(e @ Unreached::Unavailable { .. }) => {
+            if let Unreached::Unavailable { waited, error } = &e {
+                tracing::error!(
+                    at = "check",
+                    check = "brokers",
+                    ok = false,
+                    bootstrap = settings.brokers.bootstrap_servers(),
+                    waited_ms = waited.as_millis() as u64,
+                    error = error.as_str(),
+                    "no broker answered"
+                );
+            }
+            return e.code();
+        }
+    }
+    let mut code = exit::OK;
+    match partitions(&probe, &settings.topics) {
+        Ok(found) => {
+            let mut missing = Vec::new();
+            for (topic, partitions) in &found {
+                match partitions {
+                    Some(ps) => tracing::info!(
+                        at = "check",
+                        check = "topic",
+                        ok = true,
+                        topic = topic.as_str(),
+                        partitions = ps.len()
+                    ),
+                    None => {
+                        tracing::error!(
+                            at = "check",
+                            check = "topic",
+                            ok = false,
+                            topic = topic.as_str(),
+                            "the topic does not exist"
+                        );
+                        missing.push(topic.as_str());
+                    }
+                }
+            }
+            if !missing.is_empty() {
+                // The daemon's own line for it, word for word: the same contract.
+                crate::topics::report_missing(settings, &missing.join(","));
+                code = exit::CONFIG;
+            }
+        }
+        Err(e) => {
+            tracing::error!(at = "check", check = "topic", ok = false, error = %e, "could not ask for the topics");
+            code = exit::UNAVAILABLE;
+        }
+    }
+    match describe_group(&probe, &settings.group_id) {
+        Ok(g) => tracing::info!(
+            at = "check",
+            check = "group",
+            ok = true,
+            group = &settings.group_id,
+            state = g.state.as_str(),
+            protocol = (!g.protocol.is_empty()).then_some(g.protocol.as_str()),
+            kind = (!g.kind.is_empty()).then_some(g.kind.as_str()),
+            members = g.members.len(),
+        ),
+        Err(e) => {
+            tracing::error!(at = "check", check = "group", ok = false, group = &settings.group_id, error = %e, "the group could not be described");
+            if code == exit::OK {
+                code = exit::UNAVAILABLE;
+            }
+        }
+    }
+    tracing::debug!(
+        at = "check_done",
+        took_ms = started.elapsed().as_millis() as u64
+    );
+    code
+}
+
+fn metadata_ok(
+    settings: &Settings,
+    metadata: &rdkafka::metadata::Metadata,
+    took: std::time::Duration,
+) {
+    tracing::info!(
+        at = "check",
+        check = "brokers",
+        ok = true,
+        brokers = metadata.brokers().len(),
+        bootstrap = settings.brokers.bootstrap_servers(),
+        took_ms = took.as_millis() as u64,
+    );
+    tracing::info!(
+        at = "check",
+        check = "auth",
+        ok = true,
+        security = settings.brokers.security.protocol(),
+        tls = crate::security::tls_summary(settings.tls.as_ref()),
+        sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
+    );
+}

@@ -1,0 +1,141 @@
+//! The group's description through librdkafka's admin API
+//! (`rd_kafka_DescribeConsumerGroups`, librdkafka 2.12): it answers for classic groups
+//! (DescribeGroups, the assignment decoded) and for KIP-848 groups (`group.protocol=
+//! consumer`: ConsumerGroupDescribe), which the classic DescribeGroups behind
+//! rust-rdkafka's `fetch_group_list` reports as a group that does not exist.
+//! rust-rdkafka 0.39 has no safe wrapper for it, hence the FFI here, kept to copying
+//! the answer out before the event that owns it is destroyed.
+
+use std::ffi::{CStr, CString};
+use std::os::raw::c_char;
+use std::time::Duration;
+
+use rdkafka::bindings as rd;
+use rdkafka::consumer::Consumer;
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::{GroupView, Member, Probe};
+
+/// Copies a C string librdkafka owns; `""` for null.
+///
+/// # Safety
+/// `p` is null or a valid NUL-terminated string.
+unsafe fn text(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// Describes `group`; `Err` carries librdkafka's reason.
+pub fn describe(probe: &Probe, group: &str, timeout: Duration) -> Result<GroupView, String> {
+    let group_c = CString::new(group).map_err(|_| "the group id holds a NUL byte".to_string())?;
+    let rk = probe.client().native_ptr();
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: rk lives as long as `probe`; every object created here is destroyed before
+    // returning, and nothing that points into the event outlives it.
+    unsafe {
+        let queue = rd::rd_kafka_queue_new(rk);
+        let options = rd::rd_kafka_AdminOptions_new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
+        );
+        let mut errstr = [0 as c_char; 256];
+        rd::rd_kafka_AdminOptions_set_request_timeout(
+            options,
+            millis,
+            errstr.as_mut_ptr(),
+            errstr.len(),
+        );
+        let mut groups = [group_c.as_ptr()];
+        rd::rd_kafka_DescribeConsumerGroups(rk, groups.as_mut_ptr(), 1, options, queue);
+        // The request times out on its own; the poll waits a little longer for that answer.
+        let event = rd::rd_kafka_queue_poll(queue, millis.saturating_add(2000));
+        let result = if event.is_null() {
+            Err("no answer to DescribeConsumerGroups".to_string())
+        } else {
+            let r = read(event);
+            rd::rd_kafka_event_destroy(event);
+            r
+        };
+        rd::rd_kafka_AdminOptions_destroy(options);
+        rd::rd_kafka_queue_destroy(queue);
+        result
+    }
+}
+
+/// # Safety
+/// `event` is a live DescribeConsumerGroups result event.
+unsafe fn read(event: *mut rd::rd_kafka_event_t) -> Result<GroupView, String> {
+    if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        return Err(text(rd::rd_kafka_event_error_string(event)));
+    }
+    let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event);
+    if result.is_null() {
+        return Err("not a DescribeConsumerGroups result".to_string());
+    }
+    let mut count = 0usize;
+    let groups = rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
+    if groups.is_null() || count == 0 {
+        return Err("no group in the answer".to_string());
+    }
+    let g = *groups;
+    let error = rd::rd_kafka_ConsumerGroupDescription_error(g);
+    if !error.is_null() {
+        let code = RDKafkaErrorCode::from(rd::rd_kafka_error_code(error));
+        if code == RDKafkaErrorCode::GroupIdNotFound {
+            return Ok(GroupView {
+                state: "Dead".to_string(),
+                ..GroupView::default()
+            });
+        }
+        return Err(text(rd::rd_kafka_error_string(error)));
+    }
+    let state = text(rd::rd_kafka_consumer_group_state_name(
+        rd::rd_kafka_ConsumerGroupDescription_state(g),
+    ));
+    let kind = text(rd::rd_kafka_consumer_group_type_name(
+        rd::rd_kafka_ConsumerGroupDescription_type(g),
+    ));
+    let mut members = Vec::new();
+    for i in 0..rd::rd_kafka_ConsumerGroupDescription_member_count(g) {
+        let m = rd::rd_kafka_ConsumerGroupDescription_member(g, i);
+        if m.is_null() {
+            continue;
+        }
+        let assignment = rd::rd_kafka_MemberDescription_assignment(m);
+        let partitions = if assignment.is_null() {
+            std::ptr::null()
+        } else {
+            rd::rd_kafka_MemberAssignment_partitions(assignment)
+        };
+        let assigned = (!partitions.is_null()).then(|| {
+            let list = &*partitions;
+            let mut by_topic: Vec<(String, Vec<i32>)> = Vec::new();
+            for j in 0..usize::try_from(list.cnt).unwrap_or(0) {
+                let e = &*list.elems.add(j);
+                let topic = text(e.topic);
+                match by_topic.iter_mut().find(|(t, _)| *t == topic) {
+                    Some((_, ps)) => ps.push(e.partition),
+                    None => by_topic.push((topic, vec![e.partition])),
+                }
+            }
+            by_topic
+        });
+        members.push(Member {
+            id: text(rd::rd_kafka_MemberDescription_consumer_id(m)),
+            client_id: text(rd::rd_kafka_MemberDescription_client_id(m)),
+            host: text(rd::rd_kafka_MemberDescription_host(m))
+                .trim_start_matches('/')
+                .to_string(),
+            assignment: assigned,
+        });
+    }
+    Ok(GroupView {
+        state,
+        protocol: text(rd::rd_kafka_ConsumerGroupDescription_partition_assignor(g)),
+        kind,
+        members,
+    })
+}

@@ -1,0 +1,225 @@
+//! `ackd status`: where the group is, per partition of the configured topics: the
+//! committed offset, the log end (high watermark), the lag between them, and the member
+//! holding the partition (from the group's description). What `kafka-consumer-groups
+//! --describe` shows, in ackd's vocabulary: logfmt lines (`at=status ...`, then one
+//! `at=status_total`) when stdout is no terminal, a table when it is. Never joins the
+//! group, never commits.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::committer::committed_with_metadata;
+use crate::exit;
+use crate::settings::{Settings, StartFrom};
+
+use super::{connect, create, describe_group, partitions, GroupView, Unreached, REQUEST};
+
+/// One partition's line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub topic: String,
+    pub partition: i32,
+    /// The group's committed offset (the next to read); `None`: never committed.
+    pub committed: Option<i64>,
+    /// The log end: the offset the next produced message gets.
+    pub end: i64,
+    /// Messages the group has yet to process: end - committed; without a commit, what
+    /// ackd would read under ACKD_START_FROM (earliest: the whole retained log, latest: 0).
+    pub lag: i64,
+    /// `ackd:processed=H` of the last commit: the highest offset the committing process
+    /// had processed.
+    pub processed: Option<i64>,
+    /// consumer id, client id, host of the member holding it.
+    pub member: Option<(String, String, String)>,
+}
+
+pub fn run(settings: &Settings) -> i32 {
+    match gather(settings) {
+        Ok((group, rows)) => {
+            // SAFETY: isatty only reads the descriptor's state.
+            if unsafe { libc::isatty(1) } == 1 {
+                let mut out = std::io::stdout().lock();
+                let _ = out
+                    .write_all(table(settings, &group, &rows).as_bytes())
+                    .and_then(|()| out.flush());
+            } else {
+                log_lines(settings, &group, &rows);
+            }
+            exit::OK
+        }
+        Err(code) => code,
+    }
+}
+
+/// Asks the brokers; `Err` is the exit code, its line written.
+fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
+    let probe = create(settings, "status")?;
+    match connect(&probe, settings.topics.first().map(String::as_str)) {
+        Ok(_) => {}
+        Err(Unreached::Auth) => return Err(exit::NOPERM),
+        Err(e @ Unreached::Unavailable { .. }) => {
+            if let Unreached::Unavailable { waited, error } = &e {
+                tracing::error!(
+                    at = "unavailable",
+                    bootstrap = settings.brokers.bootstrap_servers(),
+                    waited_ms = waited.as_millis() as u64,
+                    error = error.as_str(),
+                    "no broker answered"
+                );
+            }
+            return Err(e.code());
+        }
+    }
+    let unavailable = |what: &str, e: rdkafka::error::KafkaError| {
+        tracing::error!(at = "unavailable", error = %e, "could not ask for {what}");
+        exit::UNAVAILABLE
+    };
+    let topics = partitions(&probe, &settings.topics).map_err(|e| unavailable("the topics", e))?;
+    let missing: Vec<&str> = topics
+        .iter()
+        .filter(|(_, p)| p.is_none())
+        .map(|(t, _)| t.as_str())
+        .collect();
+    if !missing.is_empty() {
+        crate::topics::report_missing(settings, &missing.join(","));
+        return Err(exit::CONFIG);
+    }
+    let group =
+        describe_group(&probe, &settings.group_id).map_err(|e| unavailable("the group", e))?;
+    let mut tpl = TopicPartitionList::new();
+    for (topic, ps) in &topics {
+        for p in ps.iter().flatten() {
+            tpl.add_partition(topic, *p);
+        }
+    }
+    let committed = probe
+        .committed_offsets(tpl, REQUEST)
+        .map_err(|e| unavailable("the committed offsets", e))?;
+    let mut rows = Vec::new();
+    // Metadata read as bytes: another client's need not be UTF-8.
+    for ((topic, partition), offset, previous) in committed_with_metadata(&committed) {
+        let topic = topic.to_string();
+        let (low, end) = probe
+            .fetch_watermarks(&topic, partition, REQUEST)
+            .map_err(|e| unavailable("the log ends", e))?;
+        let committed = match offset {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        };
+        let lag = match (committed, settings.start_from) {
+            (Some(c), _) => end - c,
+            (None, StartFrom::Earliest) => end - low,
+            (None, StartFrom::Latest) => 0,
+        }
+        .max(0);
+        let member = group
+            .holder(&topic, partition)
+            .map(|m| (m.id.clone(), m.client_id.clone(), m.host.clone()));
+        rows.push(Row {
+            topic,
+            partition,
+            committed,
+            end,
+            lag,
+            processed: previous.map(|p| p.processed),
+            member,
+        });
+    }
+    rows.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok((group, rows))
+}
+
+fn shown(v: Option<i64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+fn log_lines(settings: &Settings, group: &GroupView, rows: &[Row]) {
+    for r in rows {
+        let (member, client_id, host) = match &r.member {
+            Some((m, c, h)) => (m.as_str(), Some(c.as_str()), Some(h.as_str())),
+            None => ("-", None, None),
+        };
+        tracing::info!(
+            at = "status",
+            topic = r.topic.as_str(),
+            partition = r.partition,
+            committed = shown(r.committed),
+            end = r.end,
+            lag = r.lag,
+            member,
+            client_id,
+            host,
+            processed = r.processed
+        );
+    }
+    tracing::info!(
+        at = "status_total",
+        group = &settings.group_id,
+        state = group.state.as_str(),
+        members = group.members.len(),
+        partitions = rows.len(),
+        lag = rows.iter().map(|r| r.lag).sum::<i64>()
+    );
+}
+
+/// The table for a terminal.
+pub fn table(settings: &Settings, group: &GroupView, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "group {}  state {}  members {}  partitions {}  lag {}\n",
+        settings.group_id,
+        group.state,
+        group.members.len(),
+        rows.len(),
+        rows.iter().map(|r| r.lag).sum::<i64>()
+    );
+    let mut cells = vec![[
+        "TOPIC",
+        "PARTITION",
+        "COMMITTED",
+        "END",
+        "LAG",
+        "MEMBER",
+        "HOST",
+        "CLIENT-ID",
+    ]
+    .map(String::from)];
+    for r in rows {
+        let (m, c, h) = r
+            .member
+            .clone()
+            .unwrap_or_else(|| ("-".into(), "-".into(), "-".into()));
+        cells.push([
+            r.topic.clone(),
+            r.partition.to_string(),
+            shown(r.committed),
+            r.end.to_string(),
+            r.lag.to_string(),
+            m,
+            h,
+            c,
+        ]);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in &cells {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
