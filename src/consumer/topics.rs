@@ -119,7 +119,7 @@ pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: Consu
     }
 }
 
-fn stopped_while_waiting(signal: Option<i32>) -> i32 {
+pub(crate) fn stopped_while_waiting(signal: Option<i32>) -> i32 {
     let name = match signal {
         Some(signal_hook::consts::SIGTERM) => "SIGTERM",
         Some(signal_hook::consts::SIGINT) => "SIGINT",
