@@ -135,3 +135,58 @@ fn a_budget_too_small_for_the_partitions_is_a_config_error() {
     assert!(line.contains("13 or more"), "{line}");
     assert!(!ackd.lines().iter().any(|l| at(l, "assigned")));
 }
+
+/// The share follows nothing but the topics: a second member takes half the partitions,
+/// each member says what it holds now, and the handoff loses and repeats nothing.
+#[test]
+fn assignment_changes_are_logged_and_the_handoff_is_exact() {
+    let topic = unique_name("memory-rebalance");
+    let group = unique_name("g-memory-rebalance");
+    create_topic(&topic, 8);
+    let first = produce(&topic, &sized_messages(400, 1024));
+    let member = || {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_MEMORY_MB", "4")
+            .env("ACKD_COMMIT_INTERVAL_MS", "500")
+            .spawn()
+    };
+    let is_held = |n: &'static str| {
+        move |l: &str| at(l, "memory_budget") && field(l, "partitions").as_deref() == Some(n)
+    };
+    let a = member();
+    a.wait_for_line(is_held("8"), WAIT);
+    a.wait_for_count(is_processed, first.len(), WAIT);
+    let b = member();
+    // Cooperative-sticky: a gives up 4 (revoke), b gets them (assign).
+    a.wait_for_line(is_held("4"), WAIT);
+    let line = b.wait_for_line(is_held("4"), WAIT);
+    assert_eq!(field(&line, "share_kb").as_deref(), Some("512"), "{line}");
+    assert_eq!(
+        field(&line, "prefetch_kb").as_deref(),
+        Some("2048"),
+        "{line}"
+    );
+    let second = produce(&topic, &sized_messages(400, 1024));
+    wait_until(WAIT, || {
+        processed(&a.lines()).len() + processed(&b.lines()).len() >= first.len() + second.len()
+    });
+    a.sigterm();
+    b.sigterm();
+    assert_eq!(a.wait_exit(WAIT), 0);
+    assert_eq!(b.wait_exit(WAIT), 0);
+    let (a_lines, b_lines) = (a.lines(), b.lines());
+    let mut all = processed(&a_lines);
+    all.extend(processed(&b_lines));
+    let lines: Vec<String> = a_lines.into_iter().chain(b_lines).collect();
+    let delivered: Vec<Delivered> = first.into_iter().chain(second).collect();
+    let t = tally(&delivered, &all, &lines);
+    eprintln!(
+        "2 members, 8 partitions, {} messages: lost {}, duplicated {}",
+        delivered.len(),
+        t.lost.len(),
+        t.duplicated.len()
+    );
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    assert!(t.duplicated.is_empty(), "duplicated {:?}", t.duplicated);
+    assert_committed_to_ends(&group, &topic, 8, &log_ends(&delivered));
+}
