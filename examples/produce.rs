@@ -5,6 +5,9 @@
 //! ```
 //!
 //! `--value-bytes B` pads each value with `.` to B bytes (the benchmark's ~100-byte messages).
+//! `--batch-bytes B` sets the producer's `batch.size` (librdkafka's default is 1000000;
+//! the Java client's is 16384): a consumer fetches whole record batches. `--timeout-ms T`:
+//! how long a delivery may take (default 10000).
 //!
 //! Prints one logfmt line per partition once every delivery is confirmed:
 //! `at=produced topic=demo partition=P first_offset=A last_offset=B count=N`.
@@ -19,7 +22,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 const USAGE: &str =
-    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--value-bytes B]";
+    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--value-bytes B] [--batch-bytes B] [--timeout-ms T]";
 
 struct Args {
     brokers: String,
@@ -27,6 +30,8 @@ struct Args {
     count: u64,
     start: u64,
     value_bytes: usize,
+    batch_bytes: Option<usize>,
+    timeout_ms: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -35,6 +40,8 @@ fn parse_args() -> Result<Args, String> {
     let mut count = None;
     let mut start = 0;
     let mut value_bytes = 0;
+    let mut batch_bytes = None;
+    let mut timeout_ms = 10_000;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -73,6 +80,19 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--value-bytes: not a number: {v}"))?;
             }
+            "--batch-bytes" => {
+                let v = value()?;
+                batch_bytes = Some(
+                    v.parse()
+                        .map_err(|_| format!("--batch-bytes: not a number: {v}"))?,
+                );
+            }
+            "--timeout-ms" => {
+                let v = value()?;
+                timeout_ms = v
+                    .parse()
+                    .map_err(|_| format!("--timeout-ms: not a number: {v}"))?;
+            }
             other => return Err(format!("unknown argument: {other}")),
         }
     }
@@ -82,16 +102,23 @@ fn parse_args() -> Result<Args, String> {
         count: count.ok_or("--count is required")?,
         start,
         value_bytes,
+        batch_bytes,
+        timeout_ms,
     })
 }
 
 fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
-    let producer: FutureProducer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", &args.brokers)
         .set("acks", "all")
         .set("linger.ms", "5")
         // Fail (rather than hang) when the broker is unreachable.
-        .set("message.timeout.ms", "10000")
+        .set("message.timeout.ms", args.timeout_ms.to_string());
+    if let Some(b) = args.batch_bytes {
+        config.set("batch.size", b.to_string());
+    }
+    let producer: FutureProducer = config
         .create()
         .map_err(|e| format!("create producer: {e}"))?;
 
@@ -130,8 +157,8 @@ fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
             }
             Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
                 return Err(format!(
-                    "no delivery to {} within 10 s: is a broker reachable at {}?",
-                    args.topic, args.brokers
+                    "no delivery to {} within {} ms: is a broker reachable at {}?",
+                    args.topic, args.timeout_ms, args.brokers
                 ))
             }
             Ok(Err((e, _))) => {

@@ -181,6 +181,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("ACKD_HTTP_HEADERS", "http: `Name: value` lines added to every request; values never shown"),
     ("ACKD_HTTP_CONCURRENCY", "http: requests in flight at most (1-1024)"),
     ("ACKD_HTTP_TIMEOUT_MS", "http: how long one request may take"),
+    ("ACKD_MEMORY_MB", "prefetch budget of the process in MiB, shared by the topics' partitions (0: per-partition limits)"),
     ("ACKD_WAIT_FOR_TOPICS", "true: wait for topics that do not exist yet; false: exit 78 naming them"),
     ("ACKD_HEALTH_PORT", "port of the HTTP endpoint /live, /ready, /metrics (0: off)"),
     ("ACKD_HEALTH_ADDR", "address the health endpoint listens on"),

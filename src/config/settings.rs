@@ -120,6 +120,7 @@ const KEYS: &[&str] = &[
     "health_port",
     "health_addr",
     "health_stuck_ms",
+    "memory_mb",
     #[cfg(feature = "testkit")]
     "test_delay_ms",
 ];
@@ -130,6 +131,9 @@ pub const MAX_BATCH: usize = 10_000;
 pub const MAX_BATCH_BYTES: usize = 1 << 30;
 /// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (three lines of each child may be held).
 pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;
+
+/// The largest `ACKD_MEMORY_MB`: 1 TiB.
+pub const MAX_MEMORY_MB: usize = 1 << 20;
 
 /// Where a group without a committed offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +304,10 @@ pub struct Settings {
     pub health_listen: Option<std::net::SocketAddr>,
     /// `ACKD_HEALTH_STUCK_MS`; `None` (0): derived, see [`Settings::health_stuck_after`].
     pub health_stuck: Option<Duration>,
+    /// `ACKD_MEMORY_MB`: the prefetch budget of the process, divided among the
+    /// partitions of the topics (src/consumer/memory.rs); 0: off, librdkafka's limits
+    /// per partition as configured.
+    pub memory_mb: u64,
     /// Per-message delay of the testkit's `slow` processor.
     #[cfg(feature = "testkit")]
     pub test_delay: Duration,
@@ -1110,6 +1118,11 @@ impl RawSettings {
             health_listen: self.health_listen()?,
             health_stuck: Some(self.millis("health_stuck_ms", 0, 86_400_000)?)
                 .filter(|d| !d.is_zero()),
+            memory_mb: self.whole(
+                "memory_mb",
+                0..=MAX_MEMORY_MB,
+                format!("expected a whole number of MiB from 0 (off) to {MAX_MEMORY_MB}"),
+            )? as u64,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 self.millis("test_delay_ms", 0, 3_600_000)?
@@ -1137,6 +1150,24 @@ impl RawSettings {
                          could not finish before the deadline; lower it, or raise ACKD_SHUTDOWN_TIMEOUT_MS",
                         drain.as_millis(),
                         settings.shutdown_timeout.as_millis()
+                    ),
+                ));
+            }
+        }
+        // The budget sets librdkafka's prefetch limits itself: one set by hand as well
+        // would be silently overridden (a value equal to ackd's default is not "by hand").
+        if settings.memory_mb > 0 {
+            let defaults = rdkafka_defaults();
+            if let Some((property, pass)) = settings.rdkafka.iter().find(|(p, pass)| {
+                crate::memory::PROPERTIES.contains(&p.as_str())
+                    && !defaults.iter().any(|(d, v)| d == *p && *v == pass.value)
+            }) {
+                return Err(SettingError::new(
+                    &pass.origin,
+                    Some(&pass.value),
+                    format!(
+                        "sets `{property}`, which ACKD_MEMORY_MB={} sets from the budget: use one or the other",
+                        settings.memory_mb
                     ),
                 ));
             }
@@ -1648,6 +1679,32 @@ mod tests {
         let e = err(&[("ACKD_RDKAFKA_GROUP_INSTANCE_ID", "me")]);
         assert_eq!(e.setting, "ACKD_RDKAFKA_GROUP_INSTANCE_ID");
         assert!(e.problem.contains("ACKD_STATIC_MEMBERSHIP"), "{e}");
+    }
+
+    #[test]
+    fn a_memory_budget_is_off_by_default_and_owns_the_prefetch_limits() {
+        assert_eq!(Settings::from_vars(vars(&[])).unwrap().memory_mb, 0);
+        let s = Settings::from_vars(vars(&[("ACKD_MEMORY_MB", "64")])).unwrap();
+        assert_eq!(s.memory_mb, 64);
+        let e = err(&[("ACKD_MEMORY_MB", "lots")]);
+        assert_eq!(e.setting, "ACKD_MEMORY_MB");
+        // A limit set by hand would be overridden silently: refused, naming both.
+        let e = err(&[
+            ("ACKD_MEMORY_MB", "64"),
+            ("ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES", "4096"),
+        ]);
+        assert_eq!(e.setting, "ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES");
+        assert!(e.problem.contains("ACKD_MEMORY_MB=64"), "{e}");
+        // Without a budget it is an ordinary pass-through; ackd's own default is no conflict.
+        assert!(
+            Settings::from_vars(vars(&[("ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES", "4096")]))
+                .is_ok()
+        );
+        assert!(Settings::from_vars(vars(&[
+            ("ACKD_MEMORY_MB", "64"),
+            ("ACKD_RDKAFKA_FETCH_MAX_BYTES", "1048576"),
+        ]))
+        .is_ok());
     }
 
     #[test]

@@ -115,6 +115,34 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         }
         _ => None,
     };
+    // ACKD_MEMORY_MB: librdkafka's limits are fixed when the consumer is created, so the
+    // partitions the budget is divided among are counted first (src/consumer/memory.rs).
+    let memory = if settings.memory_mb > 0 {
+        let s = settings.clone();
+        let count = tokio::task::spawn_blocking(move || {
+            crate::memory::count_partitions(&s, Duration::from_secs(10))
+        });
+        let partitions = tokio::select! {
+            c = count => c.ok().flatten(),
+            s = signals.next() => return crate::topics::stopped_while_waiting(s),
+        };
+        match crate::memory::Budget::plan(settings.memory_mb, partitions) {
+            Ok(budget) => {
+                budget.log(None);
+                Some(budget)
+            }
+            Err(problem) => {
+                crate::report_setting_error(&SettingError {
+                    setting: "ACKD_MEMORY_MB".into(),
+                    value: Some(settings.memory_mb.to_string()),
+                    problem,
+                });
+                return exit::CONFIG;
+            }
+        }
+    } else {
+        None
+    };
     let group = Arc::new(Mutex::new(Group::default()));
     let at_end = settings
         .stop_at_end
@@ -174,15 +202,19 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         },
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
+        memory: memory.clone(),
         auth: crate::auth::AuthFailures::new(
             settings.tls.as_ref().is_some_and(|t| t.client.is_some()),
         ),
     };
-    let consumer: Arc<AckdConsumer<P>> =
-        match consumer_config(&settings).create_with_context(context) {
-            Ok(c) => Arc::new(c),
-            Err(e) => return report_client_error(&settings, e),
-        };
+    let mut config = consumer_config(&settings);
+    if let Some(budget) = &memory {
+        budget.apply(&mut config);
+    }
+    let consumer: Arc<AckdConsumer<P>> = match config.create_with_context(context) {
+        Ok(c) => Arc::new(c),
+        Err(e) => return report_client_error(&settings, e),
+    };
     let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
     match Committer::start(Arc::downgrade(&consumer), group.clone(), commit_metrics) {
         Ok(c) => {

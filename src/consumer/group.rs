@@ -150,6 +150,8 @@ pub struct GroupContext<P: Processor> {
     /// it could not commit (lost, refused, or a drain past its deadline): the stop is
     /// then incomplete, as if the final commit had failed.
     pub released_incomplete: AtomicBool,
+    /// `ACKD_MEMORY_MB`: the prefetch budget, logged with each assignment change.
+    pub memory: Option<crate::memory::Budget>,
 }
 
 /// How often a broker outage is reported again while it lasts.
@@ -380,6 +382,14 @@ impl<P: Processor> ConsumerContext for GroupContext<P> {
                 self.revoke(base, tpl)
             }
             Rebalance::Error(e) => tracing::error!(at = "rebalance_error", error = %e),
+        }
+        // What the prefetch may hold now (ACKD_MEMORY_MB), once the owned set changed.
+        if let (Some(budget), Rebalance::Assign(_) | Rebalance::Revoke(_)) =
+            (&self.memory, rebalance)
+        {
+            if !self.stopping.load(Ordering::Acquire) {
+                budget.log(Some(self.lock().owned.len()));
+            }
         }
     }
 }

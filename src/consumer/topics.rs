@@ -125,7 +125,7 @@ pub fn report_missing(settings: &Settings, missing: &str) {
     );
 }
 
-fn stopped_while_waiting(signal: Option<i32>) -> i32 {
+pub(crate) fn stopped_while_waiting(signal: Option<i32>) -> i32 {
     let name = match signal {
         Some(signal_hook::consts::SIGTERM) => "SIGTERM",
         Some(signal_hook::consts::SIGINT) => "SIGINT",
