@@ -1071,16 +1071,6 @@ fn exec_batches_stop_at_the_byte_limit() {
 
 // ---- misbehaving handlers: no line acknowledges a message the handler did not answer ----
 
-/// ackd's PID's peak resident memory (VmHWM) in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM in {status}"))
-}
-
 /// What ackd acknowledged that the handler never finished: acknowledged (partition,
 /// offset) pairs missing from `handled`.
 fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {

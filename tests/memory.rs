@@ -12,16 +12,6 @@ use rdkafka::ClientConfig;
 
 const WAIT: Duration = Duration::from_secs(120);
 
-/// ackd's peak resident memory (VmHWM) in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM in {status}"))
-}
-
 /// `n` messages of `size` bytes, keyed, values that do not compress.
 fn sized_messages(n: usize, size: usize) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
     let mut rng = fastrand::Rng::with_seed(15);

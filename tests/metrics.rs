@@ -225,16 +225,6 @@ fn the_source_of_metric_lines_can_be_set() {
     }
 }
 
-/// ackd's peak resident memory (VmHWM) in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM in {status}"))
-}
-
 /// 200 partitions, each with messages: every partition's worker records durations, and
 /// ackd's peak memory stays within what the README's memory table adds up to (the
 /// prefetch of 10 small messages per partition, 26 KiB of histograms per partition,

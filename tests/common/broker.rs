@@ -719,12 +719,7 @@ impl Broker {
 
     /// Node `i`'s peak resident memory (`VmHWM` of `/proc/PID/status`) in KiB, if it runs.
     pub fn node_peak_rss_kib(&self, i: usize) -> Option<u64> {
-        let pid = self.node_pid(i)?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        self.node_pid(i).map(super::peak_rss_kib)
     }
 }
 

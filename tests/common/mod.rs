@@ -614,6 +614,17 @@ pub fn committed_raw_metadata_on(
     (offset, metadata)
 }
 
+/// A process's peak resident memory (VmHWM of /proc/PID/status) in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"))
+}
+
 /// True for the errors a group's coordinator answers while it moves or loads.
 pub fn is_coordinator_moving(e: &KafkaError) -> bool {
     matches!(
