@@ -371,18 +371,7 @@ impl Broker {
     /// Waits until node `i` answers metadata and the cluster lists every running node.
     pub fn wait_node_ready(&self, i: usize) {
         let deadline = Instant::now() + START_TIMEOUT;
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.nodes[i].port));
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            self.assert_node_running(i);
-            assert!(
-                Instant::now() < deadline,
-                "kafka node {} did not accept connections within {START_TIMEOUT:?}; log {}:\n{}",
-                self.nodes[i].id,
-                self.nodes[i].log_path.display(),
-                tail(&self.nodes[i].log_path)
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
+        self.wait_node_listening(i);
         self.wait_ready(deadline);
     }
 
