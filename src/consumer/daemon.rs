@@ -24,7 +24,7 @@ use crate::committer::Committer;
 use crate::dead_letter::DeadLetter;
 use crate::exit;
 use crate::failure::OnFailure;
-use crate::group::{AckdConsumer, Group, GroupContext};
+use crate::group::{AckdConsumer, Group, GroupContext, StopClock};
 use crate::metrics::{self, CommitMetrics};
 use crate::processor::Processor;
 use crate::settings::{SettingError, Settings};
@@ -115,6 +115,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         _ => None,
     };
     let group = Arc::new(Mutex::new(Group::default()));
+    let stop_clock = Arc::new(StopClock::default());
     let at_end = settings
         .stop_at_end
         .then(|| Arc::new(tokio::sync::Notify::new()));
@@ -128,6 +129,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         summaries_done: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         released_incomplete: AtomicBool::new(false),
+        stop_clock: stop_clock.clone(),
+        workers_stopped: AtomicBool::new(false),
         connectivity: Default::default(),
         group: group.clone(),
         runtime: tokio::runtime::Handle::current(),
@@ -223,7 +226,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     };
     let begun = Instant::now();
     let deadline = begun + settings.shutdown_timeout;
-    // The stop first, the line after: writing a line may wait on a slow stdout.
+    // The stop first, the line after: writing a line may wait on a slow stdout. The
+    // clock before the watch: a revoke holding the supervisor reads only the clock.
+    stop_clock.begin(begun, deadline);
     let _ = shutdown_tx.send(Some(deadline));
     ticker.abort();
     tracing::info!(

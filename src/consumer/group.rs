@@ -147,6 +147,83 @@ pub struct GroupContext<P: Processor> {
     /// it could not commit (lost, refused, or a drain past its deadline): the stop is
     /// then incomplete, as if the final commit had failed.
     pub released_incomplete: AtomicBool,
+    /// The graceful stop's clock, set by the daemon on the signal (see [`StopClock`]).
+    pub stop_clock: Arc<StopClock>,
+    /// Set once a revoke cut short by the stop has told every worker to stop.
+    pub workers_stopped: AtomicBool,
+}
+
+/// The graceful stop's clock: unset until the stop begins, then its deadline and the
+/// points its steps must end by. The daemon starts it on the signal, before anything
+/// else. The supervisor reads the shutdown watch only between polls, and a revoke runs
+/// inside a poll: a revoke under way reads this clock while it waits, so that it cannot
+/// eat the time of the final commit of the partitions it does not release.
+#[derive(Default)]
+pub struct StopClock(Mutex<Option<StopTimes>>);
+
+/// When each step of a graceful stop must be over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopTimes {
+    /// When the process must have committed (it exits then at the latest).
+    pub deadline: Instant,
+    /// When draining in-flight messages must end: the deadline less
+    /// [`crate::settings::commit_reserve`], kept for the commits and the close.
+    pub drain_until: Instant,
+    /// When a revoke's commit under way at the stop must end: half the reserve is left
+    /// for the final commit of the other partitions.
+    pub revoke_commit_until: Instant,
+}
+
+impl StopClock {
+    /// Starts the clock for a stop that began at `begun` and must end by `deadline`;
+    /// the first call wins. Returns the clock's times.
+    pub fn begin(&self, begun: Instant, deadline: Instant) -> StopTimes {
+        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *times.get_or_insert_with(|| {
+            let reserve =
+                crate::settings::commit_reserve(deadline.saturating_duration_since(begun));
+            StopTimes {
+                deadline,
+                drain_until: deadline - reserve,
+                revoke_commit_until: deadline - reserve / 2,
+            }
+        })
+    }
+
+    /// The stop's times, once it began.
+    pub fn times(&self) -> Option<StopTimes> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How often a wait that a stop may cut short looks at the [`StopClock`].
+const STOP_CHECK: Duration = Duration::from_millis(50);
+
+/// Sleeps until `until`, or until `deadline()` (which a stop may bring forward) if sooner.
+fn sleep_until(until: Instant, deadline: &dyn Fn() -> Instant) {
+    loop {
+        let now = Instant::now();
+        let end = until.min(deadline());
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(STOP_CHECK));
+    }
+}
+
+/// Waits until the worker of `s` has returned, or `deadline()` (which a stop may bring
+/// forward) passed. True if it returned.
+fn wait_done_by(s: &worker::WorkerShared, deadline: &dyn Fn() -> Instant) -> bool {
+    loop {
+        let now = Instant::now();
+        let end = deadline();
+        if now >= end {
+            return s.is_done();
+        }
+        if s.wait_done(end.min(now + STOP_CHECK)) {
+            return true;
+        }
+    }
 }
 
 /// How often a broker outage is reported again while it lasts.
@@ -524,18 +601,32 @@ impl<P: Processor> GroupContext<P> {
             .collect();
         let generation = generation(base);
         let started = Instant::now();
-        let deadline = started + self.drain_timeout;
+        // The supervisor is blocked from here until the revoke returns: say so.
+        tracing::info!(
+            at = "revoke_begun",
+            partitions = tps.len(),
+            lost,
+            generation,
+            revoking = tps
+                .iter()
+                .map(|(t, p)| format!("{t}/{p}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        // A stop that begins meanwhile brings both deadlines forward (issue 13.5): the
+        // partitions not revoked still need their final commit before its deadline.
+        let drain_until = started + self.drain_timeout;
+        let commit_until = drain_until + COMMIT_BUDGET;
         let outcome = self.drain_and_commit(
             &tps,
-            deadline,
-            deadline + COMMIT_BUDGET,
+            &|| self.cut_short(drain_until, |t| t.drain_until),
+            &|| self.cut_short(commit_until, |t| t.revoke_commit_until),
             (!lost).then_some(Reason::Revoke),
             None,
         );
         let duration_ms = committer::millis(started.elapsed());
-        if self.stopping.load(Ordering::Acquire)
-            && (!outcome.complete || !outcome.not_committed.is_empty())
-        {
+        let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
+        if stopping && (!outcome.complete || !outcome.not_committed.is_empty()) {
             self.released_incomplete.store(true, Ordering::Release);
         }
         for (tp, offset) in outcome.committed {
@@ -561,6 +652,21 @@ impl<P: Processor> GroupContext<P> {
         }
     }
 
+    /// `own`, or the stop's time for this step (`pick`) if a stop began and it is sooner.
+    /// Once a stop began, every worker is told to stop, too: the stop stops fetching at
+    /// the signal, even while the supervisor's thread is held by a revoke.
+    fn cut_short(&self, own: Instant, pick: fn(&StopTimes) -> Instant) -> Instant {
+        let Some(times) = self.stop_clock.times() else {
+            return own;
+        };
+        if !self.workers_stopped.swap(true, Ordering::AcqRel) {
+            for p in self.lock().owned.values() {
+                p.worker.stop();
+            }
+        }
+        own.min(pick(&times))
+    }
+
     /// Stops the workers of `tps`, waits for them until `drain_deadline`, commits what
     /// they acknowledged (unless `commit` is `None`: a lost assignment) until
     /// `commit_deadline`, and forgets the partitions. Used by revokes and by the
@@ -578,8 +684,8 @@ impl<P: Processor> GroupContext<P> {
     pub fn drain_and_commit(
         &self,
         tps: &[Tp],
-        drain_deadline: Instant,
-        commit_deadline: Instant,
+        drain_deadline: &dyn Fn() -> Instant,
+        commit_deadline: &dyn Fn() -> Instant,
         commit: Option<Reason>,
         serve: Option<&dyn Fn(Instant)>,
     ) -> Drained {
@@ -596,7 +702,7 @@ impl<P: Processor> GroupContext<P> {
                 .collect()
         };
         for (tp, s) in &shared {
-            if !s.wait_done(drain_deadline) {
+            if !wait_done_by(s, drain_deadline) {
                 complete = false;
                 tracing::error!(
                     at = "drain_timeout",
@@ -640,7 +746,7 @@ impl<P: Processor> GroupContext<P> {
         }
         // An aborted worker lets go of its queue at its next await; wait for that, so no
         // queue outlives the partition (or keeps the consumer alive past its close).
-        let grace = Instant::now() + Duration::from_secs(1);
+        let grace = (Instant::now() + Duration::from_secs(1)).min(commit_deadline());
         for (tp, p) in &removed {
             if !p.worker.shared.wait_done(grace) {
                 tracing::error!(
@@ -704,7 +810,7 @@ impl<P: Processor> GroupContext<P> {
         &self,
         tps: &[Tp],
         reason: Reason,
-        deadline: Instant,
+        deadline: &dyn Fn() -> Instant,
         serve: Option<&dyn Fn(Instant)>,
     ) -> (Vec<CommitOffset>, bool) {
         let Some(committer) = self.committer.get() else {
@@ -726,7 +832,7 @@ impl<P: Processor> GroupContext<P> {
                 _ => Refusal::Final,
             };
             match (refusal, serve) {
-                (Refusal::Rebalancing, Some(serve)) if until < deadline => {
+                (Refusal::Rebalancing, Some(serve)) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -737,7 +843,7 @@ impl<P: Processor> GroupContext<P> {
                     );
                     serve(until);
                 }
-                (Refusal::StaleEpoch, serve) if until < deadline => {
+                (Refusal::StaleEpoch, serve) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -751,12 +857,12 @@ impl<P: Processor> GroupContext<P> {
                     // wait for it; the shutdown serves the group meanwhile.
                     match serve {
                         Some(serve) => serve(until),
-                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                        None => sleep_until(until, deadline),
                     }
                 }
                 // librdkafka finds the new coordinator on its own thread: waiting is enough,
                 // so a revoke (which cannot serve the group) retries too.
-                (Refusal::CoordinatorMoving, serve) if until < deadline => {
+                (Refusal::CoordinatorMoving, serve) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -767,7 +873,7 @@ impl<P: Processor> GroupContext<P> {
                     );
                     match serve {
                         Some(serve) => serve(until),
-                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                        None => sleep_until(until, deadline),
                     }
                 }
                 _ => {

@@ -61,6 +61,10 @@ pub fn run<P: Processor>(
     };
     let started = Instant::now();
     let ctx = consumer.context();
+    // On a signal the daemon started the clock already (a revoke under way read it);
+    // a stop of the supervisor's own starts it here.
+    let times = ctx.stop_clock.begin(started, deadline);
+    let deadline = times.deadline;
     ctx.stopping.store(true, Ordering::Release);
     let tps: Vec<Tp> = ctx.lock().owned.keys().cloned().collect();
     let halted: Vec<Tp> = ctx
@@ -85,16 +89,15 @@ pub fn run<P: Processor>(
         }
     }
 
-    // Keep a share of the budget for the commit and the close.
-    let reserve = crate::settings::commit_reserve(deadline.saturating_duration_since(started));
-    let drain_deadline = deadline - reserve;
+    // The clock keeps a share of the budget for the commit and the close.
+    let drain_deadline = times.drain_until;
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
     let serve = |until: Instant| serve_until(&consumer, until);
     let drained = ctx.drain_and_commit(
         &tps,
-        drain_deadline,
-        deadline,
+        &|| drain_deadline,
+        &|| deadline,
         commit.then_some(Reason::Shutdown),
         Some(&serve),
     );
