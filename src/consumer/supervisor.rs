@@ -20,7 +20,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::committer::{millis, Reason};
+use crate::committer::millis;
 use crate::exit;
 use crate::group::{AckdConsumer, Tp};
 use crate::processor::Processor;
@@ -64,7 +64,6 @@ pub fn run<P: Processor>(
     // On a signal the daemon started the clock already (a revoke under way read it);
     // a stop of the supervisor's own starts it here.
     let times = ctx.stop_clock.begin(started, deadline);
-    let deadline = times.deadline;
     ctx.stopping.store(true, Ordering::Release);
     let tps: Vec<Tp> = ctx.lock().owned.keys().cloned().collect();
     let halted: Vec<Tp> = ctx
@@ -89,18 +88,10 @@ pub fn run<P: Processor>(
         }
     }
 
-    // The clock keeps a share of the budget for the commit and the close.
-    let drain_deadline = times.drain_until;
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
     let serve = |until: Instant| serve_until(&consumer, until);
-    let drained = ctx.drain_and_commit(
-        &tps,
-        &|| drain_deadline,
-        &|| deadline,
-        commit.then_some(Reason::Shutdown),
-        Some(&serve),
-    );
+    let drained = ctx.shutdown(&tps, times, commit, &serve);
     // A revoke served while committing may have released partitions uncommitted.
     let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
     // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
@@ -116,7 +107,7 @@ pub fn run<P: Processor>(
         complete,
         duration_ms = millis(started.elapsed())
     );
-    for (tp, offset) in &drained.committed {
+    for (tp, offset) in drained.committed() {
         tracing::info!(
             at = "final_commit",
             topic = &*tp.0,
@@ -124,7 +115,7 @@ pub fn run<P: Processor>(
             offset
         );
     }
-    for c in &drained.not_committed {
+    for c in drained.left_uncommitted() {
         tracing::error!(
             at = "not_committed",
             topic = &*c.tp.0,
@@ -133,8 +124,8 @@ pub fn run<P: Processor>(
             "acknowledged but not committed (refused, or no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
         );
     }
-    for tp in &drained.without_commit {
-        if commit && !drained.not_committed.iter().any(|c| &c.tp == tp) {
+    for (tp, released) in &drained.partitions {
+        if commit && released.committed.is_none() && released.left.is_none() {
             tracing::info!(
                 at = "final_commit",
                 topic = &*tp.0,
