@@ -603,18 +603,24 @@ impl<P: Processor> GroupContext<P> {
             .collect();
         let generation = generation(base);
         let started = Instant::now();
-        // The supervisor is blocked from here until the revoke returns: say so.
-        tracing::info!(
-            at = "revoke_begun",
-            partitions = tps.len(),
-            lost,
-            generation,
-            revoking = tps
-                .iter()
+        // The supervisor is blocked from here until the revoke returns: say so. (The
+        // close's final revoke, after the stop released everything, has nothing to do.)
+        let owned: Vec<String> = {
+            let group = self.lock();
+            tps.iter()
+                .filter(|tp| group.owned.contains_key(*tp))
                 .map(|(t, p)| format!("{t}/{p}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+                .collect()
+        };
+        if !owned.is_empty() {
+            tracing::info!(
+                at = "revoke_begun",
+                partitions = owned.len(),
+                lost,
+                generation,
+                revoking = owned.join(",")
+            );
+        }
         // A stop that begins meanwhile brings both deadlines forward (issue 13.5): the
         // partitions not revoked still need their final commit before its deadline.
         let drain_until = started + self.drain_timeout;

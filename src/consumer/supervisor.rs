@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::committer::millis;
 use crate::exit;
-use crate::group::{AckdConsumer, Tp};
+use crate::group::{AckdConsumer, Outcome, Tp};
 use crate::processor::Processor;
 
 /// What the daemon tells the supervisor.
@@ -48,7 +48,10 @@ enum Stop {
     },
 }
 
-/// Runs the supervisor to the end; returns the exit code.
+/// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
+/// ended: start the [`crate::group::StopClock`] (unless the signal did) → stop fetching →
+/// release every partition ([`crate::group::GroupContext::shutdown`]: drain, final
+/// commit, forget) → report per partition → tell the daemon the code → close.
 pub fn run<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     mut control: Control,
@@ -79,14 +82,7 @@ pub fn run<P: Processor>(
         halted = halted.len()
     );
 
-    // Stop fetching: nothing new is handed out, what is prefetched stays unprocessed.
-    if let Ok(assignment) = consumer.assignment() {
-        if assignment.count() > 0 {
-            if let Err(e) = consumer.pause(&assignment) {
-                tracing::warn!(at = "pause_failed", error = %e);
-            }
-        }
-    }
+    stop_fetching(&consumer);
 
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
@@ -107,6 +103,37 @@ pub fn run<P: Processor>(
         complete,
         duration_ms = millis(started.elapsed())
     );
+    report(&drained, commit, &halted);
+    if code == exit::OK && (!complete || !halted.is_empty()) {
+        code = exit::INCOMPLETE;
+    }
+    if !ctx.metrics_interval.is_zero() {
+        ctx.summarize(true);
+    }
+    let _ = control.committed.send(code);
+
+    // Close: leaves the group, so the partitions move at once, not after the session
+    // timeout. librdkafka's final revoke finds nothing left to drain.
+    let closing = Instant::now();
+    drop(consumer);
+    tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
+    code
+}
+
+/// Stops fetching: nothing new is handed out, what is prefetched stays unprocessed.
+fn stop_fetching<P: Processor>(consumer: &AckdConsumer<P>) {
+    if let Ok(assignment) = consumer.assignment() {
+        if assignment.count() > 0 {
+            if let Err(e) = consumer.pause(&assignment) {
+                tracing::warn!(at = "pause_failed", error = %e);
+            }
+        }
+    }
+}
+
+/// The stop's account, per partition: the final commit, or what is left uncommitted
+/// (and redelivered), and the partitions a processor failure halted.
+fn report(drained: &Outcome, commit: bool, halted: &[Tp]) {
     for (tp, offset) in drained.committed() {
         tracing::info!(
             at = "final_commit",
@@ -134,7 +161,7 @@ pub fn run<P: Processor>(
             );
         }
     }
-    for tp in &halted {
+    for tp in halted {
         tracing::error!(
             at = "halted",
             topic = &*tp.0,
@@ -142,20 +169,6 @@ pub fn run<P: Processor>(
             "a processor failure stopped this partition"
         );
     }
-    if code == exit::OK && (!complete || !halted.is_empty()) {
-        code = exit::INCOMPLETE;
-    }
-    if !ctx.metrics_interval.is_zero() {
-        ctx.summarize(true);
-    }
-    let _ = control.committed.send(code);
-
-    // Close: leaves the group, so the partitions move at once, not after the session
-    // timeout. librdkafka's final revoke finds nothing left to drain.
-    let closing = Instant::now();
-    drop(consumer);
-    tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
-    code
 }
 
 /// Serves the main queue (rebalances, errors) until `until`, while the shutdown waits for
