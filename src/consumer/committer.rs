@@ -197,6 +197,9 @@ pub fn committed_with_metadata(tpl: &TopicPartitionList) -> Vec<(Tp, Offset, Opt
 }
 
 /// A handle on the committer thread; clones share it.
+/// How often [`Committer::commit_by`] reads its deadline again while it waits.
+const DEADLINE_CHECK: Duration = Duration::from_millis(50);
+
 #[derive(Clone)]
 pub struct Committer {
     jobs: mpsc::Sender<Job>,
@@ -293,13 +296,16 @@ impl Committer {
         });
     }
 
-    /// Commits and waits for the broker's answer until `deadline`. A commit still queued
-    /// at the deadline is dropped, never sent.
+    /// Commits and waits for the broker's answer until `deadline()`. A commit still
+    /// queued at the deadline is dropped, never sent. The deadline may come sooner while
+    /// it waits (a revoke's, when the stop begins): it is read every [`DEADLINE_CHECK`];
+    /// a commit given up on then, still queued, is dropped once its partitions are
+    /// released.
     pub fn commit(
         &self,
         offsets: Vec<CommitOffset>,
         reason: Reason,
-        deadline: Instant,
+        deadline: &dyn Fn() -> Instant,
     ) -> Result<(), CommitError> {
         if offsets.is_empty() {
             return Ok(());
@@ -309,14 +315,21 @@ impl Committer {
             .send(Job {
                 offsets: self.tag(offsets),
                 reason,
-                deadline: Some(deadline),
+                deadline: Some(deadline()),
                 reply: Some(reply),
             })
             .map_err(|_| CommitError::Closed)?;
-        match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(result) => result,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(CommitError::TimedOut),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(CommitError::Closed),
+        loop {
+            let now = Instant::now();
+            let end = deadline();
+            if now >= end {
+                return answer.try_recv().unwrap_or(Err(CommitError::TimedOut));
+            }
+            match answer.recv_timeout((end - now).min(DEADLINE_CHECK)) {
+                Ok(result) => return result,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(CommitError::Closed),
+            }
         }
     }
 }
@@ -600,6 +613,12 @@ mod tests {
         offset
     }
 
+    /// A fixed deadline `d` from now, as [`Committer::commit`] takes it.
+    fn deadline_in(d: Duration) -> impl Fn() -> Instant {
+        let at = Instant::now() + d;
+        move || at
+    }
+
     fn start(
         mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
     ) -> (Arc<BaseConsumer>, Committer, Arc<CommitMetrics>) {
@@ -634,7 +653,7 @@ mod tests {
         let given_up = committer.commit(
             vec![offset(0, 5)],
             Reason::Revoke,
-            Instant::now() + Duration::from_millis(300),
+            &deadline_in(Duration::from_millis(300)),
         );
         assert!(
             matches!(given_up, Err(CommitError::TimedOut)),
@@ -651,7 +670,7 @@ mod tests {
             .commit(
                 vec![offset(1, 3)],
                 Reason::Periodic,
-                Instant::now() + Duration::from_secs(60),
+                &deadline_in(Duration::from_secs(60)),
             )
             .unwrap();
         mock.broker_round_trip_time(1, Duration::ZERO).unwrap();

@@ -24,7 +24,7 @@ use crate::committer::Committer;
 use crate::dead_letter::DeadLetter;
 use crate::exit;
 use crate::failure::OnFailure;
-use crate::group::{AckdConsumer, Group, GroupContext};
+use crate::group::{AckdConsumer, Group, GroupContext, StopClock};
 use crate::metrics::{self, CommitMetrics};
 use crate::output::health::{self, Health, Phase};
 use crate::processor::Processor;
@@ -144,6 +144,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         None
     };
     let group = Arc::new(Mutex::new(Group::default()));
+    let stop_clock = Arc::new(StopClock::default());
     let at_end = settings
         .stop_at_end
         .then(|| Arc::new(tokio::sync::Notify::new()));
@@ -183,6 +184,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         stopping: AtomicBool::new(false),
         health: health.clone(),
         released_incomplete: AtomicBool::new(false),
+        stop_clock: stop_clock.clone(),
+        workers_stopped: AtomicBool::new(false),
         connectivity: Default::default(),
         group: group.clone(),
         runtime: tokio::runtime::Handle::current(),
@@ -277,9 +280,13 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     // so with its deadline first, then stops as after a signal).
     let (deadline, fatal_code) = tokio::select! {
         s = signals.next() => {
-            let deadline = Instant::now() + settings.shutdown_timeout;
+            let begun = Instant::now();
+            let deadline = begun + settings.shutdown_timeout;
             // The stop first, the line after: writing a line may wait on a slow stdout.
+            // The clock before the watch: a revoke holding the supervisor reads only the
+            // clock.
             health.set_phase(Phase::Stopping);
+            stop_clock.begin(begun, deadline);
             let _ = shutdown_tx.send(Some(deadline));
             ticker.abort();
             tracing::info!(

@@ -152,6 +152,83 @@ pub struct GroupContext<P: Processor> {
     pub released_incomplete: AtomicBool,
     /// `ACKD_MEMORY_MB`: the prefetch budget, logged with each assignment change.
     pub memory: Option<crate::memory::Budget>,
+    /// The graceful stop's clock, set by the daemon on the signal (see [`StopClock`]).
+    pub stop_clock: Arc<StopClock>,
+    /// Set once a revoke cut short by the stop has told every worker to stop.
+    pub workers_stopped: AtomicBool,
+}
+
+/// The graceful stop's clock: unset until the stop begins, then its deadline and the
+/// points its steps must end by. The daemon starts it on the signal, before anything
+/// else. The supervisor reads the shutdown watch only between polls, and a revoke runs
+/// inside a poll: a revoke under way reads this clock while it waits, so that it cannot
+/// eat the time of the final commit of the partitions it does not release.
+#[derive(Default)]
+pub struct StopClock(Mutex<Option<StopTimes>>);
+
+/// When each step of a graceful stop must be over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopTimes {
+    /// When the process must have committed (it exits then at the latest).
+    pub deadline: Instant,
+    /// When draining in-flight messages must end: the deadline less
+    /// [`crate::settings::commit_reserve`], kept for the commits and the close.
+    pub drain_until: Instant,
+    /// When a revoke's commit under way at the stop must end: half the reserve is left
+    /// for the final commit of the other partitions.
+    pub revoke_commit_until: Instant,
+}
+
+impl StopClock {
+    /// Starts the clock for a stop that began at `begun` and must end by `deadline`;
+    /// the first call wins. Returns the clock's times.
+    pub fn begin(&self, begun: Instant, deadline: Instant) -> StopTimes {
+        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *times.get_or_insert_with(|| {
+            let reserve =
+                crate::settings::commit_reserve(deadline.saturating_duration_since(begun));
+            StopTimes {
+                deadline,
+                drain_until: deadline - reserve,
+                revoke_commit_until: deadline - reserve / 2,
+            }
+        })
+    }
+
+    /// The stop's times, once it began.
+    pub fn times(&self) -> Option<StopTimes> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How often a wait that a stop may cut short looks at the [`StopClock`].
+const STOP_CHECK: Duration = Duration::from_millis(50);
+
+/// Sleeps until `until`, or until `deadline()` (which a stop may bring forward) if sooner.
+fn sleep_until(until: Instant, deadline: &dyn Fn() -> Instant) {
+    loop {
+        let now = Instant::now();
+        let end = until.min(deadline());
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(STOP_CHECK));
+    }
+}
+
+/// Waits until the worker of `s` has returned, or `deadline()` (which a stop may bring
+/// forward) passed. True if it returned.
+fn wait_done_by(s: &worker::WorkerShared, deadline: &dyn Fn() -> Instant) -> bool {
+    loop {
+        let now = Instant::now();
+        let end = deadline();
+        if now >= end {
+            return s.is_done();
+        }
+        if s.wait_done(end.min(now + STOP_CHECK)) {
+            return true;
+        }
+    }
 }
 
 /// How often a broker outage is reported again while it lasts.
@@ -536,6 +613,8 @@ impl<P: Processor> GroupContext<P> {
         }
     }
 
+    /// librdkafka's revoke, inside a poll of the supervisor's thread: the rebalance goes
+    /// on when this returns. See [`GroupContext::release`] for the steps.
     fn revoke(&self, base: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         // After a fatal error (fenced) librdkafka unassigns everything: nothing of it is
         // ours to commit any more, however the revoke is flagged.
@@ -547,21 +626,45 @@ impl<P: Processor> GroupContext<P> {
             .collect();
         let generation = generation(base);
         let started = Instant::now();
-        let deadline = started + self.drain_timeout;
-        let outcome = self.drain_and_commit(
+        // The supervisor is blocked from here until the revoke returns: say so. (The
+        // close's final revoke, after the stop released everything, has nothing to do.)
+        let owned: Vec<String> = {
+            let group = self.lock();
+            tps.iter()
+                .filter(|tp| group.owned.contains_key(*tp))
+                .map(|(t, p)| format!("{t}/{p}"))
+                .collect()
+        };
+        if !owned.is_empty() {
+            tracing::info!(
+                at = "revoke_begun",
+                partitions = owned.len(),
+                lost,
+                generation,
+                revoking = owned.join(",")
+            );
+        }
+        // A stop that begins meanwhile brings both deadlines forward (issue 13.5): the
+        // partitions not revoked still need their final commit before its deadline.
+        let drain_until = started + self.drain_timeout;
+        let commit_until = drain_until + COMMIT_BUDGET;
+        let outcome = self.release(
             &tps,
-            deadline,
-            deadline + COMMIT_BUDGET,
-            (!lost).then_some(Reason::Revoke),
-            None,
+            Deadlines {
+                drain: &|| self.cut_short(drain_until, |t| t.drain_until),
+                commit: &|| self.cut_short(commit_until, |t| t.revoke_commit_until),
+            },
+            (!lost).then_some(Commit {
+                reason: Reason::Revoke,
+                retry: Retry::Wait,
+            }),
         );
         let duration_ms = committer::millis(started.elapsed());
-        if self.stopping.load(Ordering::Acquire)
-            && (!outcome.complete || !outcome.not_committed.is_empty())
-        {
+        let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
+        if stopping && (!outcome.complete || outcome.left_uncommitted().next().is_some()) {
             self.released_incomplete.store(true, Ordering::Release);
         }
-        for (tp, offset) in outcome.committed {
+        for (tp, offset) in outcome.committed() {
             tracing::info!(
                 at = "revoked",
                 topic = &*tp.0,
@@ -572,7 +675,7 @@ impl<P: Processor> GroupContext<P> {
                 duration_ms
             );
         }
-        for tp in outcome.without_commit {
+        for tp in outcome.without_commit() {
             tracing::info!(
                 at = "revoked",
                 topic = &*tp.0,
@@ -584,29 +687,113 @@ impl<P: Processor> GroupContext<P> {
         }
     }
 
-    /// Stops the workers of `tps`, waits for them until `drain_deadline`, commits what
-    /// they acknowledged (unless `commit` is `None`: a lost assignment) until
-    /// `commit_deadline`, and forgets the partitions. Used by revokes and by the
-    /// shutdown: one drain, one rule.
+    /// The graceful stop's release of every partition still owned (`tps`): drain until
+    /// the clock's drain share, then commit (`commit`: unless the stop is one that must
+    /// not commit) until its deadline, serving the group with `serve` while a commit is
+    /// refused for a rebalance in progress.
     ///
-    /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
-    /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
-    /// again). With `serve` (the shutdown, which owns the poll loop) that is what happens
-    /// until `commit_deadline`: the partitions stay owned meanwhile, so a revoke that
-    /// arrives while serving commits them itself, under the new generation. A revoke runs
-    /// inside the rebalance callback and cannot serve the group: it passes `None`. A
-    /// commit refused for a stale member epoch ([`Refusal::StaleEpoch`]) or while the
-    /// coordinator moves ([`Refusal::CoordinatorMoving`]) is sent again either way:
-    /// librdkafka's own thread fetches the epoch or finds the coordinator.
-    pub fn drain_and_commit(
+    /// **A revoke while the shutdown serves the group** runs inside `serve` and releases
+    /// some of these very partitions itself (commits them under the new generation, logs
+    /// `at=revoked`, sets `released_incomplete` if it could not). The shutdown's commit
+    /// then goes on with what it still owns, and its outcome leaves those out.
+    pub fn shutdown(
         &self,
         tps: &[Tp],
-        drain_deadline: Instant,
-        commit_deadline: Instant,
-        commit: Option<Reason>,
-        serve: Option<&dyn Fn(Instant)>,
-    ) -> Drained {
-        let mut complete = true;
+        times: StopTimes,
+        commit: bool,
+        serve: &dyn Fn(Instant),
+    ) -> Outcome {
+        self.release(
+            tps,
+            Deadlines {
+                drain: &|| times.drain_until,
+                commit: &|| times.deadline,
+            },
+            commit.then_some(Commit {
+                reason: Reason::Shutdown,
+                retry: Retry::Serve(serve),
+            }),
+        )
+    }
+
+    /// `own`, or the stop's time for this step (`pick`) if a stop began and it is sooner.
+    /// Once a stop began, every worker is told to stop, too: the stop stops fetching at
+    /// the signal, even while the supervisor's thread is held by a revoke.
+    fn cut_short(&self, own: Instant, pick: fn(&StopTimes) -> Instant) -> Instant {
+        let Some(times) = self.stop_clock.times() else {
+            return own;
+        };
+        if !self.workers_stopped.swap(true, Ordering::AcqRel) {
+            for p in self.lock().owned.values() {
+                p.worker.stop();
+            }
+        }
+        own.min(pick(&times))
+    }
+
+    /// Releases `tps`, for a revoke or the shutdown: one drain, one rule, in four steps.
+    /// 1. [`GroupContext::drain`]: stop the workers, wait for their in-flight messages
+    ///    until `deadlines.drain`.
+    /// 2. Commit what they acknowledged until `deadlines.commit`
+    ///    ([`GroupContext::commit_owned`]); nothing for a lost assignment
+    ///    (`commit: None`) or a consumer librdkafka declared dead (fenced).
+    /// 3. [`GroupContext::forget`]: no commit for them is sent after this; drop them from
+    ///    the group, abort their workers.
+    /// 4. Say per partition what happened ([`Outcome`]).
+    fn release(&self, tps: &[Tp], deadlines: Deadlines<'_>, commit: Option<Commit<'_>>) -> Outcome {
+        let drained = self.drain(tps, deadlines.drain);
+        // A consumer librdkafka declared dead (fenced, e.g. while it drained) commits
+        // nothing: its partitions are another process's now.
+        let mut fatal = self.fatal_error().is_some();
+        let commit = commit.filter(|_| !fatal);
+        let committing = commit.is_some();
+        let (pending, commit_ok) = match commit {
+            None => (self.lock().uncommitted(Some(tps)), true),
+            Some(c) => self.commit_owned(tps, c.reason, deadlines.commit, c.retry),
+        };
+        // Fenced while committing: the commit is refused for good, however it was.
+        fatal |= !commit_ok && self.fatal_error().is_some();
+        let removed = self.forget(tps, deadlines.commit);
+        let partitions = removed
+            .into_iter()
+            .map(|(tp, p)| {
+                if !committing || fatal {
+                    // Nothing committed by this release; what was acknowledged is left.
+                    let left = pending.iter().find(|c| c.tp == tp).cloned();
+                    return (
+                        tp,
+                        Released {
+                            committed: None,
+                            left,
+                        },
+                    );
+                }
+                // Per partition: the committer sets `committed` only where the broker
+                // accepted, so a partition whose offset it holds is committed.
+                let left = pending
+                    .iter()
+                    .find(|c| c.tp == tp && p.committed != Some(c.offset))
+                    .cloned();
+                (
+                    tp,
+                    Released {
+                        committed: p.committed,
+                        left,
+                    },
+                )
+            })
+            .collect();
+        Outcome {
+            partitions,
+            complete: drained && commit_ok,
+            fatal,
+        }
+    }
+
+    /// Step 1 of a release: stops the workers of `tps` and waits until they returned or
+    /// `deadline()` passed (a stop may bring it forward). True if all returned; each
+    /// one that did not is logged `at=drain_timeout`.
+    fn drain(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> bool {
         // Wait without holding the lock: the committer needs it meanwhile.
         let shared: Vec<(Tp, Arc<worker::WorkerShared>)> = {
             let group = self.lock();
@@ -618,9 +805,10 @@ impl<P: Processor> GroupContext<P> {
                 })
                 .collect()
         };
+        let mut all = true;
         for (tp, s) in &shared {
-            if !s.wait_done(drain_deadline) {
-                complete = false;
+            if !wait_done_by(s, deadline) {
+                all = false;
                 tracing::error!(
                     at = "drain_timeout",
                     topic = &*tp.0,
@@ -630,20 +818,15 @@ impl<P: Processor> GroupContext<P> {
                 );
             }
         }
-        // A consumer librdkafka declared dead (fenced, e.g. while it drained) commits
-        // nothing: its partitions are another process's now.
-        let mut fatal = self.fatal_error().is_some();
-        let commit = commit.filter(|_| !fatal);
-        let (pending, commit_ok) = match commit {
-            None => (self.lock().uncommitted(Some(tps)), true),
-            Some(reason) => self.commit_owned(tps, reason, commit_deadline, serve),
-        };
-        // Fenced while committing: the commit is refused for good, however it was.
-        fatal |= !commit_ok && self.fatal_error().is_some();
-        complete &= commit_ok;
+        all
+    }
+
+    /// Step 3 of a release: after the commit, `tps` are no longer ours. Returns those
+    /// that were still owned (a revoke served during the shutdown's commit may have
+    /// released some already).
+    fn forget(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> Vec<(Tp, Owned)> {
         // From here no commit for these partitions is sent (src/committer.rs): one that
-        // timed out above but is still queued is dropped, one inside librdkafka is
-        // waited for.
+        // timed out but is still queued is dropped, one inside librdkafka is waited for.
         if let Some(c) = self.committer.get() {
             c.release(tps);
         }
@@ -663,8 +846,9 @@ impl<P: Processor> GroupContext<P> {
             p.worker.abort();
         }
         // An aborted worker lets go of its queue at its next await; wait for that, so no
-        // queue outlives the partition (or keeps the consumer alive past its close).
-        let grace = Instant::now() + Duration::from_secs(1);
+        // queue outlives the partition (or keeps the consumer alive past its close); not
+        // past the commit's deadline, which a stop may have brought forward.
+        let grace = (Instant::now() + Duration::from_secs(1)).min(deadline());
         for (tp, p) in &removed {
             if !p.worker.shared.wait_done(grace) {
                 tracing::error!(
@@ -678,38 +862,7 @@ impl<P: Processor> GroupContext<P> {
                     .insert(tp.clone(), p.worker.shared.clone());
             }
         }
-        if commit.is_none() || fatal {
-            return Drained {
-                committed: Vec::new(),
-                without_commit: removed.into_iter().map(|(tp, _)| tp).collect(),
-                not_committed: pending,
-                complete,
-                fatal,
-            };
-        }
-        let mut committed = Vec::new();
-        let mut without_commit = Vec::new();
-        let mut not_committed = Vec::new();
-        for (tp, p) in removed {
-            // Per partition: the committer sets `committed` only where the broker accepted.
-            let refused = pending
-                .iter()
-                .find(|c| c.tp == tp && p.committed != Some(c.offset));
-            if let Some(c) = refused {
-                not_committed.push(c.clone());
-            }
-            match p.committed {
-                Some(o) => committed.push((tp, o)),
-                None => without_commit.push(tp),
-            }
-        }
-        Drained {
-            committed,
-            without_commit,
-            not_committed,
-            complete,
-            fatal,
-        }
+        removed
     }
 
     /// librdkafka's fatal error, once it declared the consumer dead (for a consumer, the
@@ -719,17 +872,24 @@ impl<P: Processor> GroupContext<P> {
         consumer.client().fatal_error()
     }
 
-    /// Commits what the partitions of `tps` that are still owned acknowledged; with
-    /// `serve`, retries a commit refused for a rebalance in progress after serving the
-    /// group, and (with or without it) one refused for a stale member epoch, until
-    /// `deadline`. Returns the last offsets tried and whether they are
-    /// committed.
+    /// Step 2 of a release: commits what the partitions of `tps` that are still owned
+    /// acknowledged, until `deadline()`. Returns the last offsets tried and whether they
+    /// are committed.
+    ///
+    /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
+    /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
+    /// again). With [`Retry::Serve`] (the shutdown, which owns the poll loop) that is what
+    /// happens: the partitions stay owned meanwhile, so a revoke that arrives while
+    /// serving commits them itself, under the new generation. A commit refused for a
+    /// stale member epoch ([`Refusal::StaleEpoch`]) or while the coordinator moves
+    /// ([`Refusal::CoordinatorMoving`]) is sent again either way: librdkafka's own thread
+    /// fetches the epoch or finds the coordinator.
     fn commit_owned(
         &self,
         tps: &[Tp],
         reason: Reason,
-        deadline: Instant,
-        serve: Option<&dyn Fn(Instant)>,
+        deadline: &dyn Fn() -> Instant,
+        retry: Retry<'_>,
     ) -> (Vec<CommitOffset>, bool) {
         let Some(committer) = self.committer.get() else {
             let pending = self.lock().to_release(tps);
@@ -749,8 +909,8 @@ impl<P: Processor> GroupContext<P> {
                 committer::CommitError::Refused(e) => Refusal::of(e),
                 _ => Refusal::Final,
             };
-            match (refusal, serve) {
-                (Refusal::Rebalancing, Some(serve)) if until < deadline => {
+            match (refusal, retry) {
+                (Refusal::Rebalancing, Retry::Serve(serve)) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -761,7 +921,7 @@ impl<P: Processor> GroupContext<P> {
                     );
                     serve(until);
                 }
-                (Refusal::StaleEpoch, serve) if until < deadline => {
+                (Refusal::StaleEpoch, retry) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -773,14 +933,14 @@ impl<P: Processor> GroupContext<P> {
                     // librdkafka heartbeats on its own thread (it hastens the next one on
                     // this error): a revoke, which runs inside the rebalance callback, can
                     // wait for it; the shutdown serves the group meanwhile.
-                    match serve {
-                        Some(serve) => serve(until),
-                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                    match retry {
+                        Retry::Serve(serve) => serve(until),
+                        Retry::Wait => sleep_until(until, deadline),
                     }
                 }
                 // librdkafka finds the new coordinator on its own thread: waiting is enough,
                 // so a revoke (which cannot serve the group) retries too.
-                (Refusal::CoordinatorMoving, serve) if until < deadline => {
+                (Refusal::CoordinatorMoving, retry) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -789,9 +949,9 @@ impl<P: Processor> GroupContext<P> {
                         error = %error,
                         "commit refused while the group's coordinator moves or loads: committing again"
                     );
-                    match serve {
-                        Some(serve) => serve(until),
-                        None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+                    match retry {
+                        Retry::Serve(serve) => serve(until),
+                        Retry::Wait => sleep_until(until, deadline),
                     }
                 }
                 _ => {
@@ -904,25 +1064,95 @@ const REBALANCE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// How long a revoke's commit may take once the drain is done.
 const COMMIT_BUDGET: Duration = Duration::from_secs(10);
 
-/// What a drain achieved.
-pub struct Drained {
-    /// Partitions and the offset now committed for them (newly or before).
-    pub committed: Vec<(Tp, i64)>,
-    /// Partitions released with nothing committed by this process.
-    pub without_commit: Vec<Tp>,
-    /// What was acknowledged and is left uncommitted: all of it without a commit
-    /// (`commit: None`), else the partitions whose commit was refused or not answered.
-    pub not_committed: Vec<CommitOffset>,
+/// When a release's steps must end; read at each wait, as a stop may bring them forward.
+struct Deadlines<'a> {
+    drain: &'a dyn Fn() -> Instant,
+    commit: &'a dyn Fn() -> Instant,
+}
+
+/// A release's commit: why, and how a refusal is retried.
+struct Commit<'a> {
+    reason: Reason,
+    retry: Retry<'a>,
+}
+
+/// How a commit refused for a passing reason is tried again (see [`Refusal`]).
+#[derive(Clone, Copy)]
+enum Retry<'a> {
+    /// The shutdown owns the poll loop: it serves the group (this function, until the
+    /// instant given) so that a rebalance in progress completes, then commits again.
+    Serve(&'a dyn Fn(Instant)),
+    /// A revoke runs inside the rebalance callback and cannot serve the group: it only
+    /// waits, which is enough for a stale epoch or a moving coordinator, not for a
+    /// rebalance in progress.
+    Wait,
+}
+
+/// What a release did with one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The offset the group has committed for it (by this release or before); `None`
+    /// when nothing is, or when the release committed nothing (lost, fenced).
+    pub committed: Option<i64>,
+    /// What was acknowledged and left uncommitted: refused or not answered, or, without
+    /// a commit, all that was acknowledged since the last commit.
+    pub left: Option<CommitOffset>,
+}
+
+/// What a release achieved.
+pub struct Outcome {
+    /// Each released partition, in the order asked.
+    pub partitions: Vec<(Tp, Released)>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
     /// librdkafka declared the consumer dead (fenced) before or during the commit:
-    /// nothing was committed, `not_committed` says what was acknowledged.
+    /// nothing was committed.
     pub fatal: bool,
+}
+
+impl Outcome {
+    /// Partitions and the offset committed for them.
+    pub fn committed(&self) -> impl Iterator<Item = (&Tp, i64)> {
+        self.partitions
+            .iter()
+            .filter_map(|(tp, r)| r.committed.map(|o| (tp, o)))
+    }
+
+    /// Partitions with nothing committed.
+    pub fn without_commit(&self) -> impl Iterator<Item = &Tp> {
+        self.partitions
+            .iter()
+            .filter(|(_, r)| r.committed.is_none())
+            .map(|(tp, _)| tp)
+    }
+
+    /// What was acknowledged and left uncommitted: redelivered to the next owner.
+    pub fn left_uncommitted(&self) -> impl Iterator<Item = &CommitOffset> {
+        self.partitions.iter().filter_map(|(_, r)| r.left.as_ref())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stop_clock_keeps_its_first_start_and_a_reserve_for_the_commits() {
+        let clock = StopClock::default();
+        assert_eq!(clock.times(), None);
+        let begun = Instant::now();
+        let times = clock.begin(begun, begun + Duration::from_secs(25));
+        // A fifth of 25 s is kept: the drain ends at 20 s, a revoke's commit at 22.5 s.
+        assert_eq!(times.drain_until, begun + Duration::from_secs(20));
+        assert_eq!(
+            times.revoke_commit_until,
+            begun + Duration::from_millis(22_500)
+        );
+        // The supervisor's own start after the daemon's changes nothing.
+        let later = begun + Duration::from_secs(1);
+        assert_eq!(clock.begin(later, later + Duration::from_secs(25)), times);
+        assert_eq!(clock.times(), Some(times));
+    }
 
     #[test]
     fn refused_commits_are_retried_only_where_the_member_still_owns_its_partitions() {

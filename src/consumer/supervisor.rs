@@ -20,9 +20,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::committer::{millis, Reason};
+use crate::committer::millis;
 use crate::exit;
-use crate::group::{AckdConsumer, Tp};
+use crate::group::{AckdConsumer, Outcome, Tp};
 use crate::output::health::{Busy, Phase};
 use crate::processor::Processor;
 
@@ -52,7 +52,10 @@ enum Stop {
     },
 }
 
-/// Runs the supervisor to the end; returns the exit code.
+/// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
+/// ended: start the [`crate::group::StopClock`] (unless the signal did) → stop fetching →
+/// release every partition ([`crate::group::GroupContext::shutdown`]: drain, final
+/// commit, forget) → report per partition → tell the daemon the code → close.
 pub fn run<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     mut control: Control,
@@ -75,6 +78,9 @@ pub fn run<P: Processor>(
     });
     let started = Instant::now();
     let ctx = consumer.context();
+    // On a signal the daemon started the clock already (a revoke under way read it);
+    // a stop of the supervisor's own starts it here.
+    let times = ctx.stop_clock.begin(started, deadline);
     ctx.stopping.store(true, Ordering::Release);
     let tps: Vec<Tp> = ctx.lock().owned.keys().cloned().collect();
     let halted: Vec<Tp> = ctx
@@ -90,28 +96,12 @@ pub fn run<P: Processor>(
         halted = halted.len()
     );
 
-    // Stop fetching: nothing new is handed out, what is prefetched stays unprocessed.
-    if let Ok(assignment) = consumer.assignment() {
-        if assignment.count() > 0 {
-            if let Err(e) = consumer.pause(&assignment) {
-                tracing::warn!(at = "pause_failed", error = %e);
-            }
-        }
-    }
+    stop_fetching(&consumer);
 
-    // Keep a share of the budget for the commit and the close.
-    let reserve = crate::settings::commit_reserve(deadline.saturating_duration_since(started));
-    let drain_deadline = deadline - reserve;
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
     let serve = |until: Instant| serve_until(&consumer, until);
-    let drained = ctx.drain_and_commit(
-        &tps,
-        drain_deadline,
-        deadline,
-        commit.then_some(Reason::Shutdown),
-        Some(&serve),
-    );
+    let drained = ctx.shutdown(&tps, times, commit, &serve);
     // A revoke served while committing may have released partitions uncommitted.
     let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
     // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
@@ -128,41 +118,7 @@ pub fn run<P: Processor>(
         complete,
         duration_ms = millis(started.elapsed())
     );
-    for (tp, offset) in &drained.committed {
-        tracing::info!(
-            at = "final_commit",
-            topic = &*tp.0,
-            partition = tp.1,
-            offset
-        );
-    }
-    for c in &drained.not_committed {
-        tracing::error!(
-            at = "not_committed",
-            topic = &*c.tp.0,
-            partition = c.tp.1,
-            acked_offset = c.offset,
-            "acknowledged but not committed (refused, or no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
-        );
-    }
-    for tp in &drained.without_commit {
-        if commit && !drained.not_committed.iter().any(|c| &c.tp == tp) {
-            tracing::info!(
-                at = "final_commit",
-                topic = &*tp.0,
-                partition = tp.1,
-                "nothing acknowledged, nothing committed"
-            );
-        }
-    }
-    for tp in &halted {
-        tracing::error!(
-            at = "halted",
-            topic = &*tp.0,
-            partition = tp.1,
-            "a processor failure stopped this partition"
-        );
-    }
+    report(&drained, commit, &halted);
     if code == exit::OK && (!complete || !halted.is_empty()) {
         code = exit::INCOMPLETE;
     }
@@ -177,6 +133,57 @@ pub fn run<P: Processor>(
     drop(consumer);
     tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
     code
+}
+
+/// Stops fetching: nothing new is handed out, what is prefetched stays unprocessed.
+fn stop_fetching<P: Processor>(consumer: &AckdConsumer<P>) {
+    if let Ok(assignment) = consumer.assignment() {
+        if assignment.count() > 0 {
+            if let Err(e) = consumer.pause(&assignment) {
+                tracing::warn!(at = "pause_failed", error = %e);
+            }
+        }
+    }
+}
+
+/// The stop's account, per partition: the final commit, or what is left uncommitted
+/// (and redelivered), and the partitions a processor failure halted.
+fn report(drained: &Outcome, commit: bool, halted: &[Tp]) {
+    for (tp, offset) in drained.committed() {
+        tracing::info!(
+            at = "final_commit",
+            topic = &*tp.0,
+            partition = tp.1,
+            offset
+        );
+    }
+    for c in drained.left_uncommitted() {
+        tracing::error!(
+            at = "not_committed",
+            topic = &*c.tp.0,
+            partition = c.tp.1,
+            acked_offset = c.offset,
+            "acknowledged but not committed (refused, or no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
+        );
+    }
+    for (tp, released) in &drained.partitions {
+        if commit && released.committed.is_none() && released.left.is_none() {
+            tracing::info!(
+                at = "final_commit",
+                topic = &*tp.0,
+                partition = tp.1,
+                "nothing acknowledged, nothing committed"
+            );
+        }
+    }
+    for tp in halted {
+        tracing::error!(
+            at = "halted",
+            topic = &*tp.0,
+            partition = tp.1,
+            "a processor failure stopped this partition"
+        );
+    }
 }
 
 /// Serves the main queue (rebalances, errors) until `until`, while the shutdown waits for
