@@ -145,6 +145,14 @@ fn assert_no_secret(lines: &[String]) {
             "PEM content `{body}` in the output:\n{all}"
         );
     }
+}
+
+/// The daemon's runs have librdkafka's debug logging on (`ACKD_RDKAFKA_DEBUG`), so that
+/// [`assert_no_secret`] also reads what librdkafka writes. (`ackd check`'s client takes
+/// only the connection's pass-through properties, not `debug`: its runs need not show
+/// librdkafka's lines.)
+#[track_caller]
+fn assert_librdkafka_logged(lines: &[String]) {
     assert!(
         lines.iter().any(|l| l.contains("at=librdkafka")),
         "librdkafka's debug logs should be in the output"
@@ -184,6 +192,7 @@ fn consume_and_stop(builder: AckdBuilder, topic: &str, group: &str, sasl_summary
     assert_eq!(processed.len(), delivered.len());
     assert_committed_to_ends(group, topic, 3, &log_ends(&delivered));
     assert_no_secret(&lines);
+    assert_librdkafka_logged(&lines);
     eprintln!(
         "{sasl_summary}: {} delivered, {} processed, lost {}, duplicated {}, committed to the log ends, exit {code} after {:?}",
         delivered.len(),
@@ -232,6 +241,7 @@ fn plain_with_the_ackd_sasl_settings_consumes_and_commits() {
 /// Returns the lines.
 #[track_caller]
 fn assert_login_refused(builder: AckdBuilder, mechanism: &str, reason: &str) -> Vec<String> {
+    let daemon = !builder.has_arg("check");
     let ackd = builder.spawn();
     let code = ackd.wait_exit(AUTH_FAILURE_BOUND);
     let lines = ackd.lines();
@@ -258,6 +268,9 @@ fn assert_login_refused(builder: AckdBuilder, mechanism: &str, reason: &str) -> 
     );
     assert!(lines.iter().any(|l| at_exit_with(l, 77)), "{all}");
     assert_no_secret(&lines);
+    if daemon {
+        assert_librdkafka_logged(&lines);
+    }
     eprintln!(
         "{mechanism} wrong password: exit {code} after {:?}: {line}",
         ackd.elapsed()

@@ -701,6 +701,11 @@ impl AckdBuilder {
         self
     }
 
+    /// Whether `arg` is among the command-line arguments.
+    pub fn has_arg(&self, arg: &str) -> bool {
+        self.args.iter().any(|a| a == arg)
+    }
+
     /// The environment the child gets (besides PATH and HOME).
     pub fn env_map(&self) -> BTreeMap<String, String> {
         let mut map = BTreeMap::new();
