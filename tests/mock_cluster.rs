@@ -283,16 +283,7 @@ fn a_final_commit_refused_during_a_rebalance_is_sent_again_once_it_is_served() {
     assert_eq!(code, 0, "{all}");
     assert!(count_at(&lines, "commit_failed") >= 1, "{all}");
     assert!(count_at(&lines, "commit_retry") >= 1, "{all}");
-    let last = lines
-        .iter()
-        .rfind(|l| at(l, "committed"))
-        .expect("a commit went through");
-    assert_eq!(field(last, "offset").as_deref(), Some("10"), "{last}");
-    assert_eq!(field(last, "reason").as_deref(), Some("shutdown"), "{last}");
-    assert_eq!(
-        committed(&mock.bootstrap_servers(), group, topic).0,
-        Offset::Offset(10)
-    );
+    assert_final_commit_at_10(&lines, &mock, group, topic);
 }
 
 /// Outside a rebalance, librdkafka takes ILLEGAL_GENERATION on a commit to mean the
@@ -455,16 +446,7 @@ fn a_final_commit_refused_for_a_stale_member_epoch_is_sent_again() {
             && field(l, "error").is_some_and(|e| e.contains("StaleMemberEpoch"))),
         "{all}"
     );
-    let last = lines
-        .iter()
-        .rfind(|l| at(l, "committed"))
-        .expect("a commit went through");
-    assert_eq!(field(last, "offset").as_deref(), Some("10"), "{last}");
-    assert_eq!(field(last, "reason").as_deref(), Some("shutdown"), "{last}");
-    assert_eq!(
-        committed(&mock.bootstrap_servers(), group, topic).0,
-        Offset::Offset(10)
-    );
+    assert_final_commit_at_10(&lines, &mock, group, topic);
 }
 
 /// KIP-848 again, in a revoke: a partition that moves to a new member is committed on
@@ -533,4 +515,24 @@ fn a_revoke_commit_refused_for_a_stale_member_epoch_is_sent_again() {
     );
     let b_processed = lb.iter().filter(|l| is_processed(l)).count();
     assert_eq!(b_processed, 0, "processed twice:\n{all}");
+}
+
+/// The last commit ackd logged is the stop's, at offset 10, and the mock cluster holds it.
+#[track_caller]
+fn assert_final_commit_at_10(
+    lines: &[String],
+    mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    group: &str,
+    topic: &str,
+) {
+    let last = lines
+        .iter()
+        .rfind(|l| at(l, "committed"))
+        .expect("a commit went through");
+    assert_eq!(field(last, "offset").as_deref(), Some("10"), "{last}");
+    assert_eq!(field(last, "reason").as_deref(), Some("shutdown"), "{last}");
+    assert_eq!(
+        committed(&mock.bootstrap_servers(), group, topic).0,
+        Offset::Offset(10)
+    );
 }
