@@ -104,6 +104,9 @@ const KEYS: &[&str] = &[
     "sasl_mechanism",
     "sasl_username",
     "sasl_password",
+    "ordering",
+    "concurrency",
+    "max_pending",
     "batch_max_messages",
     "batch_max_wait_ms",
     "batch_max_bytes",
@@ -134,6 +137,33 @@ pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;
 
 /// The largest `ACKD_MEMORY_MB`: 1 TiB.
 pub const MAX_MEMORY_MB: usize = 1 << 20;
+
+/// The largest `ACKD_CONCURRENCY`.
+pub const MAX_CONCURRENCY: usize = 10_000;
+/// The largest `ACKD_MAX_PENDING`.
+pub const MAX_PENDING: usize = 1_000_000;
+
+/// In what order one partition's messages are processed (`ACKD_ORDERING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// One message (or batch) of a partition at a time, in offset order.
+    Partition,
+    /// Messages with the same key in offset order, one at a time; different keys (and
+    /// null keys) concurrently, up to `ACKD_CONCURRENCY` per partition.
+    Key,
+    /// Any order, up to `ACKD_CONCURRENCY` per partition.
+    None,
+}
+
+impl Ordering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ordering::Partition => "partition",
+            Ordering::Key => "key",
+            Ordering::None => "none",
+        }
+    }
+}
 
 /// Where a group without a committed offset starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +299,14 @@ pub struct Settings {
     /// Messages per processor call at most; 1 (the default): one message per call
     /// (`Processor::process`), above 1: batches (`Processor::process_batch`).
     pub batch_max_messages: usize,
+    /// `ACKD_ORDERING`: what order a partition's messages are processed in.
+    pub ordering: Ordering,
+    /// `ACKD_CONCURRENCY`: processor calls in flight per partition at most (with
+    /// `key` or `none` ordering; `partition` ordering is one at a time).
+    pub concurrency: usize,
+    /// `ACKD_MAX_PENDING`: messages a partition holds at most, in flight or waiting for
+    /// their key's turn (`key` or `none` ordering); at the cap it stops reading.
+    pub max_pending: usize,
     /// How long a batch waits for more messages once its first one is in hand; a
     /// backlog fills batches without waiting.
     pub batch_max_wait: Duration,
@@ -1082,6 +1120,27 @@ impl RawSettings {
                 format!("expected a whole number from 1 (no batches) to {MAX_BATCH}"),
             )?,
             batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
+            ordering: match self.get("ordering").to_ascii_lowercase().as_str() {
+                "partition" => Ordering::Partition,
+                "key" => Ordering::Key,
+                "none" => Ordering::None,
+                _ => {
+                    return Err(self.error(
+                        "ordering",
+                        "expected partition (one message of a partition at a time, the default), key (each key in order, keys concurrently) or none",
+                    ))
+                }
+            },
+            concurrency: self.whole(
+                "concurrency",
+                1..=MAX_CONCURRENCY,
+                format!("expected a whole number from 1 to {MAX_CONCURRENCY}"),
+            )?,
+            max_pending: self.whole(
+                "max_pending",
+                1..=MAX_PENDING,
+                format!("expected a whole number from 1 to {MAX_PENDING}"),
+            )?,
             batch_max_bytes: self.whole(
                 "batch_max_bytes",
                 0..=MAX_BATCH_BYTES,
@@ -1171,6 +1230,32 @@ impl RawSettings {
                     ),
                 ));
             }
+        }
+        // Partition ordering is one call at a time: a concurrency set by hand would
+        // silently do nothing (a value equal to the default is not "by hand").
+        let default_concurrency = Config::builder()
+            .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
+            .build()
+            .ok()
+            .and_then(|c| c.get_int("concurrency").ok());
+        if settings.ordering == Ordering::Partition
+            && default_concurrency != Some(settings.concurrency as i64)
+        {
+            return Err(SettingError::new(
+                env_name("concurrency"),
+                Some(&settings.concurrency.to_string()),
+                "needs ACKD_ORDERING=key or none: with ACKD_ORDERING=partition (the default) a partition processes one message at a time".to_string(),
+            ));
+        }
+        if settings.ordering != Ordering::Partition && settings.max_pending < settings.concurrency {
+            return Err(SettingError::new(
+                env_name("max_pending"),
+                Some(&settings.max_pending.to_string()),
+                format!(
+                    "is below ACKD_CONCURRENCY={}: a partition could never have that many messages in flight",
+                    settings.concurrency
+                ),
+            ));
         }
         Ok(settings)
     }

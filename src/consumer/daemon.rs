@@ -81,6 +81,11 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         log_messages = settings.log_messages,
         on_failure = settings.on_failure.as_str(),
         retry_max_attempts = settings.retry.max_attempts,
+        ordering = settings.ordering.as_str(),
+        concurrency = (settings.ordering != crate::settings::Ordering::Partition)
+            .then_some(settings.concurrency),
+        max_pending = (settings.ordering != crate::settings::Ordering::Partition)
+            .then_some(settings.max_pending),
         batch_max_messages = settings.batch_max_messages,
         batch_max_wait_ms =
             (settings.batch_max_messages > 1).then_some(settings.batch_max_wait.as_millis() as u64),
@@ -201,6 +206,14 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 max_messages: settings.batch_max_messages,
                 max_wait: settings.batch_max_wait,
                 max_bytes: settings.batch_max_bytes,
+            },
+            concurrency: match settings.ordering {
+                crate::settings::Ordering::Partition => crate::worker::Concurrency::SEQUENTIAL,
+                ordering => crate::worker::Concurrency {
+                    ordering,
+                    max_in_flight: settings.concurrency,
+                    max_pending: settings.max_pending,
+                },
             },
         },
         drain_timeout: settings.shutdown_timeout,

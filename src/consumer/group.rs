@@ -591,7 +591,10 @@ impl<P: Processor> GroupContext<P> {
                 queue,
                 tp.0.clone(),
                 partition,
-                committed_offset,
+                worker::Resume {
+                    committed: committed_offset,
+                    acked: Vec::new(),
+                },
                 self.worker.clone(),
                 predecessor,
             );

@@ -60,6 +60,10 @@ pub struct WorkerShared {
     /// When the processor call under way began, on the health endpoint's coarse clock
     /// (`output::health::now_ms`), or 0: no call, or the endpoint is off.
     call_started_ms: AtomicU64,
+    /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
+    /// (only with concurrent ordering: in order, nothing is acknowledged past it).
+    #[allow(dead_code)] // read by the committer (issue 14, in progress)
+    acked_above: Mutex<Vec<(i64, i64)>>,
 }
 
 impl WorkerShared {
@@ -74,6 +78,7 @@ impl WorkerShared {
             metrics: PartitionMetrics::default(),
             at_end: AtomicBool::new(false),
             call_started_ms: AtomicU64::new(0),
+            acked_above: Mutex::new(Vec::new()),
         }
     }
 
@@ -106,6 +111,17 @@ impl WorkerShared {
 
     pub fn highest_acked(&self) -> Option<i64> {
         some(self.highest_acked.load(Ordering::Acquire))
+    }
+
+    /// Offsets acknowledged above [`WorkerShared::committable`], as inclusive ranges,
+    /// ascending; empty when there are none. For the commit metadata: a crash then
+    /// redelivers only what was in flight.
+    #[allow(dead_code)]
+    pub fn acked_above(&self) -> Vec<(i64, i64)> {
+        self.acked_above
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn at_end(&self) -> bool {
@@ -223,6 +239,27 @@ pub struct WorkerConfig<P> {
     pub on_failure: OnFailure,
     pub dead_letter: Option<Arc<DeadLetter>>,
     pub batch: Batching,
+    /// `ACKD_ORDERING`, `ACKD_CONCURRENCY`, `ACKD_MAX_PENDING`.
+    pub concurrency: Concurrency,
+}
+
+/// How many processor calls of one partition run at once, and in what order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Concurrency {
+    pub ordering: crate::settings::Ordering,
+    /// Calls in flight at most (1 with `Ordering::Partition`).
+    pub max_in_flight: usize,
+    /// Messages held at most, in flight or waiting for their key.
+    pub max_pending: usize,
+}
+
+impl Concurrency {
+    /// One call at a time, in offset order: `ACKD_ORDERING=partition`.
+    pub const SEQUENTIAL: Concurrency = Concurrency {
+        ordering: crate::settings::Ordering::Partition,
+        max_in_flight: 1,
+        max_pending: 1,
+    };
 }
 
 /// How many messages one processor call gets (`ACKD_BATCH_*`).
@@ -252,6 +289,7 @@ impl<P> Clone for WorkerConfig<P> {
             on_failure: self.on_failure,
             dead_letter: self.dead_letter.clone(),
             batch: self.batch,
+            concurrency: self.concurrency,
         }
     }
 }
@@ -268,13 +306,23 @@ pub struct Predecessor<C: ConsumerContext + 'static> {
     pub resplit: Box<dyn FnOnce() -> Option<StreamPartitionQueue<C>> + Send>,
 }
 
+/// Where a partition resumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The group's committed offset, if any.
+    pub committed: Option<i64>,
+    /// Offsets above it that its previous owner acknowledged (read from the commit's
+    /// metadata), as inclusive ranges, ascending: not processed again.
+    pub acked: Vec<(i64, i64)>,
+}
+
 /// Starts the worker for one partition on `runtime`.
 pub fn spawn<C, P>(
     runtime: &tokio::runtime::Handle,
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
-    resume: Option<i64>,
+    resume: Resume,
     config: WorkerConfig<P>,
     predecessor: Option<Predecessor<C>>,
 ) -> WorkerHandle
@@ -302,7 +350,7 @@ async fn run<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
-    resume: Option<i64>,
+    resume: Resume,
     config: WorkerConfig<P>,
     shared: Arc<WorkerShared>,
     mut stop: watch::Receiver<bool>,
@@ -323,7 +371,12 @@ async fn run<C, P>(
             }
         }
     };
-    consume(queue, topic, partition, resume, config, &shared, stop).await
+    // TODO(issue 14): skip the offsets a previous owner acknowledged above its commit.
+    let Resume {
+        committed,
+        acked: _,
+    } = resume;
+    consume(queue, topic, partition, committed, config, &shared, stop).await
 }
 
 /// Waits for the partition's previous worker to end (or for a stop), then takes a fresh
