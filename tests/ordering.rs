@@ -90,8 +90,8 @@ def once(name):
     except FileExistsError:
         return False
 calls = os.open(os.path.join(DIR, "calls"), os.O_CREAT | os.O_APPEND | os.O_WRONLY)
-for line in sys.stdin:
-    msg = json.loads(line)
+batches = os.open(os.path.join(DIR, "batches"), os.O_CREAT | os.O_APPEND | os.O_WRONLY)
+def work(msg):
     p, o, k, v = msg["partition"], msg["offset"], msg.get("key"), msg.get("value") or ""
     start = time.monotonic_ns()
     reply, outcome = {"ack": True}, "ack"
@@ -108,7 +108,21 @@ for line in sys.stdin:
                 break
     end = time.monotonic_ns()
     os.write(calls, ("%d %d %s %d %d %s\n" % (p, o, k if k is not None else "-", start, end, outcome)).encode())
-    reply.update(partition=p, offset=o)
+    return reply
+for line in sys.stdin:
+    req = json.loads(line)
+    if isinstance(req, list):  # a batch: one reply naming it, or its first failure
+        os.write(batches, b"%d\n" % len(req))
+        reply = {"ack": True}
+        for msg in req:
+            r = work(msg)
+            if "ack" not in r:
+                reply = dict(r, offset=msg["offset"])
+                break
+        reply.update(partition=req[0]["partition"], first=req[0]["offset"], last=req[-1]["offset"])
+    else:
+        reply = work(req)
+        reply.update(partition=req["partition"], offset=req["offset"])
     print(json.dumps(reply), flush=True)
 "#;
 
@@ -392,6 +406,75 @@ fn key_ordering_keeps_each_keys_order_while_keys_run_concurrently() {
     assert!(
         peaks.values().all(|p| *p <= CONCURRENCY),
         "more than ACKD_CONCURRENCY={CONCURRENCY} calls of a partition in flight: {peaks:?}"
+    );
+}
+
+/// With batches the unit is a batch: batches of one partition run concurrently, and one
+/// waits while an earlier unfinished batch shares a key with it. 12 keys a partition in
+/// batches of 5: a batch shares keys with the one two before it, so they wait for each
+/// other all along, while neighbours run at once.
+#[test]
+fn key_ordering_with_batches_keeps_each_keys_order() {
+    const CONCURRENCY: usize = 4;
+    let topic = unique_name("key-batch");
+    let group = unique_name("g-key-batch");
+    create_topic(&topic, 2);
+    let delivered = produce_specs(
+        &topic,
+        &specs(
+            600,
+            2,
+            |i| Some(format!("key-{}", i % 24)),
+            |_| "sleep:0-4".into(),
+        ),
+    );
+    let handler = Handler::new("key-batch");
+    let started = Instant::now();
+    let ackd = exec_ackd(&topic, &group, &handler, 16, "key", CONCURRENCY)
+        .env("ACKD_BATCH_MAX_MESSAGES", "5")
+        .env("ACKD_BATCH_MAX_WAIT_MS", "50")
+        .spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let took = started.elapsed();
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
+    assert_eq!(
+        (processed(&lines).len(), lost, duplicated),
+        (delivered.len(), 0, 0),
+        "processed, lost, duplicated"
+    );
+    let ends = log_ends(&delivered);
+    assert_committed_to_ends(&group, &topic, 2, &ends);
+    let calls = handler.calls();
+    let keys = assert_each_key_in_order(&lines, &calls);
+    assert_eq!(keys, 24, "every key was checked");
+    let sizes: Vec<usize> = std::fs::read_to_string(handler.dir.join("batches"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(
+        sizes.iter().any(|n| *n > 1),
+        "the handler got no batch of more than one message: {sizes:?}"
+    );
+    let peaks = peak_in_flight(&calls);
+    let unordered = out_of_order(&lines);
+    eprintln!(
+        "key-batch: batches of 5, concurrency {CONCURRENCY}: messages {}, lost 0, duplicated 0, committed = end {ends:?}, peak messages in the handler per partition {peaks:?}, processed lines out of offset order {unordered}, batches {} (largest {:?}), in {took:?}",
+        delivered.len(),
+        sizes.len(),
+        sizes.iter().max()
+    );
+    // A batch's messages are handled one after the other: overlap is between batches.
+    assert!(
+        peaks.values().all(|p| *p >= 2) && unordered > 0,
+        "no two batches of a partition ran at once: peak {peaks:?}, out of order {unordered}"
+    );
+    assert!(
+        peaks.values().all(|p| *p <= CONCURRENCY),
+        "more than ACKD_CONCURRENCY={CONCURRENCY} batches of a partition in flight: {peaks:?}"
     );
 }
 
@@ -781,8 +864,9 @@ fn a_retry_holds_only_its_key() {
     let delivered = produce_specs(&topic, &s);
     let handler = Handler::new("retry");
     let ackd = exec_ackd(&topic, &group, &handler, 8, "key", 8)
-        .env("ACKD_RETRY_INITIAL_MS", "400")
-        .env("ACKD_RETRY_MAX_MS", "800")
+        // At least 0.5 + 1 s of backoff: room for slow-starting children under load.
+        .env("ACKD_RETRY_INITIAL_MS", "1000")
+        .env("ACKD_RETRY_MAX_MS", "2000")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
     assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
