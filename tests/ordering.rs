@@ -506,6 +506,71 @@ fn no_ordering_processes_every_message_once_and_commits_to_the_end() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Memory: ACKD_MAX_PENDING stops reading
+// ---------------------------------------------------------------------------------------------
+
+/// Offsets 0..100 share one key (20 ms each, so 2 s one after the other), offsets
+/// 100..200 have a key each. With `max_pending` held messages at most, offset 100 is read
+/// only once fewer than `max_pending` of the hot key's are unfinished: after the hot
+/// offset `100 - max_pending` was processed. Returns how many hot messages were
+/// processed before the first message of another key.
+fn read_ahead_past_a_waiting_key(name: &str, max_pending: usize) -> usize {
+    let topic = unique_name(name);
+    let group = unique_name(&format!("g-{name}"));
+    create_topic(&topic, 1);
+    let delivered = produce_specs(
+        &topic,
+        &specs(
+            200,
+            1,
+            |i| {
+                Some(if i < 100 {
+                    "hot".into()
+                } else {
+                    format!("k-{i}")
+                })
+            },
+            |i| format!("m-{i}"),
+        ),
+    );
+    let ackd = ordered(AckdBuilder::new(&topic, &group), "key", 8)
+        .env("ACKD_MAX_PENDING", max_pending.to_string())
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "20")
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let order: Vec<i64> = processed(&ackd.lines())
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect();
+    let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&ackd.lines()));
+    assert_eq!((lost, duplicated), (0, 0), "{name}: lost, duplicated");
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+    let first_other = order.iter().position(|o| *o >= 100).unwrap();
+    let hot_before = order[..first_other].iter().filter(|o| **o < 100).count();
+    eprintln!(
+        "{name}: ACKD_MAX_PENDING={max_pending}: messages 200, lost 0, duplicated 0, committed = end 200, hot messages processed before the first other key {hot_before}"
+    );
+    hot_before
+}
+
+#[test]
+fn at_max_pending_a_partition_stops_reading() {
+    // Precondition: with room for all 200, the other keys do not wait for the hot one.
+    let free = read_ahead_past_a_waiting_key("pending-free", 1000);
+    assert!(
+        free < 50,
+        "with ACKD_MAX_PENDING=1000 the other keys should pass the waiting hot key; {free} hot messages came first"
+    );
+    let capped = read_ahead_past_a_waiting_key("pending-cap", 20);
+    assert!(
+        capped > 100 - 20,
+        "offset 100 was read while 20 or more messages were held: only {capped} hot messages were processed before the first other key"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. Graceful stop with many messages in flight
 // ---------------------------------------------------------------------------------------------
 
