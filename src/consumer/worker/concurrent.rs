@@ -106,11 +106,11 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
             self.publish_calls(&calls);
             let reading = !stopping && halted.is_none() && !ended && held < limits.max_pending;
             if running.is_empty() && !reading {
-                if stopping {
-                    return Step::Stop;
-                }
                 if let Some(at) = halted {
                     return Step::Halt(at);
+                }
+                if stopping {
+                    return Step::Stop;
                 }
                 if ended && open.is_none() && order.unfinished() == 0 {
                     return Step::End;
@@ -139,12 +139,6 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                             order.forget_not_started();
                             open = None;
                         }
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
-                    if deadline.is_some() => {
-                    if let Some(o) = open.take() {
-                        self.add(&mut order, Unit::Batch(o.messages));
                     }
                 }
                 next = self.next(), if reading => match next {
@@ -180,6 +174,15 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                         }
                     }
                 },
+                // After the reading arm: a batch waits for more only while the queue has
+                // none ready (a backlog fills it at once; with ACKD_BATCH_MAX_WAIT_MS=0
+                // it goes with what the queue had).
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if deadline.is_some() => {
+                    if let Some(o) = open.take() {
+                        self.add(&mut order, Unit::Batch(o.messages));
+                    }
+                }
             }
         }
     }
@@ -225,7 +228,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         });
         o.bytes += w;
         o.messages.push(m);
-        if o.messages.len() >= batching.max_messages || batching.max_wait.is_zero() {
+        if o.messages.len() >= batching.max_messages {
             let full = open.take().expect("open");
             self.add(order, Unit::Batch(full.messages));
         }
