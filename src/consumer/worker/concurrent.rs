@@ -72,6 +72,8 @@ struct Open<'q> {
 #[derive(Default)]
 struct Calls {
     started: BTreeMap<UnitId, (i64, u64)>,
+    /// Messages in the calls under way.
+    messages: usize,
 }
 
 impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
@@ -96,6 +98,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                     let Some((id, unit)) = order.start_next() else {
                         break;
                     };
+                    calls.messages += unit.messages().len();
                     calls.started.insert(
                         id,
                         (unit.messages()[0].offset(), crate::output::health::now_ms()),
@@ -103,7 +106,12 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                     running.push(self.call(id, unit, stop.clone()));
                 }
             }
-            self.publish_calls(&calls);
+            let waiting = if stopping || halted.is_some() {
+                0
+            } else {
+                held - calls.messages
+            };
+            self.publish_calls(&calls, waiting);
             let reading = !stopping && halted.is_none() && !ended && held < limits.max_pending;
             if running.is_empty() && !reading {
                 if let Some(at) = halted {
@@ -126,6 +134,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
                     calls.started.remove(&done.id);
+                    calls.messages -= done.unit.messages().len();
                     held -= done.unit.messages().len();
                     match self.finished(done, &mut order, &mut ranges) {
                         BatchEnd::Done => {}
@@ -323,8 +332,9 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     }
 
     /// The oldest call under way (its offset, and when it began for the health
-    /// endpoint), and how many there are.
-    fn publish_calls(&self, calls: &Calls) {
+    /// endpoint), how many there are, and how many messages wait to start.
+    fn publish_calls(&self, calls: &Calls, waiting: usize) {
+        self.shared.waiting.store(waiting, Ordering::Relaxed);
         let oldest = calls.started.values().next().map_or(NONE, |(o, _)| *o);
         self.shared.in_flight.store(oldest, Ordering::Release);
         let began = calls.started.values().map(|(_, t)| *t).min().unwrap_or(0);
