@@ -909,11 +909,11 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
 // 5. Failures under concurrency
 // ---------------------------------------------------------------------------------------------
 
-/// One partition: offset 0 (key `slow`) works 1.5 s, offset 1 (key `bad`) fails after
+/// One partition: offset 0 (key `slow`) works 2.5 s, offset 1 (key `bad`) fails after
 /// 0.5 s, offsets 2..=41 (keys `k-<i % 8>`) work 300 ms each.
 fn failing_log(topic: &str) -> Vec<Delivered> {
     let mut s: Vec<Spec> = vec![
-        (0, Some("slow".into()), "sleep:1500".into()),
+        (0, Some("slow".into()), "sleep:2500".into()),
         (0, Some("bad".into()), "fail-late".into()),
     ];
     s.extend((2..42).map(|i| (0, Some(format!("k-{}", i % 8)), "sleep:300".to_string())));
@@ -934,7 +934,7 @@ fn halt_under_concurrency_lets_in_flight_finish_and_commits_nothing_past_the_fai
         .spawn();
     let failed = ackd.wait_for_line(|l| at(l, "process_failed"), WAIT);
     assert_eq!(int(&failed, "offset"), 1, "{failed}");
-    // The message in flight since before the failure (1 s more to go) still finishes.
+    // The message in flight since before the failure (2 s more to go) still finishes.
     ackd.wait_for_line(|l| is_processed(l) && int(l, "offset") == 0, WAIT);
     ackd.wait_for_line(|l| at(l, "halted"), WAIT);
     ackd.sigterm();
