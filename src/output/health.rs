@@ -319,7 +319,7 @@ impl Health {
         for s in &partitions {
             counts.add(&s.metrics.counts());
             durations.add(&s.metrics.buckets.snapshot());
-            in_flight += u64::from(s.in_flight().is_some());
+            in_flight += s.in_flight_count() as u64;
             halted += u64::from(s.halted_at().is_some());
         }
         let lags: Vec<(Tp, i64)> = self
@@ -386,7 +386,7 @@ impl Health {
         let gauges = [
             (
                 "in_flight",
-                "Partitions with a processor call under way.",
+                "Processor calls under way (at most one per partition, or ACKD_CONCURRENCY with key or none ordering).",
                 in_flight,
             ),
             (
