@@ -5,8 +5,11 @@
 //!
 //! A tokio sleep lasts longer than asked (its timer rounds up to the next millisecond and
 //! wakes when the runtime gets to it), so the processor times each one and, at the stop,
-//! writes what they really took: `at=slow_delays count=N asked_mean_us=A slept_mean_us=S`
-//! (the bench computes its ideal times from `slept_mean_us`).
+//! writes what they really took and when the first call started and the last one ended
+//! (microseconds since the Unix epoch): `at=slow_delays count=N asked_mean_us=A
+//! slept_mean_us=S first_started_us=F last_done_us=L`. The bench computes its ideal times
+//! from `slept_mean_us`, and its processing time from F to L (the stop itself only comes
+//! once librdkafka reports the end of the partition, after a fetch's long poll).
 //!
 //! It is the `ackd` daemon (same settings, lines and exit codes) with this processor
 //! instead of a built-in one; like the testkit's `slow` processor it never ships in the
@@ -19,7 +22,7 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ackd::processors::delay::Delay;
 use ackd::{Message, ProcessError, Processor, SettingError};
@@ -29,6 +32,14 @@ struct Slow {
     count: AtomicU64,
     asked_us: AtomicU64,
     slept_us: AtomicU64,
+    first_started_us: AtomicU64,
+    last_done_us: AtomicU64,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 impl Processor for Slow {
@@ -38,9 +49,11 @@ impl Processor for Slow {
 
     async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
         let asked = self.delay.sample(&mut fastrand::Rng::new());
+        self.first_started_us.fetch_min(now_us(), Ordering::Relaxed);
         let started = Instant::now();
         tokio::time::sleep(asked).await;
         let slept = started.elapsed();
+        self.last_done_us.fetch_max(now_us(), Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
         self.asked_us
             .fetch_add(asked.as_micros() as u64, Ordering::Relaxed);
@@ -57,6 +70,8 @@ impl Processor for Slow {
             count,
             asked_mean_us = mean(&self.asked_us),
             slept_mean_us = mean(&self.slept_us),
+            first_started_us = self.first_started_us.load(Ordering::Relaxed),
+            last_done_us = self.last_done_us.load(Ordering::Relaxed),
         );
     }
 }
@@ -74,6 +89,8 @@ fn main() -> ExitCode {
             count: AtomicU64::new(0),
             asked_us: AtomicU64::new(0),
             slept_us: AtomicU64::new(0),
+            first_started_us: AtomicU64::new(u64::MAX),
+            last_done_us: AtomicU64::new(0),
         })
     })
 }
