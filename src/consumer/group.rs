@@ -375,7 +375,7 @@ impl<P: Processor> GroupContext<P> {
             if let Some(offset) = p.worker.shared.halted_at() {
                 halted.push((tp.clone(), offset));
             }
-            in_flight += usize::from(p.worker.shared.in_flight().is_some());
+            in_flight += p.worker.shared.in_flight_count();
             if let Some(lag) = metrics::lag(p.high_watermark, p.next_to_process()) {
                 *lag_total.get_or_insert(0) += lag;
                 lags.push((tp.clone(), lag));

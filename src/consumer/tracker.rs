@@ -105,6 +105,26 @@ impl OffsetTracker {
         self.pending.iter().filter(|(_, acked)| !acked).count()
     }
 
+    /// The offsets acknowledged above the committable one, as inclusive ranges,
+    /// ascending, into `out` (cleared first). A range spans offsets never handed out
+    /// (gaps hold no message) but never an unacknowledged one.
+    pub fn acked_ranges_into(&self, out: &mut Vec<(i64, i64)>) {
+        out.clear();
+        let mut run: Option<(i64, i64)> = None;
+        for &(offset, acked) in &self.pending {
+            match (acked, run) {
+                (true, Some((start, _))) => run = Some((start, offset)),
+                (true, None) => run = Some((offset, offset)),
+                (false, Some(r)) => {
+                    out.push(r);
+                    run = None;
+                }
+                (false, None) => {}
+            }
+        }
+        out.extend(run);
+    }
+
     /// The lowest offset handed out and not yet acknowledged.
     pub fn oldest_unacked(&self) -> Option<i64> {
         self.pending
@@ -210,6 +230,15 @@ mod tests {
                     }
                 }
                 prop_assert!(committable >= previous, "went backwards");
+                // The ranges above it hold exactly the acked offsets past the prefix.
+                let mut ranges = Vec::new();
+                t.acked_ranges_into(&mut ranges);
+                for (j, &o) in offsets.iter().enumerate() {
+                    let in_ranges = ranges.iter().any(|&(a, b)| a <= o && o <= b);
+                    let above = committable.is_none_or(|c| o >= c);
+                    prop_assert_eq!(in_ranges, acked[j] && above, "offset {} in {:?}", o, ranges);
+                }
+                prop_assert!(ranges.windows(2).all(|w| w[0].1 < w[1].0), "ascending, disjoint");
                 previous = committable;
                 // The committable offset is exactly one past the longest acked prefix.
                 let prefix = acked.iter().take_while(|a| **a).count();

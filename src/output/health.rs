@@ -319,7 +319,7 @@ impl Health {
         for s in &partitions {
             counts.add(&s.metrics.counts());
             durations.add(&s.metrics.buckets.snapshot());
-            in_flight += u64::from(s.in_flight().is_some());
+            in_flight += s.in_flight_count() as u64;
             halted += u64::from(s.halted_at().is_some());
         }
         let lags: Vec<(Tp, i64)> = self

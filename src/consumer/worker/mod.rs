@@ -7,7 +7,10 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+mod concurrent;
+mod skip;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,8 +65,9 @@ pub struct WorkerShared {
     call_started_ms: AtomicU64,
     /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
     /// (only with concurrent ordering: in order, nothing is acknowledged past it).
-    #[allow(dead_code)] // read by the committer (issue 14, in progress)
     acked_above: Mutex<Vec<(i64, i64)>>,
+    /// Processor calls under way (concurrent ordering; see `in_flight_count`).
+    calls_in_flight: AtomicUsize,
 }
 
 impl WorkerShared {
@@ -79,6 +83,7 @@ impl WorkerShared {
             at_end: AtomicBool::new(false),
             call_started_ms: AtomicU64::new(0),
             acked_above: Mutex::new(Vec::new()),
+            calls_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -105,6 +110,13 @@ impl WorkerShared {
         some(self.in_flight.load(Ordering::Acquire))
     }
 
+    /// Processor calls under way now (messages, or batches).
+    pub fn in_flight_count(&self) -> usize {
+        self.calls_in_flight
+            .load(Ordering::Relaxed)
+            .max(usize::from(self.in_flight().is_some()))
+    }
+
     pub fn first_offset(&self) -> Option<i64> {
         some(self.first_offset.load(Ordering::Acquire))
     }
@@ -116,7 +128,7 @@ impl WorkerShared {
     /// Offsets acknowledged above [`WorkerShared::committable`], as inclusive ranges,
     /// ascending; empty when there are none. For the commit metadata: a crash then
     /// redelivers only what was in flight.
-    #[allow(dead_code)]
+    #[allow(dead_code)] // the commit metadata reads it (issue 14, in progress)
     pub fn acked_above(&self) -> Vec<(i64, i64)> {
         self.acked_above
             .lock()
@@ -371,12 +383,7 @@ async fn run<C, P>(
             }
         }
     };
-    // TODO(issue 14): skip the offsets a previous owner acknowledged above its commit.
-    let Resume {
-        committed,
-        acked: _,
-    } = resume;
-    consume(queue, topic, partition, committed, config, &shared, stop).await
+    consume(queue, topic, partition, resume, config, &shared, stop).await
 }
 
 /// Waits for the partition's previous worker to end (or for a stop), then takes a fresh
@@ -441,7 +448,7 @@ async fn consume<C, P>(
     queue: StreamPartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
-    resume: Option<i64>,
+    resume: Resume,
     config: WorkerConfig<P>,
     shared: &Arc<WorkerShared>,
     stop: watch::Receiver<bool>,
@@ -453,6 +460,10 @@ async fn consume<C, P>(
         .message_source
         .clone()
         .unwrap_or_else(|| topic.clone());
+    let Resume {
+        committed: resume,
+        acked,
+    } = resume;
     let mut worker = Worker {
         stream: queue.stream(),
         held: None,
@@ -467,6 +478,7 @@ async fn consume<C, P>(
             on_failure: config.on_failure,
             fetch_error: None,
             gaps: GapLines::default(),
+            skip: skip::Skip::new(acked),
         },
         config: &config,
         shared,
@@ -478,9 +490,11 @@ async fn consume<C, P>(
         ready: 0,
         first: true,
     };
+    let concurrent = config.concurrency.ordering != crate::settings::Ordering::Partition;
     let mut step = Step::Read;
     loop {
         step = match step {
+            Step::Read if concurrent => worker.concurrently().await,
             Step::Read => worker.read().await,
             Step::Halt(offset) => {
                 halt(shared, offset, &mut worker.stop).await;
@@ -597,6 +611,9 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             // Never commit past a message we could not account for.
             return Step::Halt(at);
         }
+        if self.progress.skip_acknowledged(&message, self.topic) {
+            return Step::Read;
+        }
         self.shared.in_flight.store(offset, Ordering::Release);
         self.shared.metrics.received();
         let kafka = Kafka::new(&message);
@@ -606,6 +623,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             shared: self.shared,
             stop: &mut self.stop,
             rng: &mut self.rng,
+            sequential: true,
         }
         .handle(&view)
         .await;
@@ -658,6 +676,20 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             }
         }
         let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];
+        // Offsets the previous owner acknowledged are acknowledged again, not processed.
+        let kept: Vec<Message<'_>>;
+        let dispatched = if self.progress.skip.is_empty() {
+            dispatched
+        } else {
+            let progress = &mut self.progress;
+            kept = batch[..dispatched.len()]
+                .iter()
+                .zip(dispatched)
+                .filter(|(m, _)| !progress.skip_acknowledged(m, self.topic))
+                .map(|(_, v)| *v)
+                .collect();
+            &kept
+        };
         let ended = if dispatched.is_empty() {
             BatchEnd::Done
         } else {
@@ -667,6 +699,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
                 shared: self.shared,
                 stop: &mut self.stop,
                 rng: &mut self.rng,
+                sequential: true,
             }
             .handle_batch(dispatched, &mut self.progress)
             .await;
@@ -755,6 +788,8 @@ struct Progress<'a> {
     /// librdkafka could not read, not offsets that hold none.
     fetch_error: Option<KafkaError>,
     gaps: GapLines,
+    /// Offsets the previous owner acknowledged above its commit: not processed again.
+    skip: skip::Skip,
 }
 
 /// How often a partition writes an `at=offset_gap` line at most (see [`Progress::gap`]).
@@ -921,6 +956,31 @@ impl Progress<'_> {
         Ok(())
     }
 
+    /// Whether `message` (just dispatched) is one the partition's previous owner
+    /// acknowledged above its commit: if so it is acknowledged again, not processed.
+    fn skip_acknowledged(&mut self, message: &BorrowedMessage<'_>, topic: &str) -> bool {
+        if self.skip.is_empty() || !self.skip.take(message.offset(), topic, self.partition) {
+            return false;
+        }
+        let kafka = Kafka::new(message);
+        self.ack(&Message::from_kafka(&kafka, topic), false);
+        true
+    }
+
+    /// Publishes the offsets acknowledged above the committable one (for the commit's
+    /// metadata), using `scratch` to compute them.
+    fn publish_acked_above(&mut self, scratch: &mut Vec<(i64, i64)>) {
+        self.tracker.acked_ranges_into(scratch);
+        let mut published = self
+            .shared
+            .acked_above
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *published != *scratch {
+            published.clone_from(scratch);
+        }
+    }
+
     /// `view` is acknowledged: by the processor (`processed`: its per-message line), or
     /// by the failure policy (which wrote its own line).
     fn ack(&mut self, view: &Message<'_>, processed: bool) {
@@ -1037,6 +1097,18 @@ enum BatchEnd {
     Interrupted,
 }
 
+/// Where a batch's acknowledgements go as its handler makes them: `index` is the
+/// message's place in the batch.
+trait Acks {
+    fn ack(&mut self, index: usize, view: &Message<'_>, processed: bool);
+}
+
+impl Acks for Progress<'_> {
+    fn ack(&mut self, _index: usize, view: &Message<'_>, processed: bool) {
+        Progress::ack(self, view, processed);
+    }
+}
+
 /// Runs the processor on what the partition hands it, with retries and the failure
 /// policy: what one message or batch needs besides itself.
 struct Handler<'a, P> {
@@ -1044,6 +1116,9 @@ struct Handler<'a, P> {
     shared: &'a WorkerShared,
     stop: &'a mut watch::Receiver<bool>,
     rng: &'a mut fastrand::Rng,
+    /// The partition's only call (partition ordering): it publishes the offset in hand
+    /// and when its call began. Concurrent calls leave that to their loop.
+    sequential: bool,
 }
 
 impl<P: Processor> Handler<'_, P> {
@@ -1052,11 +1127,11 @@ impl<P: Processor> Handler<'_, P> {
         let mut attempt = 1;
         let error = loop {
             let started = self.shared.metrics.stopwatch();
-            self.shared.call_begins();
+            self.call_begins();
             let outcome = AssertUnwindSafe(self.config.processor.process(view))
                 .catch_unwind()
                 .await;
-            self.shared.call_ended();
+            self.call_ended();
             let took = started.elapsed();
             let error = match outcome {
                 Ok(Ok(())) => {
@@ -1081,30 +1156,29 @@ impl<P: Processor> Handler<'_, P> {
 
     /// Runs the processor on a batch: the messages before a failed one are acknowledged,
     /// the failed one gets retries and the failure policy, the rest is handed over again.
-    async fn handle_batch(
-        &mut self,
-        batch: &[Message<'_>],
-        progress: &mut Progress<'_>,
-    ) -> BatchEnd {
+    async fn handle_batch(&mut self, batch: &[Message<'_>], acks: &mut impl Acks) -> BatchEnd {
         let mut rest = batch;
         // Attempts of rest[0], the message the last failure was on.
         let mut attempt = 1;
         while let (Some(first), Some(last)) = (rest.first(), rest.last()) {
-            self.shared
-                .in_flight
-                .store(first.offset(), Ordering::Release);
+            if self.sequential {
+                self.shared
+                    .in_flight
+                    .store(first.offset(), Ordering::Release);
+            }
             let started = Instant::now();
-            self.shared.call_begins();
+            self.call_begins();
             let outcome = AssertUnwindSafe(self.config.processor.process_batch(rest))
                 .catch_unwind()
                 .await;
-            self.shared.call_ended();
+            self.call_ended();
             let took = started.elapsed();
             let (failed_at, error) = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.processed_many(rest.len() as u64, took);
-                    for view in rest {
-                        progress.ack(view, true);
+                    let from = batch.len() - rest.len();
+                    for (i, view) in rest.iter().enumerate() {
+                        acks.ack(from + i, view, true);
                     }
                     return BatchEnd::Done;
                 }
@@ -1134,8 +1208,9 @@ impl<P: Processor> Handler<'_, P> {
                 self.shared
                     .metrics
                     .processed_many(failed_at as u64, Took::UNTIMED);
-                for view in &rest[..failed_at] {
-                    progress.ack(view, true);
+                let from = batch.len() - rest.len();
+                for (i, view) in rest[..failed_at].iter().enumerate() {
+                    acks.ack(from + i, view, true);
                 }
                 rest = &rest[failed_at..];
                 attempt = 1;
@@ -1151,7 +1226,7 @@ impl<P: Processor> Handler<'_, P> {
             }
             match self.give_up(view, &error, attempt).await {
                 Handled::Ack => {
-                    progress.ack(view, false);
+                    acks.ack(batch.len() - rest.len(), view, false);
                     rest = &rest[1..];
                     attempt = 1;
                 }
@@ -1161,6 +1236,18 @@ impl<P: Processor> Handler<'_, P> {
             }
         }
         BatchEnd::Done
+    }
+
+    fn call_begins(&self) {
+        if self.sequential {
+            self.shared.call_begins();
+        }
+    }
+
+    fn call_ended(&self) {
+        if self.sequential {
+            self.shared.call_ended();
+        }
     }
 
     /// Logs a retry of `view` (and the `messages - 1` after it, for a batch) and waits for
@@ -1319,6 +1406,7 @@ mod tests {
             on_failure,
             fetch_error: None,
             gaps: GapLines::default(),
+            skip: skip::Skip::default(),
         }
     }
 

@@ -1,0 +1,347 @@
+//! A partition's worker with `ACKD_ORDERING=key` or `none`: up to `ACKD_CONCURRENCY`
+//! processor calls of one partition at once.
+//!
+//! Everything runs in the partition's one task: the calls are futures polled together
+//! (no copy of the message, no task per message), so they overlap where they await
+//! (I/O, a child's answer, a timer). Messages are still read, handed to the tracker and
+//! committed in offset order; only the calls overlap. [`KeyOrder`] decides which
+//! message may start: one key's messages one at a time, in offset order.
+//!
+//! ```text
+//!   queue ─▶ read (while fewer than ACKD_MAX_PENDING held) ─▶ KeyOrder ─▶ calls (≤ ACKD_CONCURRENCY)
+//!                                                                           │
+//!        tracker: committable = contiguous acked prefix  ◀──── acks ◀───────┘
+//! ```
+//! A stop or a halt starts nothing new: the calls under way finish, the messages that
+//! had not started stay unacknowledged (the committed offset stops before the first of
+//! them; the acknowledged ones above it are named in the commit's metadata).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message as _;
+
+use super::{weight, Acks, BatchEnd, Handled, Handler, Step, Worker, NONE};
+use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
+use crate::processor::{Kafka, Message, Processor};
+use crate::settings::Ordering as KeyOrdering;
+
+/// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).
+enum Unit<'q> {
+    One(BorrowedMessage<'q>),
+    Batch(Vec<BorrowedMessage<'q>>),
+}
+
+impl<'q> Unit<'q> {
+    fn messages(&self) -> &[BorrowedMessage<'q>] {
+        match self {
+            Unit::One(m) => std::slice::from_ref(m),
+            Unit::Batch(b) => b,
+        }
+    }
+}
+
+/// How a call ended: its unit back, the acknowledgements it made (by index in the
+/// unit), and what follows for the partition.
+struct Done<'q> {
+    id: UnitId,
+    unit: Unit<'q>,
+    acks: Vec<(usize, bool)>,
+    end: BatchEnd,
+}
+
+impl Acks for Vec<(usize, bool)> {
+    fn ack(&mut self, index: usize, _view: &Message<'_>, processed: bool) {
+        self.push((index, processed));
+    }
+}
+
+/// A batch being filled (`ACKD_BATCH_MAX_MESSAGES` above 1) while the calls run.
+struct Open<'q> {
+    messages: Vec<BorrowedMessage<'q>>,
+    bytes: usize,
+    deadline: tokio::time::Instant,
+}
+
+/// The calls under way: when each began (health clock) and its first offset.
+#[derive(Default)]
+struct Calls {
+    started: BTreeMap<UnitId, (i64, u64)>,
+}
+
+impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
+    /// Reads and processes the partition concurrently until a stop, a halt or its end.
+    pub(super) async fn concurrently(&mut self) -> Step {
+        let limits = self.config.concurrency;
+        let batching = self.config.batch;
+        let mut order: KeyOrder<Unit<'q>> = KeyOrder::new();
+        let mut running = FuturesUnordered::new();
+        let mut calls = Calls::default();
+        let mut open: Option<Open<'q>> = None;
+        // Messages read and not finished: in calls, waiting for their key, or in `open`.
+        let mut held = 0usize;
+        let mut stopping = false;
+        let mut halted: Option<i64> = None;
+        let mut ended = false;
+        let mut stop = self.stop.clone();
+        let mut ranges = Vec::new();
+        loop {
+            if !stopping && halted.is_none() {
+                while running.len() < limits.max_in_flight {
+                    let Some((id, unit)) = order.start_next() else {
+                        break;
+                    };
+                    calls.started.insert(
+                        id,
+                        (unit.messages()[0].offset(), crate::output::health::now_ms()),
+                    );
+                    running.push(self.call(id, unit, stop.clone()));
+                }
+            }
+            self.publish_calls(&calls);
+            let reading = !stopping && halted.is_none() && !ended && held < limits.max_pending;
+            if running.is_empty() && !reading {
+                if stopping {
+                    return Step::Stop;
+                }
+                if let Some(at) = halted {
+                    return Step::Halt(at);
+                }
+                if ended && open.is_none() && order.unfinished() == 0 {
+                    return Step::End;
+                }
+            }
+            let deadline = open.as_ref().map(|o| o.deadline);
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s), if !stopping => {
+                    stopping = true;
+                    order.forget_not_started();
+                    open = None;
+                }
+                Some(done) = running.next(), if !running.is_empty() => {
+                    calls.started.remove(&done.id);
+                    held -= done.unit.messages().len();
+                    match self.finished(done, &mut order, &mut ranges) {
+                        BatchEnd::Done => {}
+                        BatchEnd::Halt(at) => {
+                            halted = Some(halted.map_or(at, |h| h.min(at)));
+                            order.forget_not_started();
+                            open = None;
+                        }
+                        BatchEnd::Interrupted => {
+                            stopping = true;
+                            order.forget_not_started();
+                            open = None;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if deadline.is_some() => {
+                    if let Some(o) = open.take() {
+                        self.add(&mut order, Unit::Batch(o.messages));
+                    }
+                }
+                next = self.next(), if reading => match next {
+                    None => {
+                        stopping = true;
+                        order.forget_not_started();
+                        open = None;
+                    }
+                    Some(Ok(m)) => {
+                        held += 1;
+                        match self.accept(m, &mut order, &mut open, &batching) {
+                            Ok(true) => {}
+                            Ok(false) => held -= 1,
+                            Err(at) => {
+                                held -= 1;
+                                halted = Some(halted.map_or(at, |h| h.min(at)));
+                                order.forget_not_started();
+                                open = None;
+                            }
+                        }
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) if self.config.at_end.is_some() => {
+                        ended = true;
+                        if let Some(o) = open.take() {
+                            self.add(&mut order, Unit::Batch(o.messages));
+                        }
+                    }
+                    Some(Err(e)) => {
+                        if let Err(at) = self.progress.fetch_failed(e) {
+                            halted = Some(halted.map_or(at, |h| h.min(at)));
+                            order.forget_not_started();
+                            open = None;
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// A message read from the queue: handed to the tracker, then skipped (its previous
+    /// owner acknowledged it), or queued to start. `Ok(false)`: skipped, not held.
+    /// `Err(at)`: it could not be accounted for; the partition halts at `at`.
+    fn accept(
+        &mut self,
+        m: BorrowedMessage<'q>,
+        order: &mut KeyOrder<Unit<'q>>,
+        open: &mut Option<Open<'q>>,
+        batching: &super::Batching,
+    ) -> Result<bool, i64> {
+        let offset = m.offset();
+        if self.first {
+            self.first = false;
+            super::resumed(self.shared, self.topic, self.partition, self.resume, offset);
+        }
+        self.progress.dispatch(offset)?;
+        if self.progress.skip_acknowledged(&m, self.topic) {
+            return Ok(false);
+        }
+        self.shared.metrics.received();
+        if batching.max_messages <= 1 {
+            self.add(order, Unit::One(m));
+            return Ok(true);
+        }
+        // Batches fill from what the queue has ready; a batch not full waits for more at
+        // most ACKD_BATCH_MAX_WAIT_MS (the loop's timer), while the calls go on.
+        let limit = batching.max_bytes;
+        let w = if limit > 0 { weight(&m) } else { 0 };
+        if let Some(o) = open.as_mut() {
+            if limit > 0 && o.bytes + w > limit {
+                let full = open.take().expect("open");
+                self.add(order, Unit::Batch(full.messages));
+            }
+        }
+        let o = open.get_or_insert_with(|| Open {
+            messages: Vec::with_capacity(batching.max_messages.min(1024)),
+            bytes: 0,
+            deadline: tokio::time::Instant::now() + batching.max_wait,
+        });
+        o.bytes += w;
+        o.messages.push(m);
+        if o.messages.len() >= batching.max_messages || batching.max_wait.is_zero() {
+            let full = open.take().expect("open");
+            self.add(order, Unit::Batch(full.messages));
+        }
+        Ok(true)
+    }
+
+    /// Queues a unit behind the earlier units that share its keys.
+    fn add(&self, order: &mut KeyOrder<Unit<'q>>, unit: Unit<'q>) {
+        let keys = match self.config.concurrency.ordering {
+            KeyOrdering::Key => unit
+                .messages()
+                .iter()
+                .filter_map(|m| m.key().map(key_hash))
+                .collect(),
+            // Partition ordering never gets here; `none` holds no keys.
+            KeyOrdering::None | KeyOrdering::Partition => Vec::new(),
+        };
+        order.add(keys, unit);
+    }
+
+    /// The processor call of one unit, with its retries and the failure policy, as a
+    /// future of its own.
+    fn call(
+        &self,
+        id: UnitId,
+        unit: Unit<'q>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> futures::future::BoxFuture<'q, Done<'q>> {
+        let config = self.config;
+        let shared = self.shared;
+        let topic: &'q str = self.topic;
+        let mut rng = fastrand::Rng::with_seed(id ^ 0x9e37_79b9_7f4a_7c15);
+        async move {
+            let mut acks = Vec::new();
+            let end = {
+                let kafka: Vec<Kafka<'_>> = unit.messages().iter().map(Kafka::new).collect();
+                let views: Vec<Message<'_>> = kafka
+                    .iter()
+                    .map(|k| Message::from_kafka(k, topic))
+                    .collect();
+                let mut handler = Handler {
+                    config,
+                    shared,
+                    stop: &mut stop,
+                    rng: &mut rng,
+                    sequential: false,
+                };
+                match &unit {
+                    Unit::One(_) => match handler.handle(&views[0]).await {
+                        Handled::Processed => {
+                            acks.push((0, true));
+                            BatchEnd::Done
+                        }
+                        Handled::Ack => {
+                            acks.push((0, false));
+                            BatchEnd::Done
+                        }
+                        Handled::Halt => BatchEnd::Halt(views[0].offset()),
+                        Handled::Interrupted => BatchEnd::Interrupted,
+                    },
+                    Unit::Batch(_) => handler.handle_batch(&views, &mut acks).await,
+                }
+            };
+            Done {
+                id,
+                unit,
+                acks,
+                end,
+            }
+        }
+        .boxed()
+    }
+
+    /// A call ended: its acknowledgements go to the tracker (and the committable offset
+    /// and the ranges acknowledged above it are published), its keys free the units
+    /// they held back.
+    fn finished(
+        &mut self,
+        done: Done<'q>,
+        order: &mut KeyOrder<Unit<'q>>,
+        ranges: &mut Vec<(i64, i64)>,
+    ) -> BatchEnd {
+        let messages = done.unit.messages();
+        for &(i, processed) in &done.acks {
+            let kafka = Kafka::new(&messages[i]);
+            let view = Message::from_kafka(&kafka, self.topic);
+            self.progress.ack(&view, processed);
+        }
+        self.progress.publish_acked_above(ranges);
+        order.finish(done.id);
+        done.end
+    }
+
+    /// The oldest call under way (its offset, and when it began for the health
+    /// endpoint), and how many there are.
+    fn publish_calls(&self, calls: &Calls) {
+        let oldest = calls.started.values().next().map_or(NONE, |(o, _)| *o);
+        self.shared.in_flight.store(oldest, Ordering::Release);
+        let began = calls.started.values().map(|(_, t)| *t).min().unwrap_or(0);
+        self.shared.call_started_ms.store(began, Ordering::Relaxed);
+        self.shared
+            .calls_in_flight
+            .store(calls.started.len(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_acks_collect_by_index() {
+        let mut acks: Vec<(usize, bool)> = Vec::new();
+        let m = Message::new("t", 0, 5, None, None, None);
+        Acks::ack(&mut acks, 2, &m, true);
+        Acks::ack(&mut acks, 3, &m, false);
+        assert_eq!(acks, vec![(2, true), (3, false)]);
+    }
+}

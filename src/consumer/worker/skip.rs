@@ -1,0 +1,79 @@
+//! Offsets a partition's previous owner acknowledged above its committed offset (named
+//! in the commit's metadata): acknowledged again on resume, not processed again.
+
+/// The ranges to skip, consumed as the partition's offsets come in ascending order.
+#[derive(Debug, Default)]
+pub(super) struct Skip {
+    /// Inclusive ranges, ascending, not yet passed.
+    ranges: std::collections::VecDeque<(i64, i64)>,
+    /// Offsets skipped so far.
+    skipped: u64,
+}
+
+impl Skip {
+    pub(super) fn new(ranges: Vec<(i64, i64)>) -> Self {
+        let mut ranges: Vec<(i64, i64)> = ranges.into_iter().filter(|(a, b)| a <= b).collect();
+        ranges.sort_unstable();
+        Skip {
+            ranges: ranges.into(),
+            skipped: 0,
+        }
+    }
+
+    /// Nothing (left) to skip.
+    pub(super) fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Whether `offset` (ascending from call to call) is to be skipped. Logs once, when
+    /// the last range is passed, how many offsets were.
+    pub(super) fn take(&mut self, offset: i64, topic: &str, partition: i32) -> bool {
+        while self.ranges.front().is_some_and(|&(_, end)| end < offset) {
+            self.ranges.pop_front();
+        }
+        let hit = self
+            .ranges
+            .front()
+            .is_some_and(|&(start, _)| start <= offset);
+        if hit {
+            self.skipped += 1;
+            if self.ranges.front().is_some_and(|&(_, end)| end == offset) {
+                self.ranges.pop_front();
+            }
+        }
+        if self.ranges.is_empty() && self.skipped > 0 {
+            tracing::info!(
+                at = "resume_skipped",
+                topic,
+                partition,
+                skipped = self.skipped,
+                "offsets the previous owner acknowledged above its commit (commit metadata) were not processed again"
+            );
+            self.skipped = 0;
+        }
+        hit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_exactly_the_ranges_as_offsets_pass() {
+        let mut s = Skip::new(vec![(7, 7), (3, 5)]);
+        let skipped: Vec<i64> = (0..10).filter(|&o| s.take(o, "t", 0)).collect();
+        assert_eq!(skipped, vec![3, 4, 5, 7]);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn offsets_missing_from_the_log_pass_their_range() {
+        // Compacted away: 4 and 5 never come.
+        let mut s = Skip::new(vec![(4, 5), (9, 9)]);
+        assert!(!s.take(3, "t", 0));
+        assert!(!s.take(6, "t", 0));
+        assert!(s.take(9, "t", 0));
+        assert!(s.is_empty());
+    }
+}
