@@ -1,0 +1,260 @@
+//! Issue 14, item 3, on Apache Kafka: with concurrent ordering, the offsets acknowledged
+//! above the committed one travel in the commit's metadata (`;acked=`, relative to the
+//! committed offset), and after a SIGKILL the next owner skips them: only the messages
+//! that were in flight come again.
+//!
+//! Messages stuck in flight are the testkit's `faulty` processor's `retry:1` payloads with
+//! a retry wait of minutes: their key waits, the other keys go on and finish above them.
+//!
+//! This binary's broker keeps at most 100 bytes of commit metadata
+//! (`offset.metadata.max.bytes`; Kafka's default is 4,096): enough for the first test's
+//! ranges, not for the second's, whose commits the broker refuses until ackd writes fewer
+//! ranges (`at=commit_metadata_dropped`): redelivery instead, never a lost commit.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(90);
+const METADATA_MAX: usize = 100;
+
+fn kafka() -> &'static Broker {
+    static B: OnceLock<&'static Broker> = OnceLock::new();
+    B.get_or_init(|| {
+        broker_with(BrokerOptions {
+            server_config: vec![("offset.metadata.max.bytes".into(), METADATA_MAX.to_string())],
+            ..BrokerOptions::default()
+        })
+    })
+}
+
+/// Keyed messages at offsets `from..to` of a one-partition topic; those at `stuck`
+/// offsets say `retry:1`, each with a key of its own (so only it waits).
+fn produce_with_stuck(topic: &str, from: i64, to: i64, stuck: &BTreeSet<i64>) -> Vec<Delivered> {
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (from..to)
+        .map(|i| {
+            if stuck.contains(&i) {
+                (Some(format!("stuck-{i}").into_bytes()), b"retry:1".to_vec())
+            } else {
+                (Some(format!("k{}", i % 37).into_bytes()), b"ok".to_vec())
+            }
+        })
+        .collect();
+    let delivered = produce(topic, &messages);
+    let offsets: Vec<i64> = delivered.iter().map(|d| d.offset).collect();
+    assert_eq!(
+        offsets,
+        (from..to).collect::<Vec<_>>(),
+        "one partition, in order"
+    );
+    delivered
+}
+
+/// A member with key ordering whose `retry:1` messages wait `retry_ms` before their retry.
+fn member(topic: &str, group: &str, retry_ms: u64) -> AckdProcess {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "64")
+        .env("ACKD_COMMIT_INTERVAL_MS", "200")
+        .env("ACKD_RETRY_INITIAL_MS", retry_ms.to_string())
+        .env("ACKD_RETRY_MAX_MS", retry_ms.to_string())
+        .spawn()
+}
+
+fn stored(group: &str, topic: &str) -> (Option<i64>, String) {
+    let (offset, raw) = committed_raw_metadata_on(&kafka().bootstrap(), group, topic, 0);
+    (
+        offset,
+        String::from_utf8(raw).expect("ackd's metadata is UTF-8"),
+    )
+}
+
+/// The absolute offsets an `acked=` value relative to `committed` names (the harness's
+/// own reading of the documented format).
+fn acked_offsets(committed: i64, metadata: &str) -> BTreeSet<i64> {
+    let Some(value) = metadata.split(';').find_map(|f| f.strip_prefix("acked=")) else {
+        return BTreeSet::new();
+    };
+    value
+        .split(',')
+        .flat_map(|item| {
+            let (a, b) = item.split_once('-').unwrap_or((item, item));
+            let (a, b): (i64, i64) = (a.parse().unwrap(), b.parse().unwrap());
+            committed + a..=committed + b
+        })
+        .collect()
+}
+
+struct Crash {
+    delivered: Vec<Delivered>,
+    killed: Vec<String>,
+    next: Vec<String>,
+    /// The committed offset and metadata the killed process left.
+    committed: i64,
+    metadata: String,
+}
+
+/// Runs a member until everything but the `stuck` messages is processed and the group's
+/// commit metadata says `until`, SIGKILLs it, and runs the next member (short retry wait)
+/// until every message is processed; stops it with SIGTERM. The messages come in two
+/// halves, the second once a commit with ranges stored the first: the committed offset
+/// stays at the first stuck message while the ranges above it grow, so the ranges of
+/// the second half reach the broker only in commits of the same offset again.
+fn crash_and_resume(
+    n: i64,
+    stuck: &BTreeSet<i64>,
+    until: impl Fn(&(Option<i64>, String)) -> bool,
+) -> Crash {
+    kafka();
+    let topic = unique_name("acked-meta");
+    let group = unique_name("g-acked-meta");
+    create_topic(&topic, 1);
+    let first_stuck = *stuck.first().unwrap();
+    let mut delivered = produce_with_stuck(&topic, 0, n / 2, stuck);
+
+    let killed = member(&topic, &group, 600_000);
+    wait_until(WAIT, || {
+        let (o, m) = stored(&group, &topic);
+        o == Some(first_stuck) && m.contains(";acked=")
+    });
+    delivered.extend(produce_with_stuck(&topic, n / 2, n, stuck));
+    killed.wait_for_count(is_processed, (n as usize) - stuck.len(), WAIT);
+    wait_until(WAIT, || until(&stored(&group, &topic)));
+    killed.sigkill();
+    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    let (committed, metadata) = stored(&group, &topic);
+    let committed = committed.expect("a committed offset");
+
+    let next = member(&topic, &group, 20);
+    wait_until(WAIT, || {
+        let mut seen: BTreeSet<i64> = processed(&killed.lines()).iter().map(|m| m.1).collect();
+        seen.extend(processed(&next.lines()).iter().map(|m| m.1));
+        seen.len() == n as usize
+    });
+    next.sigterm();
+    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    assert_eq!(
+        stored(&group, &topic).0,
+        Some(n),
+        "the stop commits the end"
+    );
+    Crash {
+        delivered,
+        killed: killed.lines(),
+        next: next.lines(),
+        committed,
+        metadata,
+    }
+}
+
+impl Crash {
+    /// Checks what the next member skipped, processed and said; returns (skipped,
+    /// redelivered).
+    fn check(&self, n: i64) -> (usize, usize) {
+        let skipped = acked_offsets(self.committed, &self.metadata);
+        let assigned = self
+            .next
+            .iter()
+            .find(|l| at(l, "assigned"))
+            .expect("an assigned line");
+        assert_eq!(
+            field(assigned, "offset").and_then(|o| o.parse().ok()),
+            Some(self.committed),
+            "{assigned}"
+        );
+        assert_eq!(
+            field(assigned, "acked_above").and_then(|o| o.parse().ok()),
+            Some(skipped.len()),
+            "{assigned}"
+        );
+        let resume_skipped = self.next.iter().find(|l| at(l, "resume_skipped"));
+        assert_eq!(
+            resume_skipped.and_then(|l| field(l, "skipped")?.parse().ok()),
+            Some(skipped.len()),
+            "{resume_skipped:?}"
+        );
+        // The next member processes exactly what is at or above the commit and not
+        // skipped: nothing it was told was acknowledged, everything it was not.
+        let again: BTreeSet<i64> = processed(&self.next).iter().map(|m| m.1).collect();
+        let expected: BTreeSet<i64> = (self.committed..n)
+            .filter(|o| !skipped.contains(o))
+            .collect();
+        assert_eq!(again, expected, "metadata {:?}", self.metadata);
+        let all: Vec<(i32, i64)> = processed(&self.killed)
+            .into_iter()
+            .chain(processed(&self.next))
+            .collect();
+        let lines: Vec<String> = self.killed.iter().chain(&self.next).cloned().collect();
+        let t = tally(&self.delivered, &all, &lines);
+        assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+        (skipped.len(), t.duplicated.len())
+    }
+}
+
+/// Only the messages in flight at the kill (the stuck ones) are processed again; the
+/// acknowledged ones above the commit are skipped, and the resume says how many.
+#[test]
+fn after_a_sigkill_only_the_messages_in_flight_are_processed_again() {
+    const N: i64 = 300;
+    let stuck: BTreeSet<i64> = [10, 150].into();
+    // Committed 10 (10 is in flight), acked 11..=149 and 151..=299, relative 1-139,141-289.
+    let want = "ackd:processed=299;acked=1-139,141-289";
+    let crash = crash_and_resume(N, &stuck, |(o, m)| *o == Some(10) && m == want);
+    assert_eq!((crash.committed, crash.metadata.as_str()), (10, want));
+    let (skipped, redelivered) = crash.check(N);
+    assert_eq!(skipped, 288);
+    // The stuck messages failed their first attempt in the killed process: they were
+    // never processed there, so none is counted twice.
+    assert_eq!(redelivered, 0);
+    let again = processed(&crash.next).len();
+    assert_eq!(again, stuck.len());
+    eprintln!(
+        "acked metadata: {N} messages, key ordering, concurrency 64, SIGKILL with {} in flight: \
+         committed {}, skipped {skipped}, processed again {again}, duplicated {redelivered}, lost 0",
+        stuck.len(),
+        crash.committed
+    );
+}
+
+/// Ranges too long for the broker (`offset.metadata.max.bytes`=100): the commit is made
+/// again without them, later commits carry fewer ranges, and after a SIGKILL what the
+/// metadata kept is skipped and everything else from the commit on is processed again.
+#[test]
+fn ranges_the_broker_refuses_cost_redelivery_never_a_commit() {
+    const N: i64 = 400;
+    // 20 stuck messages, 10 apart: "1-9,11-19,...": some 120 bytes of ranges.
+    let stuck: BTreeSet<i64> = (0..20).map(|i| 5 + 10 * i).collect();
+    let crash = crash_and_resume(N, &stuck, |(o, m)| {
+        *o == Some(5) && m.contains(";acked=") && m.starts_with("ackd:processed=399;")
+    });
+    assert!(crash.metadata.len() <= METADATA_MAX, "{}", crash.metadata);
+    let dropped: Vec<&String> = crash
+        .killed
+        .iter()
+        .filter(|l| at(l, "commit_metadata_dropped"))
+        .collect();
+    assert!(!dropped.is_empty(), "no commit_metadata_dropped line");
+    assert!(
+        !crash.killed.iter().any(|l| at(l, "commit_failed")),
+        "a commit was lost:\n{}",
+        crash.killed.join("\n")
+    );
+    let (skipped, redelivered) = crash.check(N);
+    let in_range = (crash.committed..N).count();
+    assert!(skipped > 0 && skipped < in_range - stuck.len(), "{skipped}");
+    let again = processed(&crash.next).len();
+    eprintln!(
+        "acked metadata over the broker's limit ({METADATA_MAX} bytes): {} commit_metadata_dropped, kept {:?} ({} bytes); \
+         {N} messages, {} stuck, committed {}, skipped {skipped}, processed again {again}, duplicated {redelivered}, lost 0",
+        dropped.len(),
+        crash.metadata,
+        crash.metadata.len(),
+        stuck.len(),
+        crash.committed,
+    );
+}
