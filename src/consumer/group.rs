@@ -367,6 +367,7 @@ impl<P: Processor> GroupContext<P> {
         let mut group = self.lock();
         let mut interval = std::mem::take(&mut group.retired);
         let mut in_flight = 0;
+        let mut waiting = None;
         let mut lag_total = None;
         let mut lags = Vec::new();
         let mut halted = Vec::new();
@@ -376,6 +377,9 @@ impl<P: Processor> GroupContext<P> {
                 halted.push((tp.clone(), offset));
             }
             in_flight += p.worker.shared.in_flight_count();
+            if let Some(w) = p.worker.shared.waiting() {
+                *waiting.get_or_insert(0) += w;
+            }
             if let Some(lag) = metrics::lag(p.high_watermark, p.next_to_process()) {
                 *lag_total.get_or_insert(0) += lag;
                 lags.push((tp.clone(), lag));
@@ -389,7 +393,10 @@ impl<P: Processor> GroupContext<P> {
             &self.source,
             self.metrics_interval.as_millis() as u64,
             partitions,
-            in_flight,
+            metrics::InFlight {
+                calls: in_flight,
+                waiting,
+            },
             halted.len(),
             lag_total,
             last,

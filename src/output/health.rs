@@ -386,7 +386,7 @@ impl Health {
         let gauges = [
             (
                 "in_flight",
-                "Partitions with a processor call under way.",
+                "Processor calls under way (at most one per partition, or ACKD_CONCURRENCY with key or none ordering).",
                 in_flight,
             ),
             (

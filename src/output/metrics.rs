@@ -411,6 +411,15 @@ fn mean_p99(h: &Histogram<u64>) -> (Option<String>, Option<String>) {
     )
 }
 
+/// What the workers hold now.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InFlight {
+    /// Processor calls under way.
+    pub calls: usize,
+    /// Messages read and not started (`None`: partition ordering, where none wait).
+    pub waiting: Option<usize>,
+}
+
 /// The summary of one interval, as one line.
 #[allow(clippy::too_many_arguments)]
 pub fn emit_summary(
@@ -419,7 +428,7 @@ pub fn emit_summary(
     source: &str,
     interval_ms: u64,
     partitions: usize,
-    in_flight: usize,
+    in_flight: InFlight,
     halted: usize,
     lag_total: Option<i64>,
     last: bool,
@@ -442,7 +451,8 @@ pub fn emit_summary(
         "count#commit_failures" = interval.commit_failures,
         "measure#commit.duration.mean" = commit_mean.as_deref(),
         "measure#commit.duration.p99" = commit_p99.as_deref(),
-        "sample#in_flight" = in_flight as u64,
+        "sample#in_flight" = in_flight.calls as u64,
+        "sample#waiting" = in_flight.waiting.map(|w| w as u64),
         "sample#partitions" = partitions as u64,
         "sample#partitions.halted" = halted as u64,
         "sample#lag.total" = lag_total.map(|l| l.max(0) as u64),

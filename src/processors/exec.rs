@@ -5,8 +5,10 @@
 //!   process group. Each is served by one task (a "slot") that takes the next message
 //!   from a queue shared by all slots, writes it as one JSON line to the child's stdin,
 //!   and reads one reply line from its stdout. A child has at most one message at a
-//!   time; the partition workers send a partition's next message only after the
-//!   previous one was answered, so per-partition order holds with any pool size.
+//!   time; the partition workers send a message only after the previous one of its
+//!   partition (`ACKD_ORDERING=partition`) or of its key (`key`) was answered, so that
+//!   order holds with any pool size. With `key` or `none` one partition may keep up to
+//!   `ACKD_CONCURRENCY` children busy.
 //! - A child that closes its stdout (exits), writes something that is not a reply to
 //!   the request in flight, or does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed
 //!   (SIGTERM to its group, SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
@@ -160,7 +162,8 @@ impl Exec {
 
     fn pool(&self) -> &Pool {
         self.pool.get_or_init(|| {
-            // Jobs wait here for a free child; at most one per partition is ever queued.
+            // Jobs wait here for a free child: at most one per partition, or
+            // ACKD_CONCURRENCY per partition with key or none ordering.
             let (jobs, rx) = mpsc::channel(1024);
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
             let (stop, stop_rx) = watch::channel(None);

@@ -2,8 +2,8 @@
 //!
 //! - One [`reqwest::Client`] (a pool of keep-alive connections), at most
 //!   `ACKD_HTTP_CONCURRENCY` requests in flight (a semaphore). The partition workers
-//!   send a partition's next message only after the previous one was answered, so
-//!   per-partition order holds with any concurrency.
+//!   send a message only after the previous one of its partition (or of its key, with
+//!   `ACKD_ORDERING=key`) was answered, so that order holds with any concurrency.
 //! - Body `json` (default): the object of [`super::json`] (the exec processor's request
 //!   line), `Content-Type: application/json`. Body `raw`: the value bytes,
 //!   `Content-Type: application/octet-stream`, metadata in `Ackd-*` headers (see

@@ -318,8 +318,12 @@ pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
 }
 
 /// The user's logic. One call per message (or per batch, see
-/// [`Processor::process_batch`]); calls for one partition never overlap and come in
-/// offset order; calls for different partitions run concurrently.
+/// [`Processor::process_batch`]). With `ACKD_ORDERING=partition` (the default) calls for
+/// one partition never overlap and come in offset order; with `key`, calls for one key
+/// never overlap and come in offset order, while different keys' calls of a partition
+/// overlap (up to `ACKD_CONCURRENCY`, as futures of the partition's one task: they run
+/// in parallel only where they await); with `none` any call may overlap another.
+/// Calls for different partitions run concurrently.
 ///
 /// Return `Ok(())` to acknowledge: the offset becomes committable. A message is never
 /// committed before its call returned `Ok`, so work that must not be lost has to be done

@@ -72,6 +72,8 @@ struct Open<'q> {
 #[derive(Default)]
 struct Calls {
     started: BTreeMap<UnitId, (i64, u64)>,
+    /// Messages in the calls under way.
+    messages: usize,
 }
 
 impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
@@ -96,6 +98,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                     let Some((id, unit)) = order.start_next() else {
                         break;
                     };
+                    calls.messages += unit.messages().len();
                     calls.started.insert(
                         id,
                         (unit.messages()[0].offset(), crate::output::health::now_ms()),
@@ -103,14 +106,19 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                     running.push(self.call(id, unit, stop.clone()));
                 }
             }
-            self.publish_calls(&calls);
+            let waiting = if stopping || halted.is_some() {
+                0
+            } else {
+                held - calls.messages
+            };
+            self.publish_calls(&calls, waiting);
             let reading = !stopping && halted.is_none() && !ended && held < limits.max_pending;
             if running.is_empty() && !reading {
-                if stopping {
-                    return Step::Stop;
-                }
                 if let Some(at) = halted {
                     return Step::Halt(at);
+                }
+                if stopping {
+                    return Step::Stop;
                 }
                 if ended && open.is_none() && order.unfinished() == 0 {
                     return Step::End;
@@ -126,6 +134,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
                     calls.started.remove(&done.id);
+                    calls.messages -= done.unit.messages().len();
                     held -= done.unit.messages().len();
                     match self.finished(done, &mut order, &mut ranges) {
                         BatchEnd::Done => {}
@@ -139,12 +148,6 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                             order.forget_not_started();
                             open = None;
                         }
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
-                    if deadline.is_some() => {
-                    if let Some(o) = open.take() {
-                        self.add(&mut order, Unit::Batch(o.messages));
                     }
                 }
                 next = self.next(), if reading => match next {
@@ -180,6 +183,15 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                         }
                     }
                 },
+                // After the reading arm: a batch waits for more only while the queue has
+                // none ready (a backlog fills it at once; with ACKD_BATCH_MAX_WAIT_MS=0
+                // it goes with what the queue had).
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if deadline.is_some() => {
+                    if let Some(o) = open.take() {
+                        self.add(&mut order, Unit::Batch(o.messages));
+                    }
+                }
             }
         }
     }
@@ -225,7 +237,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         });
         o.bytes += w;
         o.messages.push(m);
-        if o.messages.len() >= batching.max_messages || batching.max_wait.is_zero() {
+        if o.messages.len() >= batching.max_messages {
             let full = open.take().expect("open");
             self.add(order, Unit::Batch(full.messages));
         }
@@ -320,8 +332,9 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     }
 
     /// The oldest call under way (its offset, and when it began for the health
-    /// endpoint), and how many there are.
-    fn publish_calls(&self, calls: &Calls) {
+    /// endpoint), how many there are, and how many messages wait to start.
+    fn publish_calls(&self, calls: &Calls, waiting: usize) {
+        self.shared.waiting.store(waiting, Ordering::Relaxed);
         let oldest = calls.started.values().next().map_or(NONE, |(o, _)| *o);
         self.shared.in_flight.store(oldest, Ordering::Release);
         let began = calls.started.values().map(|(_, t)| *t).min().unwrap_or(0);

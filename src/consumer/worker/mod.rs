@@ -68,6 +68,9 @@ pub struct WorkerShared {
     acked_above: Mutex<Vec<(i64, i64)>>,
     /// Processor calls under way (concurrent ordering; see `in_flight_count`).
     calls_in_flight: AtomicUsize,
+    /// Messages read and not started: waiting for their key or a free call (concurrent
+    /// ordering), or `usize::MAX` (partition ordering, where none wait).
+    waiting: AtomicUsize,
 }
 
 impl WorkerShared {
@@ -84,6 +87,7 @@ impl WorkerShared {
             call_started_ms: AtomicU64::new(0),
             acked_above: Mutex::new(Vec::new()),
             calls_in_flight: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -115,6 +119,11 @@ impl WorkerShared {
         self.calls_in_flight
             .load(Ordering::Relaxed)
             .max(usize::from(self.in_flight().is_some()))
+    }
+
+    /// Messages read and waiting to start (concurrent ordering only).
+    pub fn waiting(&self) -> Option<usize> {
+        Some(self.waiting.load(Ordering::Relaxed)).filter(|w| *w != usize::MAX)
     }
 
     pub fn first_offset(&self) -> Option<i64> {
