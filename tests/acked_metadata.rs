@@ -258,3 +258,54 @@ fn ranges_the_broker_refuses_cost_redelivery_never_a_commit() {
         crash.committed,
     );
 }
+
+/// A committed offset past the log's end (a truncated log: unclean leader election, or
+/// an offset committed by hand) is out of range and the start policy resets it to the
+/// log's start: the offsets the metadata named are not the messages that will be there
+/// then. They are processed, never skipped.
+#[test]
+fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
+    kafka();
+    let topic = unique_name("acked-reset");
+    let group = unique_name("g-acked-reset");
+    create_topic(&topic, 1);
+    let none = BTreeSet::new();
+    let mut delivered = produce_with_stuck(&topic, 0, 5, &none);
+    // Committed 10, acknowledged 12..=15: none of it exists yet.
+    commit_raw_metadata_on(
+        &kafka().bootstrap(),
+        &group,
+        &topic,
+        0,
+        10,
+        b"ackd:processed=15;acked=2-5",
+    );
+    let ackd = member(&topic, &group, 20);
+    let assigned = ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(
+        field(&assigned, "acked_above").as_deref(),
+        Some("4"),
+        "{assigned}"
+    );
+    let reset = ackd.wait_for_line(|l| at(l, "offset_reset"), WAIT);
+    assert_eq!(field(&reset, "to").as_deref(), Some("0"), "{reset}");
+    ackd.wait_for_count(is_processed, 5, WAIT);
+    // Offsets 5..=19 arrive after the reset: 12 to 15 among them, new messages.
+    delivered.extend(produce_with_stuck(&topic, 5, 20, &none));
+    ackd.wait_for_count(is_processed, 20, WAIT);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let t = tally(&delivered, &processed(&lines), &lines);
+    assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{:?}", t.lost);
+    assert!(
+        !lines.iter().any(|l| at(l, "resume_skipped")),
+        "{}",
+        lines.join("\n")
+    );
+    assert_eq!(
+        stored(&group, &topic),
+        (Some(20), "ackd:processed=19;released".into())
+    );
+    eprintln!("acked metadata after a reset back from 10 to 0: 20 processed, 0 skipped, lost 0");
+}
