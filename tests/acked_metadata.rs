@@ -6,7 +6,7 @@
 //! Messages stuck in flight are the testkit's `faulty` processor's `retry:1` payloads with
 //! a retry wait of minutes: their key waits, the other keys go on and finish above them.
 //!
-//! This binary's broker keeps at most 100 bytes of commit metadata
+//! This binary's broker keeps at most 300 bytes of commit metadata
 //! (`offset.metadata.max.bytes`; Kafka's default is 4,096): enough for the first test's
 //! ranges, not for the second's, whose commits the broker refuses until ackd writes fewer
 //! ranges (`at=commit_metadata_dropped`): redelivery instead, never a lost commit.
@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::*;
 
 const WAIT: Duration = Duration::from_secs(90);
-const METADATA_MAX: usize = 100;
+const METADATA_MAX: usize = 300;
 
 fn kafka() -> &'static Broker {
     static B: OnceLock<&'static Broker> = OnceLock::new();
@@ -221,16 +221,16 @@ fn after_a_sigkill_only_the_messages_in_flight_are_processed_again() {
     );
 }
 
-/// Ranges too long for the broker (`offset.metadata.max.bytes`=100): the commit is made
+/// Ranges too long for the broker (`offset.metadata.max.bytes`=300): the commit is made
 /// again without them, later commits carry fewer ranges, and after a SIGKILL what the
 /// metadata kept is skipped and everything else from the commit on is processed again.
 #[test]
 fn ranges_the_broker_refuses_cost_redelivery_never_a_commit() {
-    const N: i64 = 400;
-    // 20 stuck messages, 10 apart: "1-9,11-19,...": some 120 bytes of ranges.
-    let stuck: BTreeSet<i64> = (0..20).map(|i| 5 + 10 * i).collect();
+    const N: i64 = 600;
+    // 50 stuck messages, 8 apart: "1-7,9-15,...,385-391,393-595": some 360 bytes of ranges.
+    let stuck: BTreeSet<i64> = (0..50).map(|i| 5 + 8 * i).collect();
     let crash = crash_and_resume(N, &stuck, |(o, m)| {
-        *o == Some(5) && m.contains(";acked=") && m.starts_with("ackd:processed=399;")
+        *o == Some(5) && m.contains(";acked=") && m.starts_with("ackd:processed=599;")
     });
     assert!(crash.metadata.len() <= METADATA_MAX, "{}", crash.metadata);
     let dropped: Vec<&String> = crash
@@ -400,5 +400,88 @@ fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     eprintln!(
         "acked metadata after a halt at 10: {} finished above it and named in the release, skipped by the next owner; redelivery=1 (the failed message), duplicated 0",
         above.len()
+    );
+}
+
+/// SIGKILL mid-stream under `none` ordering, with one message in 25 slow (a retry
+/// 150-300 ms later) so that messages finish out of order all along: the next owner
+/// processes again exactly what the killed one's last commit did not name (at or above
+/// its offset, not in its ranges), never what it named; nothing is lost.
+#[test]
+fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
+    kafka();
+    const N: i64 = 2000;
+    const CONCURRENCY: usize = 16;
+    let topic = unique_name("acked-mid");
+    let group = unique_name("g-acked-mid");
+    create_topic(&topic, 1);
+    let slow: BTreeSet<i64> = (0..N).filter(|i| i % 25 == 7).collect();
+    let delivered = produce_with_stuck(&topic, 0, N, &slow);
+    let run = |retry_ms: &str| {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "faulty")
+            .env("ACKD_ORDERING", "none")
+            .env("ACKD_CONCURRENCY", CONCURRENCY.to_string())
+            .env("ACKD_COMMIT_INTERVAL_MS", "100")
+            .env("ACKD_RETRY_INITIAL_MS", retry_ms)
+            .env("ACKD_RETRY_MAX_MS", retry_ms)
+            .spawn()
+    };
+    let killed = run("300");
+    killed.wait_for_line(|l| at(l, "committed"), WAIT);
+    killed.wait_for_count(is_processed, (N / 2) as usize, WAIT);
+    killed.sigkill();
+    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    let killed_lines = killed.lines();
+    let (committed, metadata) = stored(&group, &topic);
+    let committed = committed.expect("committed");
+    let named = acked_offsets(committed, &metadata);
+    assert!(
+        !killed_lines
+            .iter()
+            .any(|l| at(l, "commit_metadata_dropped")),
+        "this test's ranges fit the broker's limit"
+    );
+
+    let next = run("20");
+    wait_until(WAIT, || {
+        let mut seen: BTreeSet<i64> = processed(&killed_lines).iter().map(|m| m.1).collect();
+        seen.extend(processed(&next.lines()).iter().map(|m| m.1));
+        seen.len() == N as usize
+    });
+    next.sigterm();
+    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    let next_lines = next.lines();
+    let before: BTreeSet<i64> = processed(&killed_lines).iter().map(|m| m.1).collect();
+    let again: BTreeSet<i64> = processed(&next_lines).iter().map(|m| m.1).collect();
+    assert_eq!(
+        again,
+        (committed..N)
+            .filter(|o| !named.contains(o))
+            .collect::<BTreeSet<_>>(),
+        "committed {committed}, metadata {metadata}"
+    );
+    let redelivered: BTreeSet<i64> = before.intersection(&again).copied().collect();
+    // Without the ranges: everything the killed run processed at or above the commit.
+    let without: usize = before.range(committed..).count();
+    assert!(
+        named.iter().all(|o| before.contains(o)),
+        "named but not processed"
+    );
+    let all: Vec<(i32, i64)> = processed(&killed_lines)
+        .into_iter()
+        .chain(processed(&next_lines))
+        .collect();
+    let lines: Vec<String> = killed_lines.iter().chain(&next_lines).cloned().collect();
+    let t = tally(&delivered, &all, &lines);
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    assert_eq!(t.duplicated.len(), redelivered.len());
+    eprintln!(
+        "acked metadata mid-stream: {N} messages, none ordering, concurrency {CONCURRENCY}, 1 in 25 slow, SIGKILL after {} processed: \
+         committed {committed}, {} named above it ({} bytes of metadata), redelivered {} (without the ranges: {without}), lost 0",
+        before.len(),
+        named.len(),
+        metadata.len(),
+        redelivered.len(),
     );
 }
