@@ -91,6 +91,8 @@ fn acked_offsets(committed: i64, metadata: &str) -> BTreeSet<i64> {
 }
 
 struct Crash {
+    /// `ackd status`'s line between the kill and the restart.
+    status: String,
     delivered: Vec<Delivered>,
     killed: Vec<String>,
     next: Vec<String>,
@@ -129,6 +131,14 @@ fn crash_and_resume(
     assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
     let (committed, metadata) = stored(&group, &topic);
     let committed = committed.expect("a committed offset");
+    // `ackd status` reads the same metadata.
+    let status = AckdBuilder::new(&topic, &group).arg("status").spawn();
+    assert_eq!(status.wait_exit(WAIT), 0);
+    let status = status.lines();
+    let status = status
+        .iter()
+        .find(|l| at(l, "status"))
+        .expect("a status line");
 
     let next = member(&topic, &group, 20);
     wait_until(WAIT, || {
@@ -144,6 +154,7 @@ fn crash_and_resume(
         "the stop commits the end"
     );
     Crash {
+        status: status.clone(),
         delivered,
         killed: killed.lines(),
         next: next.lines(),
@@ -171,6 +182,12 @@ impl Crash {
             field(assigned, "acked_above").and_then(|o| o.parse().ok()),
             Some(skipped.len()),
             "{assigned}"
+        );
+        assert_eq!(
+            field(&self.status, "acked_above").and_then(|o| o.parse().ok()),
+            Some(skipped.len()),
+            "{}",
+            self.status
         );
         let resume_skipped = self.next.iter().find(|l| at(l, "resume_skipped"));
         assert_eq!(
