@@ -1,9 +1,11 @@
 //! Produces demo messages with keys `k-<i>` and values `message <i>`.
 //!
 //! ```text
-//! cargo run --example produce -- --brokers 127.0.0.1:9092 --topic demo --count 100 [--start 0] [--value-bytes 100]
+//! cargo run --example produce -- --brokers 127.0.0.1:9092 --topic demo --count 100 [--start 0] [--keys K] [--value-bytes 100]
 //! ```
 //!
+//! `--keys K` cycles through K distinct keys instead (`k-<i mod K>`: message i has key
+//! `k-<i mod K>`, so each key's messages are in offset order on one partition).
 //! `--value-bytes B` pads each value with `.` to B bytes (the benchmark's ~100-byte messages).
 //! `--batch-bytes B` sets the producer's `batch.size` (librdkafka's default is 1000000;
 //! the Java client's is 16384): a consumer fetches whole record batches. `--timeout-ms T`:
@@ -22,13 +24,14 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 const USAGE: &str =
-    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--value-bytes B] [--batch-bytes B] [--timeout-ms T]";
+    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--keys K] [--value-bytes B] [--batch-bytes B] [--timeout-ms T]";
 
 struct Args {
     brokers: String,
     topic: String,
     count: u64,
     start: u64,
+    keys: Option<u64>,
     value_bytes: usize,
     batch_bytes: Option<usize>,
     timeout_ms: u64,
@@ -39,6 +42,7 @@ fn parse_args() -> Result<Args, String> {
     let mut topic = None;
     let mut count = None;
     let mut start = 0;
+    let mut keys = None;
     let mut value_bytes = 0;
     let mut batch_bytes = None;
     let mut timeout_ms = 10_000;
@@ -74,6 +78,15 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--start: not a number: {v}"))?;
             }
+            "--keys" => {
+                let v = value()?;
+                keys = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|k| *k > 0)
+                        .ok_or_else(|| format!("--keys: not a number above 0: {v}"))?,
+                );
+            }
             "--value-bytes" => {
                 let v = value()?;
                 value_bytes = v
@@ -101,6 +114,7 @@ fn parse_args() -> Result<Args, String> {
         topic: topic.ok_or("--topic is required")?,
         count: count.ok_or("--count is required")?,
         start,
+        keys,
         value_bytes,
         batch_bytes,
         timeout_ms,
@@ -124,7 +138,7 @@ fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
 
     let mut pending = Vec::new();
     for i in args.start..args.start + args.count {
-        let key = format!("k-{i}");
+        let key = format!("k-{}", args.keys.map_or(i, |k| i % k));
         let mut value = format!("message {i}");
         if value.len() < args.value_bytes {
             value.push(' ');

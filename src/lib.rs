@@ -27,7 +27,7 @@ pub mod processors;
 pub(crate) use config::client_config;
 pub use config::{kafka_url, rdkafka_env, secret, security, settings};
 pub(crate) use consumer::{
-    auth, committer, daemon, dead_letter, group, memory, supervisor, topics, worker,
+    acked_ranges, auth, committer, daemon, dead_letter, group, memory, supervisor, topics, worker,
 };
 pub use consumer::{failure, tracker};
 pub use output::logfmt;

@@ -32,6 +32,9 @@ pub struct Row {
     /// `ackd:processed=H` of the last commit: the highest offset the committing process
     /// had processed.
     pub processed: Option<i64>,
+    /// How many offsets above the committed one that metadata names as acknowledged
+    /// (`;acked=`, concurrent ordering): the next owner skips them.
+    pub acked_above: Option<i64>,
     /// consumer id, client id, host of the member holding it.
     pub member: Option<(String, String, String)>,
 }
@@ -124,6 +127,10 @@ fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
             committed,
             end,
             lag,
+            acked_above: committed
+                .zip(previous.as_ref())
+                .map(|(c, p)| crate::acked_ranges::count(&p.acked_above(c)))
+                .filter(|n| *n > 0),
             processed: previous.map(|p| p.processed),
             member,
         });
@@ -152,7 +159,8 @@ fn log_lines(settings: &Settings, group: &GroupView, rows: &[Row]) {
             member,
             client_id,
             host,
-            processed = r.processed
+            processed = r.processed,
+            acked_above = r.acked_above
         );
     }
     tracing::info!(

@@ -346,9 +346,9 @@ pub struct Settings {
     /// partitions of the topics (src/consumer/memory.rs); 0: off, librdkafka's limits
     /// per partition as configured.
     pub memory_mb: u64,
-    /// Per-message delay of the testkit's `slow` processor.
+    /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
-    pub test_delay: Duration,
+    pub test_delay: crate::processors::delay::Delay,
 }
 
 /// A setting that is missing or invalid.
@@ -1184,9 +1184,10 @@ impl RawSettings {
             )? as u64,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
-                self.millis("test_delay_ms", 0, 3_600_000)?
+                crate::processors::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
+                    .map_err(|problem| self.error("test_delay_ms", problem))?
             } else {
-                Duration::ZERO
+                Default::default()
             },
             group_protocol,
             rdkafka,
@@ -1689,6 +1690,22 @@ mod tests {
             assert_eq!(e.value.as_deref(), Some(value), "{e}");
             assert!(e.problem.contains(allowed), "{e}");
         }
+    }
+
+    #[cfg(feature = "testkit")]
+    #[test]
+    fn test_delay_is_a_number_or_a_random_range() {
+        use crate::processors::delay::Delay;
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.test_delay, Delay::default());
+        let s = Settings::from_vars(vars(&[("ACKD_TEST_DELAY_MS", "400")])).unwrap();
+        assert_eq!(s.test_delay, Delay::fixed(400));
+        let s = Settings::from_vars(vars(&[("ACKD_TEST_DELAY_MS", "0-5")])).unwrap();
+        assert_eq!(s.test_delay, Delay::parse("0-5", 5).unwrap());
+        assert_eq!(s.test_delay.mean(), Duration::from_micros(2500));
+        let e = err(&[("ACKD_TEST_DELAY_MS", "5-0")]);
+        assert_eq!(e.setting, "ACKD_TEST_DELAY_MS", "{e}");
+        assert!(e.problem.contains("MIN-MAX"), "{e}");
     }
 
     #[test]

@@ -29,10 +29,18 @@
 //! owner reads it back: after a release it knows exactly how much it redelivers; after a
 //! periodic commit (the owner crashed, or was fenced or lost the partition, before
 //! releasing it) it cannot, because what was processed after that commit left no trace.
+//!
+//! With concurrent ordering, the metadata also lists the offsets acknowledged above the
+//! committed one (`;acked=2-4,7`, relative to it: see [`crate::acked_ranges`]), which
+//! the next owner skips. A broker that refuses the metadata as too large
+//! (`offset.metadata.max.bytes`) gets that partition's commit again at once without the
+//! ranges (`at=commit_metadata_dropped`): the offset is committed and those messages are
+//! redelivered after a crash, as without the ranges; the process halves its budget for
+//! ranges ([`RANGES_BUDGET`]) each time, so it soon writes what the broker keeps.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -43,6 +51,7 @@ use rdkafka::error::{IsError, KafkaError};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::acked_ranges;
 use crate::group::{Group, Tp};
 use crate::metrics::CommitMetrics;
 
@@ -54,6 +63,9 @@ pub struct CommitOffset {
     pub offset: i64,
     /// The highest offset acknowledged, for the metadata.
     pub processed: Option<i64>,
+    /// Offsets acknowledged above `offset`, inclusive ranges, ascending, for the metadata
+    /// (empty unless the ordering is concurrent).
+    pub acked: Vec<(i64, i64)>,
 }
 
 /// Why a commit is sent; named on its `at=committed` lines.
@@ -120,12 +132,27 @@ struct Ownership {
     sending: Vec<Tp>,
 }
 
-#[derive(Default)]
 struct Shared {
     ownership: Mutex<Ownership>,
     /// Notified when a send ends.
     sent: Condvar,
+    /// The most bytes of `acked=` ranges a commit's metadata carries: lowered each time
+    /// the broker refuses metadata with ranges as too large.
+    ranges_budget: AtomicUsize,
 }
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            ownership: Mutex::default(),
+            sent: Condvar::new(),
+            ranges_budget: AtomicUsize::new(RANGES_BUDGET),
+        }
+    }
+}
+
+/// The bytes of `acked=` ranges a commit carries at first (see [`acked_ranges::MAX_BYTES`]).
+pub const RANGES_BUDGET: usize = acked_ranges::MAX_BYTES;
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Ownership> {
@@ -133,37 +160,81 @@ impl Shared {
     }
 }
 
-/// The metadata a commit carries, and how it is read back.
-pub fn metadata(processed: Option<i64>, reason: Reason) -> String {
-    match (processed, reason) {
-        (None, _) => String::new(),
-        (Some(h), Reason::Periodic) => format!("ackd:processed={h}"),
-        (Some(h), Reason::Revoke | Reason::Shutdown) => format!("ackd:processed={h};released"),
+/// The metadata a commit carries, and how it is read back: `ackd:processed=H`, then
+/// `;acked=R` (`acked`: the [`acked_ranges::encode`]d ranges, if any), then `;released`
+/// for a release.
+pub fn metadata(processed: Option<i64>, acked: Option<&str>, reason: Reason) -> String {
+    let Some(h) = processed else {
+        return String::new();
+    };
+    let mut m = format!("ackd:processed={h}");
+    if let Some(r) = acked {
+        m.push_str(";acked=");
+        m.push_str(r);
     }
+    if reason != Reason::Periodic {
+        m.push_str(";released");
+    }
+    m
 }
 
 /// What a commit's metadata written by [`metadata`] says about the process that made it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Previous {
     /// The highest offset it had processed when it committed.
     pub processed: i64,
     /// It committed on releasing the partition: it processed nothing after.
     pub released: bool,
+    /// The offsets it had acknowledged above the committed one, relative to it
+    /// (`(1, 1)` is the committed offset + 1), as [`acked_ranges::decode`] read them.
+    acked: Vec<(i64, i64)>,
+}
+
+impl Previous {
+    /// The acknowledged offsets above `committed` (the offset this metadata was
+    /// committed with), inclusive ranges, ascending; none if they reach above
+    /// `processed`, which no ackd writes.
+    pub fn acked_above(&self, committed: i64) -> Vec<(i64, i64)> {
+        let shifted: Option<Vec<_>> = self
+            .acked
+            .iter()
+            .map(|&(a, b)| Some((committed.checked_add(a)?, committed.checked_add(b)?)))
+            .collect();
+        shifted
+            .filter(|r| r.last().is_none_or(|&(_, b)| b <= self.processed))
+            .unwrap_or_default()
+    }
 }
 
 /// Reads commit metadata written by [`metadata`] (`None` for anything else). Metadata
 /// without `;released` (a periodic commit, or an older ackd's) is not a release.
-/// Metadata is bytes to Kafka: another client's may be anything, UTF-8 or not, and is
-/// ignored.
+/// Ranges that are malformed, or reach above `processed` (which no ackd writes), are
+/// ignored: no skip is better than a wrong one. Metadata is bytes to Kafka: another
+/// client's may be anything, UTF-8 or not, and is ignored.
 pub fn parse_metadata(metadata: &[u8]) -> Option<Previous> {
     let rest = std::str::from_utf8(metadata.strip_prefix(b"ackd:processed=")?).ok()?;
-    let (processed, released) = match rest.split_once(';') {
-        Some((h, flags)) => (h, flags.split(';').any(|f| f == "released")),
-        None => (rest, false),
-    };
+    let (processed, flags) = rest.split_once(';').unwrap_or((rest, ""));
+    let processed: i64 = processed.parse().ok()?;
+    let mut released = false;
+    let mut acked = None;
+    for flag in flags.split(';') {
+        match flag.split_once('=') {
+            None if flag == "released" => released = true,
+            // Twice is not what ackd writes: neither is read.
+            Some(("acked", value)) => {
+                acked = match acked {
+                    None => Some(acked_ranges::decode(0, value)),
+                    Some(_) => Some(Vec::new()),
+                }
+            }
+            _ => {}
+        }
+    }
+    let acked = acked.unwrap_or_default();
     Some(Previous {
-        processed: processed.parse().ok()?,
+        processed,
         released,
+        acked,
     })
 }
 
@@ -171,10 +242,22 @@ pub fn parse_metadata(metadata: &[u8]) -> Option<Previous> {
 /// offset and what its metadata says. Reads the metadata as the bytes it is:
 /// rust-rdkafka's `metadata()` panics when they are not UTF-8.
 pub fn committed_with_metadata(tpl: &TopicPartitionList) -> Vec<(Tp, Offset, Option<Previous>)> {
+    tpl.elements()
+        .iter()
+        .zip(raw_metadata(tpl))
+        .map(|(e, raw)| {
+            let previous = raw.as_deref().and_then(parse_metadata);
+            ((Arc::from(e.topic()), e.partition()), e.offset(), previous)
+        })
+        .collect()
+}
+
+/// Each element's metadata bytes (`None`: empty), in the order of `tpl.elements()`.
+fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Option<Vec<u8>>> {
     // SAFETY: `tpl` owns its list for the duration of the borrow; `elements()` and the
     // raw array are the same `cnt` elements in the same order, and each element's
     // metadata is `metadata_size` bytes at `metadata` (or null).
-    let raw: Vec<Option<Previous>> = unsafe {
+    unsafe {
         let list = &*tpl.ptr();
         (0..usize::try_from(list.cnt).unwrap_or(0))
             .map(|i| {
@@ -182,18 +265,10 @@ pub fn committed_with_metadata(tpl: &TopicPartitionList) -> Vec<(Tp, Offset, Opt
                 if e.metadata.is_null() || e.metadata_size == 0 {
                     return None;
                 }
-                parse_metadata(std::slice::from_raw_parts(
-                    e.metadata.cast::<u8>(),
-                    e.metadata_size,
-                ))
+                Some(std::slice::from_raw_parts(e.metadata.cast::<u8>(), e.metadata_size).to_vec())
             })
             .collect()
-    };
-    tpl.elements()
-        .iter()
-        .zip(raw)
-        .map(|(e, previous)| ((Arc::from(e.topic()), e.partition()), e.offset(), previous))
-        .collect()
+    }
 }
 
 /// A handle on the committer thread; clones share it.
@@ -389,14 +464,27 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
         };
     }
     let started = Instant::now();
-    let answers = commit_sync(consumer, &to_send, job.reason);
+    let budget = shared.ranges_budget.load(Ordering::Relaxed);
+    let mut ranges: Vec<Option<String>> = to_send
+        .iter()
+        .map(|c| acked_ranges::encode(c.offset, &c.acked, budget))
+        .collect();
+    let mut answers = commit_sync(consumer, &to_send, &ranges, job.reason);
+    without_refused_ranges(
+        consumer,
+        &to_send,
+        &mut ranges,
+        &mut answers,
+        job.reason,
+        shared,
+    );
     let took = started.elapsed();
     metrics.record(took, answers.iter().all(Result::is_ok));
     let duration_ms = millis(took);
     let mut first_error = None;
     {
         let mut group = group.lock().unwrap_or_else(|e| e.into_inner());
-        for (c, answer) in to_send.iter().zip(answers) {
+        for (i, (c, answer)) in to_send.iter().zip(answers).enumerate() {
             match answer {
                 Ok(()) => {
                     tracing::info!(
@@ -411,6 +499,11 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
                         // FIFO: the last commit accepted is what the group has.
                         p.committed = Some(c.offset);
                         p.released = job.reason != Reason::Periodic;
+                        p.committed_acked = if ranges[i].is_some() {
+                            c.acked.clone()
+                        } else {
+                            Vec::new()
+                        };
                     }
                 }
                 Err(e) => {
@@ -438,7 +531,61 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
     }
 }
 
-/// Commits `offsets` synchronously; returns each partition's answer, in order.
+/// Commits again at once, without their ranges, the partitions whose metadata with
+/// `acked=` ranges the broker refused as too large (`offset.metadata.max.bytes`): the
+/// offset matters, the ranges only spare redelivery. Halves the budget for ranges so
+/// that later commits fit. `ranges` and `answers` are updated in place.
+fn without_refused_ranges<X: Consumer<C>, C: ConsumerContext>(
+    consumer: &X,
+    offsets: &[&CommitOffset],
+    ranges: &mut [Option<String>],
+    answers: &mut [Result<(), KafkaError>],
+    reason: Reason,
+    shared: &Shared,
+) {
+    let refused: Vec<usize> = (0..offsets.len())
+        .filter(|&i| {
+            ranges[i].is_some()
+                && matches!(&answers[i], Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OffsetMetadataTooLarge))
+        })
+        .collect();
+    if refused.is_empty() {
+        return;
+    }
+    let shortest = refused
+        .iter()
+        .filter_map(|&i| ranges[i].as_ref().map(String::len))
+        .min()
+        .unwrap_or(0);
+    let budget = shared
+        .ranges_budget
+        .fetch_min(shortest / 2, Ordering::Relaxed)
+        .min(shortest / 2);
+    for &i in &refused {
+        let c = offsets[i];
+        tracing::warn!(
+            at = "commit_metadata_dropped",
+            topic = &*c.tp.0,
+            partition = c.tp.1,
+            offset = c.offset,
+            ranges_bytes = ranges[i].as_ref().map_or(0, String::len),
+            ranges_budget = budget,
+            "the broker refused the commit metadata as too large (offset.metadata.max.bytes): committed again without the acknowledged offsets above it, which a crash would redeliver"
+        );
+        ranges[i] = None;
+    }
+    let again: Vec<&CommitOffset> = refused.iter().map(|&i| offsets[i]).collect();
+    let none = vec![None; again.len()];
+    for (i, answer) in refused
+        .into_iter()
+        .zip(commit_sync(consumer, &again, &none, reason))
+    {
+        answers[i] = answer;
+    }
+}
+
+/// Commits `offsets` synchronously, each with its `ranges` in the metadata; returns each
+/// partition's answer, in order.
 ///
 /// The broker answers an OffsetCommit per partition, but librdkafka (2.12) reports one
 /// error for the whole commit (the last refused partition's) and, before it hands the
@@ -450,14 +597,18 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
 fn commit_sync<X: Consumer<C>, C: ConsumerContext>(
     consumer: &X,
     offsets: &[&CommitOffset],
+    ranges: &[Option<String>],
     reason: Reason,
 ) -> Vec<Result<(), KafkaError>> {
     let mut tpl = TopicPartitionList::with_capacity(offsets.len());
-    for c in offsets {
+    let mut sent = Vec::with_capacity(offsets.len());
+    for (c, r) in offsets.iter().zip(ranges) {
         let mut e = tpl.add_partition(&c.tp.0, c.tp.1);
         // Offsets come from the tracker: always >= 0, so this cannot fail.
         let _ = e.set_offset(Offset::Offset(c.offset));
-        e.set_metadata(metadata(c.processed, reason));
+        let m = metadata(c.processed, r.as_deref(), reason);
+        e.set_metadata(m.clone());
+        sent.push(m);
     }
     let mut answer = PerPartition::default();
     // SAFETY: with no queue, rd_kafka_commit_queue blocks until the commit is answered
@@ -477,13 +628,27 @@ fn commit_sync<X: Consumer<C>, C: ConsumerContext>(
     }
     let accepted: Vec<bool> = if offsets.len() > 1 && partition_scoped(overall.into()) {
         match consumer.committed_offsets(tpl, READ_BACK_TIMEOUT) {
-            Ok(now) => offsets
-                .iter()
-                .map(|c| {
-                    now.find_partition(&c.tp.0, c.tp.1)
-                        .is_some_and(|e| e.offset() == Offset::Offset(c.offset))
-                })
-                .collect(),
+            // With ranges, the metadata too: a commit of the offset already committed
+            // with new ranges is accepted only if they are there (else it is retried
+            // without them). A release mark refused alone leaves the offset committed,
+            // which is what counts.
+            Ok(now) => {
+                let elements = now.elements();
+                let now: Vec<_> = elements.iter().zip(raw_metadata(&now)).collect();
+                offsets
+                    .iter()
+                    .zip(sent.iter().zip(ranges))
+                    .map(|(c, (m, r))| {
+                        now.iter().any(|(e, got)| {
+                            e.topic() == &*c.tp.0
+                                && e.partition() == c.tp.1
+                                && e.offset() == Offset::Offset(c.offset)
+                                && (r.is_none()
+                                    || got.as_deref().unwrap_or_default() == m.as_bytes())
+                        })
+                    })
+                    .collect()
+            }
             Err(e) => {
                 tracing::warn!(at = "commit_unknown", error = %e, "could not read back which partitions the refused commit committed: all are counted as not committed");
                 vec![false; offsets.len()]
@@ -587,6 +752,7 @@ mod tests {
             tp: tp(partition),
             offset,
             processed: Some(offset - 1),
+            acked: Vec::new(),
         }
     }
 
@@ -737,18 +903,19 @@ mod tests {
             Some(Previous {
                 processed,
                 released,
+                acked: Vec::new(),
             })
         };
         assert_eq!(
-            parse_metadata(metadata(Some(41), Reason::Periodic).as_bytes()),
+            parse_metadata(metadata(Some(41), None, Reason::Periodic).as_bytes()),
             read(41, false)
         );
         assert_eq!(
-            parse_metadata(metadata(Some(41), Reason::Shutdown).as_bytes()),
+            parse_metadata(metadata(Some(41), None, Reason::Shutdown).as_bytes()),
             read(41, true)
         );
         assert_eq!(
-            parse_metadata(metadata(Some(41), Reason::Revoke).as_bytes()),
+            parse_metadata(metadata(Some(41), None, Reason::Revoke).as_bytes()),
             read(41, true)
         );
         // An older ackd's metadata, and flags a newer one may add.
@@ -757,11 +924,131 @@ mod tests {
             parse_metadata(b"ackd:processed=41;x;released"),
             read(41, true)
         );
-        assert_eq!(metadata(None, Reason::Shutdown), "");
+        assert_eq!(metadata(None, None, Reason::Shutdown), "");
         assert_eq!(parse_metadata(b""), None);
         assert_eq!(parse_metadata(b"ackd:processed=x;released"), None);
         assert_eq!(parse_metadata(b"written by another tool"), None);
         assert_eq!(parse_metadata(b"\xff\xfe\x00binary"), None);
         assert_eq!(parse_metadata(b"ackd:processed=\xff"), None);
+    }
+
+    /// Issue 14: the offsets acknowledged above the commit, relative to it, read back
+    /// as absolute offsets for the offset they were committed with.
+    #[test]
+    fn acked_ranges_round_trip_and_anything_doubtful_skips_nothing() {
+        let m = metadata(Some(115), Some("2-4,7,9-15"), Reason::Revoke);
+        assert_eq!(m, "ackd:processed=115;acked=2-4,7,9-15;released");
+        let p = parse_metadata(m.as_bytes()).unwrap();
+        assert_eq!((p.processed, p.released), (115, true));
+        assert_eq!(p.acked_above(100), vec![(102, 104), (107, 107), (109, 115)]);
+        let periodic = parse_metadata(b"ackd:processed=107;acked=2-4,7").unwrap();
+        assert!(!periodic.released);
+        assert_eq!(periodic.acked_above(100), vec![(102, 104), (107, 107)]);
+        // An older ackd reads the new metadata: the flag it does not know is ignored.
+        let old_reader = |m: &[u8]| {
+            let rest = std::str::from_utf8(m.strip_prefix(b"ackd:processed=")?).ok()?;
+            let (h, flags) = rest.split_once(';')?;
+            Some((
+                h.parse::<i64>().ok()?,
+                flags.split(';').any(|f| f == "released"),
+            ))
+        };
+        assert_eq!(old_reader(m.as_bytes()), Some((115, true)));
+        // Nothing to skip: malformed ranges, ranges above the highest processed offset
+        // (no ackd writes that), twice `acked=`, an overflow.
+        for doubtful in [
+            &b"ackd:processed=115;acked=2-4,3"[..],
+            b"ackd:processed=115;acked=0-4",
+            b"ackd:processed=115;acked=",
+            b"ackd:processed=103;acked=2-4",
+            b"ackd:processed=115;acked=2;acked=4",
+            b"ackd:processed=115;acked=x;released",
+        ] {
+            let p = parse_metadata(doubtful).unwrap();
+            assert_eq!(
+                p.acked_above(100),
+                vec![],
+                "{}",
+                String::from_utf8_lossy(doubtful)
+            );
+        }
+        assert!(
+            parse_metadata(b"ackd:processed=115;acked=x;released")
+                .unwrap()
+                .released
+        );
+        assert_eq!(
+            parse_metadata(b"ackd:processed=9223372036854775807;acked=5")
+                .unwrap()
+                .acked_above(i64::MAX - 2),
+            vec![]
+        );
+    }
+
+    fn committed_metadata(c: &BaseConsumer, partition: i32) -> (Offset, Option<Vec<u8>>) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(TOPIC, partition);
+        let got = c.committed_offsets(tpl, Duration::from_secs(30)).unwrap();
+        let meta = raw_metadata(&got).remove(0);
+        (got.elements()[0].offset(), meta)
+    }
+
+    /// Issue 14: metadata the broker refuses as too large costs the ranges, never the
+    /// offset: the partition is committed again at once without them, and later commits
+    /// carry ranges within half the refused length.
+    #[test]
+    fn a_commit_whose_ranges_are_refused_is_committed_without_them() {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let mock = MockCluster::new(1).unwrap();
+        let (c, committer, metrics) = start(&mock);
+        let with_ranges = |offset: i64, acked: Vec<(i64, i64)>| CommitOffset {
+            tp: tp(0),
+            offset,
+            processed: acked.last().map(|r| r.1),
+            acked,
+        };
+        // 1000 single offsets: the ranges fill the whole budget.
+        let many: Vec<(i64, i64)> = (1..=1000).map(|i| (10 + 2 * i, 10 + 2 * i)).collect();
+        mock.request_errors(
+            RDKafkaApiKey::OffsetCommit,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE],
+        );
+        committer
+            .commit(
+                vec![with_ranges(10, many.clone())],
+                Reason::Periodic,
+                &deadline_in(Duration::from_secs(60)),
+            )
+            .unwrap();
+        assert_eq!(
+            committed_metadata(&c, 0),
+            (Offset::Offset(10), Some(b"ackd:processed=2010".to_vec()))
+        );
+        // Refused once, then accepted: counted as one commit that succeeded.
+        assert_eq!(metrics.counts(), (1, 0));
+        let budget = committer.shared.ranges_budget.load(Ordering::Relaxed);
+        assert!(budget <= RANGES_BUDGET / 2 && budget > 0, "{budget}");
+        // The next commit carries the lowest ranges within the new budget.
+        committer
+            .commit(
+                vec![with_ranges(10, many)],
+                Reason::Periodic,
+                &deadline_in(Duration::from_secs(60)),
+            )
+            .unwrap();
+        let (offset, meta) = committed_metadata(&c, 0);
+        assert_eq!(offset, Offset::Offset(10));
+        let p = parse_metadata(&meta.unwrap()).unwrap();
+        let skipped = p.acked_above(10);
+        assert!(
+            skipped.first() == Some(&(12, 12)) && skipped.len() > 10,
+            "{skipped:?}"
+        );
+        assert_eq!(
+            skipped,
+            (1..=skipped.len() as i64)
+                .map(|i| (10 + 2 * i, 10 + 2 * i))
+                .collect::<Vec<_>>()
+        );
     }
 }

@@ -54,6 +54,9 @@ pub struct Owned {
     /// This process's last accepted commit of it was a release (revoke, stop), not a
     /// periodic one.
     pub released: bool,
+    /// The acknowledged offsets above `committed` that its metadata carries (empty when
+    /// none, or the broker refused them).
+    pub committed_acked: Vec<(i64, i64)>,
 }
 
 impl Owned {
@@ -74,10 +77,27 @@ impl Owned {
             self.committed
         };
         let mark = releasing && !self.released && self.committed == Some(acked);
-        (mark || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
+        // Offsets acknowledged above it (concurrent ordering), for the metadata; none
+        // when capped: the cap is a message that could not be accounted for.
+        let above: Vec<(i64, i64)> = match self.cap {
+            Some(_) => Vec::new(),
+            None => self
+                .worker
+                .shared
+                .acked_above()
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.max(acked.checked_add(1)?), b)))
+                .filter(|(a, b)| a <= b)
+                .collect(),
+        };
+        // The same offset again when only the ranges grew: a slow message holding the
+        // offset back must not leave everything acknowledged after it to a crash.
+        let more_acked = self.committed == Some(acked) && above != self.committed_acked;
+        (mark || more_acked || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
             tp: tp.clone(),
             offset: acked,
             processed: self.worker.shared.highest_acked(),
+            acked: above,
         })
     }
 
@@ -503,7 +523,7 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
-        let resume: HashMap<Tp, (Offset, Option<committer::Previous>)> = committed
+        let mut resume: HashMap<Tp, (Offset, Option<committer::Previous>)> = committed
             .iter()
             .flat_map(committer::committed_with_metadata)
             .map(|(tp, offset, processed)| (tp, (offset, processed)))
@@ -513,16 +533,24 @@ impl<P: Processor> GroupContext<P> {
         for e in tpl.elements() {
             let tp: Tp = (Arc::from(e.topic()), e.partition());
             let (topic, partition) = (&*tp.0, tp.1);
-            let committed_offset = match resume.get(&tp) {
+            let mut acked_above = Vec::new();
+            let committed_offset = match resume.remove(&tp) {
                 Some((Offset::Offset(o), previous)) => {
+                    // Offsets the previous owner acknowledged above its commit (concurrent
+                    // ordering): skipped, not processed again.
+                    acked_above = previous
+                        .as_ref()
+                        .map_or_else(Vec::new, |p| p.acked_above(o));
+                    let skipped = crate::acked_ranges::count(&acked_above);
                     // Redelivery is visible: a previous owner that released the partition
                     // had processed through `processed` and nothing after, so exactly the
-                    // offsets from the resume offset to it come again. One that did not
-                    // release it (crashed, fenced, lost it) may have processed on after
-                    // its last commit, which left no trace: how much comes again is not
-                    // known (the crash bound in the README bounds it).
-                    let redelivery = previous.map(|p| match p.released {
-                        true => (p.processed + 1 - o).max(0).to_string(),
+                    // offsets from the resume offset to it come again, but those it
+                    // acknowledged above its commit. One that did not release it
+                    // (crashed, fenced, lost it) may have processed on after its last
+                    // commit, which left no trace: how much comes again is not known (the
+                    // crash bound in the README bounds it).
+                    let redelivery = previous.as_ref().map(|p| match p.released {
+                        true => (p.processed + 1 - o - skipped).max(0).to_string(),
                         false => "unknown".to_string(),
                     });
                     tracing::info!(
@@ -532,11 +560,12 @@ impl<P: Processor> GroupContext<P> {
                         offset = o,
                         from = "committed",
                         generation,
-                        highest_processed = previous.map(|p| p.processed),
-                        released = previous.map(|p| p.released),
-                        redelivery = redelivery.as_deref()
+                        highest_processed = previous.as_ref().map(|p| p.processed),
+                        released = previous.as_ref().map(|p| p.released),
+                        redelivery = redelivery.as_deref(),
+                        acked_above = (skipped > 0).then_some(skipped)
                     );
-                    Some(*o)
+                    Some(o)
                 }
                 Some(_) => {
                     tracing::info!(
@@ -600,7 +629,7 @@ impl<P: Processor> GroupContext<P> {
                 partition,
                 worker::Resume {
                     committed: committed_offset,
-                    acked: Vec::new(),
+                    acked: acked_above,
                 },
                 self.worker.clone(),
                 predecessor,
@@ -618,6 +647,7 @@ impl<P: Processor> GroupContext<P> {
                     cap: None,
                     high_watermark: -1,
                     released: false,
+                    committed_acked: Vec::new(),
                 },
             );
         }

@@ -3,6 +3,7 @@
 //! tracker, the committer thread, and what a worker does when the processor fails (retry,
 //! halt, skip, dead letter).
 
+pub(crate) mod acked_ranges;
 pub(crate) mod auth;
 pub(crate) mod committer;
 pub(crate) mod daemon;

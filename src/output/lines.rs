@@ -317,12 +317,19 @@ impl Logfmt {
         let ours = meta.target().starts_with("ackd");
         if !ours {
             // librdkafka's own logs and any dependency's: say where they come from.
-            let at = if meta.target().starts_with("librdkafka") {
+            let from = if meta.target().starts_with("librdkafka") {
                 "librdkafka"
             } else {
                 meta.target()
             };
-            logfmt::write_pair(line, "at", at);
+            // An embedded processor's event that names itself (`at = "…"`) keeps its
+            // name; where it comes from goes beside it (one `at=` per line).
+            let key = if meta.fields().field("at").is_some() {
+                "target"
+            } else {
+                "at"
+            };
+            logfmt::write_pair(line, key, from);
         }
         let mut visitor = FieldWriter {
             prefix: &self.prefix,
@@ -682,10 +689,11 @@ mod tests {
         let out = capture(|| {
             tracing::warn!(at = "commit_failed", partition = 1, "broker said no");
             tracing::error!(target: "librdkafka", "FAIL [thrd:x]: down");
+            tracing::info!(target: "my_processor", at = "loaded", rows = 3);
         });
         assert_eq!(
             out,
-            "level=warn at=commit_failed partition=1 msg=\"broker said no\"\nlevel=error at=librdkafka msg=\"FAIL [thrd:x]: down\"\n"
+            "level=warn at=commit_failed partition=1 msg=\"broker said no\"\nlevel=error at=librdkafka msg=\"FAIL [thrd:x]: down\"\ntarget=my_processor at=loaded rows=3\n"
         );
     }
 }

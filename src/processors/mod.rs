@@ -1,6 +1,7 @@
 //! The built-in processors, chosen with `ACKD_PROCESSOR` by people who deploy ackd
 //! without writing Rust.
 
+pub mod delay;
 pub mod exec;
 pub mod http;
 pub mod json;
@@ -34,10 +35,11 @@ pub enum Builtin {
     Exec(Arc<exec::Exec>),
     /// POSTs every message to `ACKD_HTTP_URL` (README "http processor").
     Http(Arc<http::Http>),
-    /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message, then acknowledges, so tests
-    /// can have messages in flight when a signal arrives.
+    /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message (`N` ms, or `MIN-MAX`: uniform
+    /// at random), then acknowledges, so tests can have messages in flight when a signal
+    /// arrives, or finishing out of order.
     #[cfg(feature = "testkit")]
-    Slow(std::time::Duration),
+    Slow(delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
     /// panics, `retry:N` fails retryably N times before it succeeds, `block:PATH` blocks
     /// its thread (never yielding, like a processor stuck in a blocking call) until the
@@ -92,7 +94,7 @@ impl Processor for Builtin {
             Builtin::Http(http) => http.process(_message).await,
             #[cfg(feature = "testkit")]
             Builtin::Slow(delay) => {
-                tokio::time::sleep(*delay).await;
+                tokio::time::sleep(delay.sample(&mut fastrand::Rng::new())).await;
                 Ok(())
             }
             #[cfg(feature = "testkit")]

@@ -209,7 +209,14 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         let offset = m.offset();
         if self.first {
             self.first = false;
-            super::resumed(self.shared, self.topic, self.partition, self.resume, offset);
+            super::resumed(
+                self.shared,
+                self.topic,
+                self.partition,
+                self.resume,
+                offset,
+                &mut self.progress.skip,
+            );
         }
         self.progress.dispatch(offset)?;
         if self.progress.skip_acknowledged(&m, self.topic) {

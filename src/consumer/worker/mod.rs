@@ -577,6 +577,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
                 self.partition,
                 self.resume,
                 message.offset(),
+                &mut self.progress.skip,
             );
         }
         if self.config.batch.max_messages > 1 {
@@ -731,20 +732,32 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
 
 /// The first message of the assignment: where the partition resumed, and whether that
 /// is where its committed offset said.
-fn resumed(shared: &WorkerShared, topic: &str, partition: i32, resume: Option<i64>, offset: i64) {
+fn resumed(
+    shared: &WorkerShared,
+    topic: &str,
+    partition: i32,
+    resume: Option<i64>,
+    offset: i64,
+    skip: &mut skip::Skip,
+) {
     shared.first_offset.store(offset, Ordering::Release);
     tracing::info!(at = "resumed", topic, partition, offset);
     match resume {
         // Behind the committed offset: librdkafka found it out of range and applied
         // auto.offset.reset (ACKD_START_FROM).
-        Some(committed) if offset < committed => tracing::warn!(
-            at = "offset_reset",
-            topic,
-            partition,
-            from = committed,
-            to = offset,
-            "the committed offset was out of range; the start policy applied: messages from here are processed again"
-        ),
+        Some(committed) if offset < committed => {
+            tracing::warn!(
+                at = "offset_reset",
+                topic,
+                partition,
+                from = committed,
+                to = offset,
+                "the committed offset was out of range; the start policy applied: messages from here are processed again"
+            );
+            // The log is not the one the commit's metadata described (truncated): the
+            // messages at the offsets it named may be new ones.
+            skip.discard(topic, partition);
+        }
         // Ahead of it: out of range and reset to the log end, or offsets that no longer
         // exist (retention, compaction, transaction markers).
         Some(committed) if offset > committed => tracing::warn!(

@@ -25,6 +25,22 @@ impl Skip {
         self.ranges.is_empty()
     }
 
+    /// Forgets the ranges, unskipped: the partition resumed behind its committed offset
+    /// (out of range, reset by the start policy), so they may name other messages now.
+    pub(super) fn discard(&mut self, topic: &str, partition: i32) {
+        let dropped = Vec::from(std::mem::take(&mut self.ranges));
+        if dropped.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            at = "resume_skip_dropped",
+            topic,
+            partition,
+            offsets = crate::acked_ranges::count(&dropped),
+            "the committed offset was out of range: the offsets its metadata named as acknowledged are processed, not skipped"
+        );
+    }
+
     /// Whether `offset` (ascending from call to call) is to be skipped. Logs once, when
     /// the last range is passed, how many offsets were.
     pub(super) fn take(&mut self, offset: i64, topic: &str, partition: i32) -> bool {
@@ -65,6 +81,14 @@ mod tests {
         let skipped: Vec<i64> = (0..10).filter(|&o| s.take(o, "t", 0)).collect();
         assert_eq!(skipped, vec![3, 4, 5, 7]);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn discarded_ranges_skip_nothing() {
+        let mut s = Skip::new(vec![(3, 5)]);
+        s.discard("t", 0);
+        assert!(s.is_empty());
+        assert!(!(0..10).any(|o| s.take(o, "t", 0)));
     }
 
     #[test]
