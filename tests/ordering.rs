@@ -688,7 +688,6 @@ fn a_graceful_stop_with_many_in_flight_loses_and_repeats_nothing() {
 /// acknowledged above the final commit, named in its metadata (issue 14 item 3), and the
 /// restart must skip them.
 #[test]
-#[ignore = "needs the acknowledged ranges in the commit metadata (issue 14.3), not on main yet"]
 fn a_graceful_stop_with_keys_waiting_loses_and_repeats_nothing() {
     let above = stop_in_the_middle("stop-shared", |i| {
         Some(if (i / 2) % 20 == 0 {
@@ -806,7 +805,6 @@ fn a_revoke_with_many_in_flight_hands_over_exactly_the_next_message() {
 /// finishes one message per 200 ms while the others finish up to 9, so the revoke leaves
 /// holes, which its commit's metadata names and the new owner skips.
 #[test]
-#[ignore = "needs the acknowledged ranges in the commit metadata (issue 14.3), not on main yet"]
 fn a_revoke_with_keys_waiting_hands_over_without_repeats() {
     let above = handoff_in_the_middle("handoff-shared", |i| {
         Some(if i / 4 < 100 && (i / 4) % 5 == 0 {
@@ -1088,7 +1086,6 @@ fn a_retry_holds_only_its_key() {
 /// line): killed right after a commit, at most ACKD_CONCURRENCY per partition. Without
 /// the ranges, everything acknowledged above the held-back watermark comes again.
 #[test]
-#[ignore = "needs the acknowledged ranges in the commit metadata (issue 14.3), not on main yet"]
 fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     const CONCURRENCY: usize = 8;
     const STUCK: i64 = 20;
