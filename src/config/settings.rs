@@ -1810,6 +1810,42 @@ mod tests {
     }
 
     #[test]
+    fn ordering_and_concurrency_are_validated_together() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            (s.ordering, s.concurrency, s.max_pending),
+            (Ordering::Partition, 16, 1000)
+        );
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_ORDERING", "KEY"),
+            ("ACKD_CONCURRENCY", "100"),
+            ("ACKD_MAX_PENDING", "100"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.ordering, s.concurrency, s.max_pending),
+            (Ordering::Key, 100, 100)
+        );
+        assert_eq!(err(&[("ACKD_ORDERING", "random")]).setting, "ACKD_ORDERING");
+        for bad in ["0", "10001", "many"] {
+            let e = err(&[("ACKD_ORDERING", "none"), ("ACKD_CONCURRENCY", bad)]);
+            assert_eq!(e.setting, "ACKD_CONCURRENCY", "{bad}");
+        }
+        // Partition ordering is one call at a time: a concurrency by hand would do nothing.
+        let e = err(&[("ACKD_CONCURRENCY", "50")]);
+        assert_eq!(e.setting, "ACKD_CONCURRENCY");
+        assert!(e.problem.contains("ACKD_ORDERING=key or none"), "{e}");
+        // The cap on held messages must leave room for the calls.
+        let e = err(&[
+            ("ACKD_ORDERING", "key"),
+            ("ACKD_CONCURRENCY", "50"),
+            ("ACKD_MAX_PENDING", "10"),
+        ]);
+        assert_eq!(e.setting, "ACKD_MAX_PENDING");
+        assert!(e.problem.contains("ACKD_CONCURRENCY=50"), "{e}");
+    }
+
+    #[test]
     fn unknown_ackd_variables_are_refused() {
         let e = err(&[("ACKD_COMMIT_INTERVAL", "100")]);
         assert_eq!(e.setting, "ACKD_COMMIT_INTERVAL");
