@@ -171,7 +171,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("ACKD_SASL_PASSWORD", "SASL password; never shown"),
     ("ACKD_ORDERING", "partition (one message of a partition at a time), key (each key in order, keys concurrently) or none"),
     ("ACKD_CONCURRENCY", "processor calls in flight per partition with ACKD_ORDERING=key or none (1-10000)"),
-    ("ACKD_MAX_PENDING", "messages a partition holds in flight or waiting for their key, at most (key or none ordering)"),
+    ("ACKD_MAX_PENDING", "messages a partition reads above its committable offset at most (key or none ordering)"),
     ("ACKD_BATCH_MAX_MESSAGES", "messages per processor call at most (1: no batches; up to 10000)"),
     ("ACKD_BATCH_MAX_WAIT_MS", "how long a batch waits for more once it has its first message"),
     ("ACKD_BATCH_MAX_BYTES", "key and value bytes per batch at most (0: no limit)"),

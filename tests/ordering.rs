@@ -570,6 +570,53 @@ fn at_max_pending_a_partition_stops_reading() {
     );
 }
 
+/// Behind one slow message (offset 0, retried for a second or more) the other messages
+/// finish at once: the partition may read only `ACKD_MAX_PENDING` above its committable
+/// offset, finished ones included, so neither the tracker nor the ranges the commit
+/// metadata names grow with the backlog. (It used to count only unfinished messages and
+/// read all 199 others while offset 0 waited.)
+#[test]
+fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
+    let topic = unique_name("ahead");
+    let group = unique_name("g-ahead");
+    create_topic(&topic, 1);
+    let specs: Vec<Spec> = (0..200)
+        .map(|i| {
+            let payload = if i == 0 { "retry:2" } else { "ok" };
+            (0, Some(format!("k-{i}")), payload.to_string())
+        })
+        .collect();
+    let delivered = produce_specs(&topic, &specs);
+    let ackd = ordered(AckdBuilder::new(&topic, &group), "none", 4)
+        .env("ACKD_MAX_PENDING", "20")
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_RETRY_INITIAL_MS", "1000")
+        .env("ACKD_RETRY_MAX_MS", "2000")
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
+    let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
+    let ahead = order.iter().position(|o| *o == 0).unwrap();
+    eprintln!(
+        "ahead: messages 200, lost {lost}, duplicated {duplicated}, processed while offset 0 was retried {ahead} (ACKD_MAX_PENDING=20)"
+    );
+    assert_eq!((lost, duplicated), (0, 0), "lost, duplicated");
+    assert_eq!(
+        lines.iter().filter(|l| at(l, "retry")).count(),
+        2,
+        "offset 0 was retried twice"
+    );
+    // Precondition: the others did go on while offset 0 waited.
+    assert!(ahead > 0, "nothing passed the retried message: {order:?}");
+    assert!(
+        ahead < 20,
+        "{ahead} messages were read and processed past the unfinished offset 0 with ACKD_MAX_PENDING=20"
+    );
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Graceful stop with many messages in flight
 // ---------------------------------------------------------------------------------------------

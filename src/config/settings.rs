@@ -304,8 +304,9 @@ pub struct Settings {
     /// `ACKD_CONCURRENCY`: processor calls in flight per partition at most (with
     /// `key` or `none` ordering; `partition` ordering is one at a time).
     pub concurrency: usize,
-    /// `ACKD_MAX_PENDING`: messages a partition holds at most, in flight or waiting for
-    /// their key's turn (`key` or `none` ordering); at the cap it stops reading.
+    /// `ACKD_MAX_PENDING`: messages a partition reads above its committable offset at
+    /// most: in calls, waiting for their key's turn, or finished above an unfinished one
+    /// (`key` or `none` ordering); at the cap it stops reading.
     pub max_pending: usize,
     /// How long a batch waits for more messages once its first one is in hand; a
     /// backlog fills batches without waiting.

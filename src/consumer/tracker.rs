@@ -125,6 +125,12 @@ impl OffsetTracker {
         out.extend(run);
     }
 
+    /// How many offsets are handed out and not yet retired: unacknowledged, or
+    /// acknowledged above an unacknowledged one (what bounds the tracker's memory).
+    pub fn outstanding(&self) -> usize {
+        self.pending.len()
+    }
+
     /// The lowest offset handed out and not yet acknowledged.
     pub fn oldest_unacked(&self) -> Option<i64> {
         self.pending

@@ -8,7 +8,8 @@
 //! message may start: one key's messages one at a time, in offset order.
 //!
 //! ```text
-//!   queue ─▶ read (while fewer than ACKD_MAX_PENDING held) ─▶ KeyOrder ─▶ calls (≤ ACKD_CONCURRENCY)
+//!   queue ─▶ read (while fewer than ACKD_MAX_PENDING above the committable offset)
+//!         ─▶ KeyOrder ─▶ calls (≤ ACKD_CONCURRENCY)
 //!                                                                           │
 //!        tracker: committable = contiguous acked prefix  ◀──── acks ◀───────┘
 //! ```
@@ -112,7 +113,13 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                 held - calls.messages
             };
             self.publish_calls(&calls, waiting);
-            let reading = !stopping && halted.is_none() && !ended && held < limits.max_pending;
+            // The cap counts every offset read above the committable one, finished ones
+            // included: behind one slow message the tracker (and the ranges named in the
+            // commit's metadata) stay bounded too.
+            let reading = !stopping
+                && halted.is_none()
+                && !ended
+                && self.progress.tracker.outstanding() < limits.max_pending;
             if running.is_empty() && !reading {
                 if let Some(at) = halted {
                     return Step::Halt(at);

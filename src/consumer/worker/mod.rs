@@ -1007,6 +1007,10 @@ impl Progress<'_> {
     /// by the failure policy (which wrote its own line).
     fn ack(&mut self, view: &Message<'_>, processed: bool) {
         let offset = view.offset();
+        // The line first: a commit line that names this offset always follows it.
+        if self.log_messages && processed {
+            metrics::message_processed(self.source, self.topic, self.partition, offset, view.key());
+        }
         self.shared
             .highest_acked
             .fetch_max(offset, Ordering::AcqRel);
@@ -1016,9 +1020,6 @@ impl Progress<'_> {
             Err(e) => {
                 tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e)
             }
-        }
-        if self.log_messages && processed {
-            metrics::message_processed(self.source, self.topic, self.partition, offset, view.key());
         }
     }
 }
