@@ -876,3 +876,75 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
     assert!(field(retry, "delay_ms").unwrap().parse::<u64>().unwrap() >= 1000);
     assert_eq!(committed(&group, &topic, 1)[&0], Some(6));
 }
+
+/// With `ACKD_ORDERING=key` one partition keeps several requests in flight (one per key,
+/// up to `ACKD_CONCURRENCY` and `ACKD_HTTP_CONCURRENCY`), and each key's messages are
+/// still POSTed one at a time, in offset order: 60 messages of 6 keys, 100 ms each.
+#[test]
+fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order() {
+    let topic = unique_name("http-key");
+    let group = unique_name("g-http-key");
+    create_topic(&topic, 1);
+    let keys: Vec<String> = (0..60).map(|i| format!("k{}", i % 6)).collect();
+    let vals: Vec<String> = (0..60).map(|i| format!("v{i}")).collect();
+    let records: Vec<Record<'_>> = (0..60)
+        .map(|i| (Some(keys[i].as_bytes()), vals[i].as_bytes(), &[][..]))
+        .collect();
+    produce_values(&topic, &records);
+    let work = Duration::from_millis(100);
+    let endpoint = Endpoint::start(move |_, _| Response {
+        delay: work,
+        ..ok()
+    });
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "8")
+        .env("ACKD_HTTP_CONCURRENCY", "8")
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let requests = endpoint.requests();
+    let offsets: Vec<i64> = requests.iter().map(|r| r.position().1).collect();
+    let mut sorted = offsets.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (0..60).collect::<Vec<i64>>(),
+        "each message POSTed once"
+    );
+    // Each key's requests arrived in offset order, each after the previous one's answer.
+    for k in 0..6 {
+        let of_key: Vec<&Request> = requests
+            .iter()
+            .filter(|r| r.position().1 % 6 == k)
+            .collect();
+        let key_offsets: Vec<i64> = of_key.iter().map(|r| r.position().1).collect();
+        assert!(
+            key_offsets.windows(2).all(|w| w[0] < w[1]),
+            "key k{k} out of order: {key_offsets:?}"
+        );
+        assert!(
+            of_key.windows(2).all(|w| w[1].at >= w[0].at + work),
+            "key k{k}: a request came before the previous one was answered"
+        );
+    }
+    // Requests of one partition overlapped: the most that arrived within one request's work.
+    let peak = requests
+        .iter()
+        .map(|r| {
+            requests
+                .iter()
+                .filter(|o| o.at <= r.at && r.at < o.at + work)
+                .count()
+        })
+        .max()
+        .unwrap();
+    eprintln!(
+        "http key ordering: 60 messages, 6 keys, peak requests in flight {peak}, offsets {offsets:?}"
+    );
+    assert!(
+        (3..=6).contains(&peak),
+        "expected several requests of the partition in flight (at most one per key): {peak}"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+}
