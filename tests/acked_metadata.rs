@@ -14,7 +14,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::*;
@@ -23,13 +22,7 @@ const WAIT: Duration = Duration::from_secs(90);
 const METADATA_MAX: usize = 300;
 
 fn kafka() -> &'static Broker {
-    static B: OnceLock<&'static Broker> = OnceLock::new();
-    B.get_or_init(|| {
-        broker_with(BrokerOptions {
-            server_config: vec![("offset.metadata.max.bytes".into(), METADATA_MAX.to_string())],
-            ..BrokerOptions::default()
-        })
-    })
+    broker_keeping_metadata(METADATA_MAX)
 }
 
 /// Keyed messages at offsets `from..to` of a one-partition topic; those at `stuck`

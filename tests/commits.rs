@@ -10,12 +10,11 @@
 
 mod common;
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{
-    at, broker_with, committed, create_topic, field, is_processed, processed, produce_records,
-    unique_name, AckdBuilder, Broker, BrokerOptions,
+    at, broker_keeping_metadata, committed, create_topic, field, is_processed, processed,
+    produce_records, unique_name, AckdBuilder, Broker,
 };
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -24,13 +23,7 @@ const WAIT: Duration = Duration::from_secs(90);
 const METADATA_MAX: usize = 17;
 
 fn kafka() -> &'static Broker {
-    static B: OnceLock<&'static Broker> = OnceLock::new();
-    B.get_or_init(|| {
-        broker_with(BrokerOptions {
-            server_config: vec![("offset.metadata.max.bytes".into(), METADATA_MAX.to_string())],
-            ..BrokerOptions::default()
-        })
-    })
+    broker_keeping_metadata(METADATA_MAX)
 }
 
 /// Produces `n` messages to `partition` of `topic`.

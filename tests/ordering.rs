@@ -321,6 +321,25 @@ fn lost_and_duplicated(delivered: &[Delivered], processed: &[(i32, i64)]) -> (us
     (t.lost.len(), t.duplicated.len())
 }
 
+/// Every partition had at least two `units` (calls, batches) in flight at once, and lines
+/// out of offset order (else a sequential worker would pass), but never more than
+/// `concurrency` (ACKD_CONCURRENCY).
+fn assert_concurrent_within(
+    peaks: &BTreeMap<i32, usize>,
+    unordered: usize,
+    concurrency: usize,
+    units: &str,
+) {
+    assert!(
+        peaks.values().all(|p| *p >= 2) && unordered > 0,
+        "no two {units} of a partition ran at once (a sequential worker): peak {peaks:?}, processed lines out of offset order {unordered}"
+    );
+    assert!(
+        peaks.values().all(|p| *p <= concurrency),
+        "more than ACKD_CONCURRENCY={concurrency} {units} of a partition in flight: {peaks:?}"
+    );
+}
+
 fn int(line: &str, key: &str) -> i64 {
     field(line, key)
         .and_then(|v| v.parse().ok())
@@ -399,14 +418,7 @@ fn key_ordering_keeps_each_keys_order_while_keys_run_concurrently() {
         "key-order: peak calls in flight per partition {peaks:?}, (busy, span) {spans:?}, processed lines out of offset order {unordered}"
     );
     // Precondition: there was concurrency, else the order checks prove nothing.
-    assert!(
-        peaks.values().all(|p| *p >= 2) && unordered > 0,
-        "no concurrency inside a partition: peak calls in flight {peaks:?}, processed lines out of offset order {unordered} (a sequential worker)"
-    );
-    assert!(
-        peaks.values().all(|p| *p <= CONCURRENCY),
-        "more than ACKD_CONCURRENCY={CONCURRENCY} calls of a partition in flight: {peaks:?}"
-    );
+    assert_concurrent_within(&peaks, unordered, CONCURRENCY, "calls");
 }
 
 /// With batches the unit is a batch: batches of one partition run concurrently, and one
@@ -468,14 +480,7 @@ fn key_ordering_with_batches_keeps_each_keys_order() {
         sizes.iter().max()
     );
     // A batch's messages are handled one after the other: overlap is between batches.
-    assert!(
-        peaks.values().all(|p| *p >= 2) && unordered > 0,
-        "no two batches of a partition ran at once: peak {peaks:?}, out of order {unordered}"
-    );
-    assert!(
-        peaks.values().all(|p| *p <= CONCURRENCY),
-        "more than ACKD_CONCURRENCY={CONCURRENCY} batches of a partition in flight: {peaks:?}"
-    );
+    assert_concurrent_within(&peaks, unordered, CONCURRENCY, "batches");
 }
 
 // ---------------------------------------------------------------------------------------------

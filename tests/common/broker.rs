@@ -133,6 +133,18 @@ pub fn broker_with(options: BrokerOptions) -> &'static Broker {
     b
 }
 
+/// The binary's broker, keeping at most `max` bytes of commit metadata
+/// (`offset.metadata.max.bytes`): the first call starts it, later ones return it.
+pub fn broker_keeping_metadata(max: usize) -> &'static Broker {
+    static B: std::sync::OnceLock<&'static Broker> = std::sync::OnceLock::new();
+    B.get_or_init(|| {
+        broker_with(BrokerOptions {
+            server_config: vec![("offset.metadata.max.bytes".into(), max.to_string())],
+            ..BrokerOptions::default()
+        })
+    })
+}
+
 /// A single-node cluster of the test's own whose client port is `port`.
 pub fn start_broker_on(port: u16) -> Broker {
     Broker::start(BrokerOptions {
