@@ -363,7 +363,24 @@ fn a_final_commit_refused_while_the_coordinator_moves_is_sent_again() {
 /// serve the group: it waits and commits again.
 #[test]
 fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
-    let (topic, group) = ("coord-revoke", "g-coord-revoke");
+    // A second rebalance that overtakes the revoke (the mock refuses its retry with
+    // REBALANCE_IN_PROGRESS: seen on a loaded machine) is another scenario, whose commit
+    // is given up by design (README, Rebalance): staged again, at most 3 times.
+    for attempt in 1..=3 {
+        if revoke_while_the_coordinator_loads(attempt) {
+            return;
+        }
+    }
+    panic!("3 stagings in a row were overtaken by a second rebalance");
+}
+
+/// One staging of the scenario above; false if a second rebalance overtook the revoke's
+/// commit (nothing asserted then).
+fn revoke_while_the_coordinator_loads(attempt: u32) -> bool {
+    let (topic, group) = (
+        &format!("coord-revoke-{attempt}"),
+        &format!("g-coord-revoke-{attempt}"),
+    );
     let mock = MockCluster::new(1).unwrap();
     let bootstrap = mock.bootstrap_servers();
     mock.create_topic(topic, 2, 1).unwrap();
@@ -401,6 +418,14 @@ fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
     let codes = [first.wait_exit(WAIT), second.wait_exit(WAIT)];
     let (l1, l2) = (first.lines(), second.lines());
     let all = format!("{}\n---\n{}", l1.join("\n"), l2.join("\n"));
+    if l1.iter().any(|l| {
+        at(l, "commit_failed")
+            && field(l, "reason").as_deref() == Some("revoke")
+            && l.contains("RebalanceInProgress")
+    }) {
+        eprintln!("staging {attempt}: a second rebalance overtook the revoke's commit; staged again:\n{all}");
+        return false;
+    }
     assert_eq!(field(&moved, "offset").as_deref(), Some("10"), "{all}");
     assert_eq!(field(&assigned, "offset").as_deref(), Some("10"), "{all}");
     assert_eq!(
@@ -415,6 +440,7 @@ fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
         count_at(&l1, "commit_failed"),
         count_at(&l1, "commit_retry"),
     );
+    true
 }
 
 /// KIP-848 (ACKD_GROUP_PROTOCOL=consumer; librdkafka's mock cluster runs it in 2.12): a

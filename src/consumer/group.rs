@@ -936,7 +936,10 @@ impl<P: Processor> GroupContext<P> {
             let ok = pending.is_empty();
             return (pending, ok);
         };
-        let mut wait = REBALANCE_WAIT_FIRST;
+        let mut wait = match retry {
+            Retry::Serve(_) => REBALANCE_WAIT_FIRST,
+            Retry::Wait => REVOKE_WAIT_FIRST,
+        };
         loop {
             // Recomputed each time: a revoke served meanwhile commits and forgets its own.
             let pending = self.lock().to_release(tps);
@@ -1100,6 +1103,10 @@ fn coordinator_moving(error: &KafkaError) -> bool {
 /// How long the shutdown serves a rebalance before committing again, at first and at most.
 const REBALANCE_WAIT_FIRST: Duration = Duration::from_millis(250);
 const REBALANCE_WAIT_MAX: Duration = Duration::from_secs(2);
+/// How long a revoke waits before committing again, at first (doubling up to the
+/// maximum above): the group waits for the revoke, and a follow-up rebalance that starts
+/// meanwhile refuses the commit for good (REBALANCE_IN_PROGRESS), so it tries soon.
+const REVOKE_WAIT_FIRST: Duration = Duration::from_millis(50);
 
 /// How long a revoke's commit may take once the drain is done.
 const COMMIT_BUDGET: Duration = Duration::from_secs(10);

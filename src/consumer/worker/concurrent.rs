@@ -69,6 +69,35 @@ struct Open<'q> {
     deadline: tokio::time::Instant,
 }
 
+/// Where the loop is going: on reading, or winding down (nothing new starts, the calls
+/// under way finish) to a stop or a halt, or to the end of the partition.
+#[derive(Default)]
+struct Course {
+    stopping: bool,
+    /// The lowest offset the partition halts at (a halt wins over a stop).
+    halted: Option<i64>,
+    /// The partition reached its end (`ACKD_STOP_AT_END`): everything read is finished.
+    ended: bool,
+}
+
+impl Course {
+    fn winding_down(&self) -> bool {
+        self.stopping || self.halted.is_some()
+    }
+
+    fn halt(&mut self, at: i64) {
+        self.halted = Some(self.halted.map_or(at, |h| h.min(at)));
+    }
+}
+
+/// What winding down leaves: the units not started are dropped with their messages
+/// (unacknowledged: the next reader of the partition gets them; holding librdkafka's
+/// messages would keep the consumer from closing).
+fn drop_not_started<T>(order: &mut KeyOrder<T>, open: &mut Option<Open<'_>>) {
+    order.forget_not_started();
+    *open = None;
+}
+
 /// The calls under way: when each began (health clock) and its first offset.
 #[derive(Default)]
 struct Calls {
@@ -88,13 +117,11 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         let mut open: Option<Open<'q>> = None;
         // Messages read and not finished: in calls, waiting for their key, or in `open`.
         let mut held = 0usize;
-        let mut stopping = false;
-        let mut halted: Option<i64> = None;
-        let mut ended = false;
+        let mut course = Course::default();
         let mut stop = self.stop.clone();
         let mut ranges = Vec::new();
         loop {
-            if !stopping && halted.is_none() {
+            if !course.winding_down() {
                 while running.len() < limits.max_in_flight {
                     let Some((id, unit)) = order.start_next() else {
                         break;
@@ -107,7 +134,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                     running.push(self.call(id, unit, stop.clone()));
                 }
             }
-            let waiting = if stopping || halted.is_some() {
+            let waiting = if course.winding_down() {
                 0
             } else {
                 held - calls.messages
@@ -116,28 +143,26 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
             // The cap counts every offset read above the committable one, finished ones
             // included: behind one slow message the tracker (and the ranges named in the
             // commit's metadata) stay bounded too.
-            let reading = !stopping
-                && halted.is_none()
-                && !ended
+            let reading = !course.winding_down()
+                && !course.ended
                 && self.progress.tracker.outstanding() < limits.max_pending;
             if running.is_empty() && !reading {
-                if let Some(at) = halted {
+                if let Some(at) = course.halted {
                     return Step::Halt(at);
                 }
-                if stopping {
+                if course.stopping {
                     return Step::Stop;
                 }
-                if ended && open.is_none() && order.unfinished() == 0 {
+                if course.ended && open.is_none() && order.unfinished() == 0 {
                     return Step::End;
                 }
             }
             let deadline = open.as_ref().map(|o| o.deadline);
             tokio::select! {
                 biased;
-                _ = stop.wait_for(|s| *s), if !stopping => {
-                    stopping = true;
-                    order.forget_not_started();
-                    open = None;
+                _ = stop.wait_for(|s| *s), if !course.stopping => {
+                    course.stopping = true;
+                    drop_not_started(&mut order, &mut open);
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
                     calls.started.remove(&done.id);
@@ -146,22 +171,19 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                     match self.finished(done, &mut order, &mut ranges) {
                         BatchEnd::Done => {}
                         BatchEnd::Halt(at) => {
-                            halted = Some(halted.map_or(at, |h| h.min(at)));
-                            order.forget_not_started();
-                            open = None;
+                            course.halt(at);
+                            drop_not_started(&mut order, &mut open);
                         }
                         BatchEnd::Interrupted => {
-                            stopping = true;
-                            order.forget_not_started();
-                            open = None;
+                            course.stopping = true;
+                            drop_not_started(&mut order, &mut open);
                         }
                     }
                 }
                 next = self.next(), if reading => match next {
                     None => {
-                        stopping = true;
-                        order.forget_not_started();
-                        open = None;
+                        course.stopping = true;
+                        drop_not_started(&mut order, &mut open);
                     }
                     Some(Ok(m)) => {
                         held += 1;
@@ -170,23 +192,21 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                             Ok(false) => held -= 1,
                             Err(at) => {
                                 held -= 1;
-                                halted = Some(halted.map_or(at, |h| h.min(at)));
-                                order.forget_not_started();
-                                open = None;
+                                course.halt(at);
+                                drop_not_started(&mut order, &mut open);
                             }
                         }
                     }
                     Some(Err(KafkaError::PartitionEOF(_))) if self.config.at_end.is_some() => {
-                        ended = true;
+                        course.ended = true;
                         if let Some(o) = open.take() {
                             self.add(&mut order, Unit::Batch(o.messages));
                         }
                     }
                     Some(Err(e)) => {
                         if let Err(at) = self.progress.fetch_failed(e) {
-                            halted = Some(halted.map_or(at, |h| h.min(at)));
-                            order.forget_not_started();
-                            open = None;
+                            course.halt(at);
+                            drop_not_started(&mut order, &mut open);
                         }
                     }
                 },
