@@ -1203,34 +1203,21 @@ mod tests {
 
     #[test]
     fn refused_commits_are_retried_only_where_the_member_still_owns_its_partitions() {
-        let refusal = |code| Refusal::of(&KafkaError::ConsumerCommit(code));
-        assert_eq!(
-            refusal(RDKafkaErrorCode::RebalanceInProgress),
-            Refusal::Rebalancing
-        );
-        assert_eq!(
-            refusal(RDKafkaErrorCode::IllegalGeneration),
-            Refusal::Rebalancing
-        );
-        assert_eq!(
-            refusal(RDKafkaErrorCode::StaleMemberEpoch),
-            Refusal::StaleEpoch
-        );
-        assert_eq!(
-            refusal(RDKafkaErrorCode::UnknownMemberId),
-            Refusal::MemberGone
-        );
-        assert_eq!(
-            refusal(RDKafkaErrorCode::FencedMemberEpoch),
-            Refusal::MemberGone
-        );
-        assert_eq!(
-            refusal(RDKafkaErrorCode::NotCoordinator),
-            Refusal::CoordinatorMoving
-        );
-        assert_eq!(
-            refusal(RDKafkaErrorCode::GroupAuthorizationFailed),
-            Refusal::Final
-        );
+        use RDKafkaErrorCode as E;
+        for (code, expected) in [
+            (E::RebalanceInProgress, Refusal::Rebalancing),
+            (E::IllegalGeneration, Refusal::Rebalancing),
+            (E::StaleMemberEpoch, Refusal::StaleEpoch),
+            (E::UnknownMemberId, Refusal::MemberGone),
+            (E::FencedMemberEpoch, Refusal::MemberGone),
+            (E::NotCoordinator, Refusal::CoordinatorMoving),
+            (E::GroupAuthorizationFailed, Refusal::Final),
+        ] {
+            assert_eq!(
+                Refusal::of(&KafkaError::ConsumerCommit(code)),
+                expected,
+                "{code:?}"
+            );
+        }
     }
 }

@@ -186,12 +186,10 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                         drop_not_started(&mut order, &mut open);
                     }
                     Some(Ok(m)) => {
-                        held += 1;
                         match self.accept(m, &mut order, &mut open, &batching) {
-                            Ok(true) => {}
-                            Ok(false) => held -= 1,
+                            Ok(true) => held += 1,
+                            Ok(false) => {}
                             Err(at) => {
-                                held -= 1;
                                 course.halt(at);
                                 drop_not_started(&mut order, &mut open);
                             }
@@ -234,17 +232,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         batching: &super::Batching,
     ) -> Result<bool, i64> {
         let offset = m.offset();
-        if self.first {
-            self.first = false;
-            super::resumed(
-                self.shared,
-                self.topic,
-                self.partition,
-                self.resume,
-                offset,
-                &mut self.progress.skip,
-            );
-        }
+        self.note_first(offset);
         self.progress.dispatch(offset)?;
         if self.progress.skip_acknowledged(&m, self.topic) {
             return Ok(false);

@@ -137,7 +137,6 @@ impl WorkerShared {
     /// Offsets acknowledged above [`WorkerShared::committable`], as inclusive ranges,
     /// ascending; empty when there are none. For the commit metadata: a crash then
     /// redelivers only what was in flight.
-    #[allow(dead_code)] // the commit metadata reads it (issue 14, in progress)
     pub fn acked_above(&self) -> Vec<(i64, i64)> {
         self.acked_above
             .lock()
@@ -569,6 +568,16 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
                 };
             }
         };
+        self.note_first(message.offset());
+        if self.config.batch.max_messages > 1 {
+            self.batch(message).await
+        } else {
+            self.single(message).await
+        }
+    }
+
+    /// The assignment's first message says where the partition resumed (`at=resumed`).
+    fn note_first(&mut self, offset: i64) {
         if self.first {
             self.first = false;
             resumed(
@@ -576,14 +585,9 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
                 self.topic,
                 self.partition,
                 self.resume,
-                message.offset(),
+                offset,
                 &mut self.progress.skip,
             );
-        }
-        if self.config.batch.max_messages > 1 {
-            self.batch(message).await
-        } else {
-            self.single(message).await
         }
     }
 
