@@ -195,6 +195,7 @@ fn in_flight_messages_finish_before_the_final_commit() {
     ackd.sigterm();
     assert_eq!(ackd.wait_exit(WAIT), 0);
     let lines = ackd.lines();
+    assert_signal_line_first(&lines);
     // Messages that were in the processor when SIGTERM arrived completed after it.
     let after: Vec<_> = lines[signal_at..]
         .iter()
@@ -271,6 +272,7 @@ fn a_second_sigint_exits_at_once() {
     ackd.signal(libc::SIGINT);
     assert_eq!(ackd.wait_exit(Duration::from_secs(10)), 130);
     let lines = ackd.lines();
+    assert_signal_line_first(&lines);
     assert!(
         lines
             .iter()
@@ -278,4 +280,87 @@ fn a_second_sigint_exits_at_once() {
         "a forced exit says what was not committed:\n{}",
         lines.join("\n")
     );
+}
+
+/// The signal's line comes before the stop it starts, in every run that has one.
+fn assert_signal_line_first(lines: &[String]) {
+    let position = |what| lines.iter().position(|l| at(l, what));
+    if let (Some(signal), Some(begun)) = (position("signal"), position("shutdown_begun")) {
+        assert!(
+            signal < begun,
+            "shutdown_begun before the signal:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
+/// A process manager (honcho, overmind, foreman) sends SIGTERM to its children while the
+/// terminal's Ctrl-C sends SIGINT to the same process group: one stop, not a forced exit.
+#[test]
+fn a_sigint_after_a_sigterm_still_stops_gracefully() {
+    let topic = unique_name("term-int");
+    let group = unique_name("g-term-int");
+    create_topic(&topic, 1);
+    let delivered = produce_keyed(&topic, 6, 0);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "1500")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "20000")
+        .spawn();
+    // The first message is in the processor once its partition resumed.
+    ackd.wait_for_line(|l| at(l, "resumed"), WAIT);
+    ackd.sigterm();
+    ackd.wait_for_line(
+        |l| at(l, "signal") && field(l, "signal").as_deref() == Some("SIGTERM"),
+        WAIT,
+    );
+    ackd.signal(libc::SIGINT);
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    assert!(
+        lines
+            .iter()
+            .any(|l| at(l, "signal") && field(l, "signal").as_deref() == Some("SIGINT")),
+        "each signal is logged:\n{all}"
+    );
+    assert_signal_line_first(&lines);
+    let processed = processed(&lines);
+    assert!(
+        !processed.is_empty(),
+        "the message in flight finished:\n{all}"
+    );
+    let next = next_after_processed(&processed);
+    assert_eq!(
+        committed(&group, &topic, 1)[&0],
+        next.get(&0).copied(),
+        "{all}"
+    );
+
+    // The next run starts right after: nothing processed is delivered again.
+    let again = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    assert_eq!(again.wait_exit(WAIT), 0);
+    let mut all_processed = processed.clone();
+    all_processed.extend(common::processed(&again.lines()));
+    assert_no_duplicates(&all_processed);
+    assert_eq!(all_processed.len(), delivered.len());
+}
+
+/// Two threads wrote these lines (the signal's, the supervisor's): the log must tell the
+/// stop in the order it happened, in every run.
+#[test]
+fn every_stop_logs_its_signal_before_the_stop_begins() {
+    let topic = unique_name("order");
+    create_topic(&topic, 1);
+    for run in 0..6 {
+        let ackd = AckdBuilder::new(&topic, &unique_name("g-order")).spawn();
+        ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+        ackd.sigterm();
+        assert_eq!(ackd.wait_exit(WAIT), 0, "run {run}");
+        let lines = ackd.lines();
+        assert!(lines.iter().any(|l| at(l, "shutdown_begun")), "run {run}");
+        assert_signal_line_first(&lines);
+    }
 }

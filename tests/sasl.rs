@@ -270,6 +270,7 @@ fn assert_login_refused(builder: AckdBuilder, mechanism: &str, reason: &str) -> 
     assert_no_secret(&lines);
     if daemon {
         assert_librdkafka_logged(&lines);
+        assert_stopped_at_the_auth_failure(&lines);
     }
     eprintln!(
         "{mechanism} wrong password: exit {code} after {:?}: {line}",

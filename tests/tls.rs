@@ -214,6 +214,7 @@ fn assert_auth_failure(builder: AckdBuilder, reason: &str) -> String {
         "{all}"
     );
     assert_no_secret(&lines);
+    assert_stopped_at_the_auth_failure(&lines);
     eprintln!(
         "auth failure: exit {code} after {:?}: {line}",
         ackd.elapsed()
@@ -284,6 +285,11 @@ fn a_tls_broker_that_is_down_is_retried_until_it_comes_up() {
             && field(l, "at").as_deref() == Some("brokers_unreachable")
     };
     ackd.wait_for_count(down, 1, WAIT);
+    // The topic check gave up (it would otherwise find the topic missing and exit 78).
+    ackd.wait_for_line(
+        |l| field(l, "at").as_deref() == Some("topics_unchecked"),
+        WAIT,
+    );
     let down_since = Instant::now();
     let b = Broker::start(BrokerOptions {
         port: Some(port),

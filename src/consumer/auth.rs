@@ -31,6 +31,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use rdkafka::consumer::{ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -135,6 +136,20 @@ impl AuthFailures {
     /// Whether an authentication failure happened: the supervisor then stops.
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
+    }
+}
+
+/// Serves the consumer's queue until `failures` saw an authentication failure. Before ackd
+/// subscribes nothing else polls that queue, and librdkafka's error callback runs only
+/// from a poll: without this the topic check (a metadata request of up to 10 s) is waited
+/// out before the failure is even seen. Nothing is assigned yet: no message comes.
+pub async fn failed_before_subscribing<C: ConsumerContext + 'static>(
+    consumer: &StreamConsumer<C>,
+    failures: &AuthFailures,
+) {
+    while !failures.failed() {
+        // Errors reach the context's error callback, which calls `observe`.
+        let _ = consumer.recv().await;
     }
 }
 

@@ -4,7 +4,8 @@
 //! schedule, and turns signals into the shutdown sequence:
 //! - the first SIGTERM or SIGINT starts a graceful stop with a deadline of
 //!   `ACKD_SHUTDOWN_TIMEOUT_MS`;
-//! - more SIGTERMs are logged and ignored (Heroku may send several);
+//! - more SIGTERMs are logged and ignored (Heroku may send several), and so is a first
+//!   SIGINT after a SIGTERM (a process manager's SIGTERM and the terminal's Ctrl-C);
 //! - a second SIGINT (Ctrl-C twice) exits at once, saying what was not committed;
 //! - if the deadline passes, ackd exits non-zero with the same account.
 
@@ -241,8 +242,14 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
             return exit::SOFTWARE;
         }
     }
-    // A missing topic would leave ackd idle forever: stop, or wait for it, first.
-    if let Err(code) = crate::topics::wait_until_present(&consumer, &settings, &mut signals).await {
+    // A missing topic would leave ackd idle forever: stop, or wait for it, first. An
+    // authentication failure meanwhile stops ackd at once: nothing is consumed yet.
+    let auth_failed = crate::auth::failed_before_subscribing(&consumer, &consumer.context().auth);
+    let checked = tokio::select! {
+        checked = crate::topics::wait_until_present(&consumer, &settings, &mut signals) => checked,
+        () = auth_failed => Err(exit::NOPERM),
+    };
+    if let Err(code) = checked {
         return code;
     }
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -291,16 +298,15 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
 
     // Running: until a signal, or the supervisor stops on its own (a fatal error: it says
     // so with its deadline first, then stops as after a signal).
-    let (deadline, fatal_code) = tokio::select! {
+    let (deadline, fatal_code, mut sigints) = tokio::select! {
         s = signals.next() => {
             let begun = Instant::now();
             let deadline = begun + settings.shutdown_timeout;
-            // The stop first, the line after: writing a line may wait on a slow stdout.
-            // The clock before the watch: a revoke holding the supervisor reads only the
-            // clock.
+            // The clock before the line: a revoke holding the supervisor reads only the
+            // clock, and writing a line may wait (at most lines::STALL) on a slow stdout.
+            // The line before the watch: the supervisor's lines of the stop come after it.
             health.set_phase(Phase::Stopping);
             stop_clock.begin(begun, deadline);
-            let _ = shutdown_tx.send(Some(deadline));
             ticker.abort();
             tracing::info!(
                 at = "signal",
@@ -308,11 +314,12 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 deadline_ms = settings.shutdown_timeout.as_millis() as u64,
                 "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
             );
-            (deadline, None)
+            let _ = shutdown_tx.send(Some(deadline));
+            (deadline, None, SigintCount::after(s))
         }
         Ok((deadline, code)) = &mut fatal_rx => {
             ticker.abort();
-            (deadline, Some(code))
+            (deadline, Some(code), SigintCount::default())
         }
         code = &mut done_rx => {
             ticker.abort();
@@ -340,16 +347,18 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 committed_code = Some(code.unwrap_or(exit::SOFTWARE));
                 stopping = Some(tokio::spawn(stop_processor(processor.clone(), deadline)));
             }
-            s = signals.next() => match s {
-                Some(SIGINT) => {
+            s = signals.next() => {
+                if sigints.forces(s) {
                     tracing::warn!(at = "signal", signal = "SIGINT", "second SIGINT: exiting now");
                     log_uncommitted(&group);
                     return exit::FORCED;
                 }
-                s => {
-                    tracing::info!(at = "signal", signal = signal_name(s), "already stopping; ignored");
-                }
-            },
+                tracing::info!(
+                    at = "signal",
+                    signal = signal_name(s),
+                    "already stopping; a second SIGINT exits at once"
+                );
+            }
             _ = tokio::time::sleep_until(deadline.into()) => {
                 return match committed_code {
                     // Committed; only the close (leaving the group) is slow. The group
@@ -367,6 +376,28 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 };
             }
         }
+    }
+}
+
+/// Only a second SIGINT forces the exit: a person pressing Ctrl-C again. A SIGTERM never
+/// does (Heroku may send several), nor does a first SIGINT after a SIGTERM: a process
+/// manager (honcho, overmind, foreman) sends SIGTERM to its children while the terminal's
+/// Ctrl-C sends SIGINT to the same process group, and both arrive together.
+#[derive(Debug, Default)]
+struct SigintCount(u32);
+
+impl SigintCount {
+    /// The count once `first` started the stop.
+    fn after(first: Option<i32>) -> Self {
+        SigintCount(u32::from(first == Some(SIGINT)))
+    }
+
+    /// Counts a signal received while stopping; true if it forces the exit.
+    fn forces(&mut self, signal: Option<i32>) -> bool {
+        if signal == Some(SIGINT) {
+            self.0 += 1;
+        }
+        self.0 >= 2
     }
 }
 
@@ -433,4 +464,25 @@ pub(crate) fn report_client_error(settings: &Settings, error: KafkaError) -> i32
     }
     tracing::error!(at = "start_failed", error = %error, "cannot create the Kafka consumer");
     exit::SOFTWARE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The signals received, the first one starting the stop: whether the last forced it.
+    fn forced(signals: &[i32]) -> bool {
+        let mut count = SigintCount::after(Some(signals[0]));
+        signals[1..].iter().any(|&s| count.forces(Some(s)))
+    }
+
+    #[test]
+    fn only_a_second_sigint_forces_the_exit() {
+        assert!(forced(&[SIGINT, SIGINT]));
+        assert!(forced(&[SIGINT, SIGTERM, SIGINT]));
+        assert!(forced(&[SIGTERM, SIGINT, SIGINT]));
+        assert!(!forced(&[SIGTERM, SIGINT]));
+        assert!(!forced(&[SIGINT, SIGTERM]));
+        assert!(!forced(&[SIGTERM, SIGTERM, SIGTERM]));
+    }
 }

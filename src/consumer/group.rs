@@ -444,6 +444,13 @@ impl<P: Processor> ClientContext for GroupContext<P> {
         if self.auth.observe(&error, reason) {
             return;
         }
+        // A partition's end (ACKD_STOP_AT_END) reaches its worker too, which says so; after
+        // an authentication failure, unreachable brokers are its consequence, not news.
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) || self.auth.failed()
+        {
+            tracing::debug!(at = "kafka_error", error = %error, reason);
+            return;
+        }
         if !self.connectivity.error(&error, Some(reason)) {
             tracing::error!(at = "kafka_error", error = %error, reason);
         }

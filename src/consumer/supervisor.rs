@@ -198,6 +198,8 @@ fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
                 Ok(_unprocessed) => {}
                 // Nothing more will come (fenced): the commit is refused for good.
                 Err(KafkaError::MessageConsumptionFatal(_)) => return,
+                // Stopping for an authentication failure: unreachable brokers follow from it.
+                Err(_) if ctx.auth.failed() => {}
                 Err(e) => {
                     if !ctx.connectivity.error(&e, None) {
                         tracing::warn!(at = "kafka_error", error = %e);

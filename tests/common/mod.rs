@@ -1385,3 +1385,28 @@ impl SteadyProducer {
         }
     }
 }
+
+/// A daemon stopped by an authentication failure stopped at it: no 10 s topic check
+/// waited out first (`at=topics_unchecked`), no outage line after it (the failure is the
+/// cause, not an outage), and an exit well under that wait (a loose guard: the lines are
+/// the check).
+pub fn assert_stopped_at_the_auth_failure(lines: &[String]) {
+    let all = lines.join("\n");
+    assert!(!lines.iter().any(|l| at(l, "topics_unchecked")), "{all}");
+    let failed = lines
+        .iter()
+        .position(|l| at(l, "auth_failed"))
+        .unwrap_or_else(|| panic!("no at=auth_failed line:\n{all}"));
+    assert!(
+        !lines[failed..].iter().any(|l| at(l, "brokers_unreachable")),
+        "an outage line after the authentication failure:\n{all}"
+    );
+    let exit = lines
+        .iter()
+        .find(|l| at(l, "exit"))
+        .unwrap_or_else(|| panic!("no at=exit line:\n{all}"));
+    let took: u64 = field(exit, "duration_ms")
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("no duration_ms: {exit}"));
+    assert!(took < 8000, "{exit}\n{all}");
+}
