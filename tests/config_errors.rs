@@ -166,6 +166,35 @@ fn invalid_values_name_what_is_allowed() {
     );
 }
 
+/// `ACKD_HEALTH_ADDR` must be an IP address (checked even while the endpoint is off),
+/// and one this host has: an address it cannot listen on names ACKD_HEALTH_ADDR, not
+/// the port.
+#[test]
+fn a_health_address_that_cannot_be_listened_on_is_refused_by_name() {
+    for (addr, port) in [("localhost", "8080"), ("0.0.0.0:8080", "0")] {
+        assert_config_error(
+            &with(
+                &[("ACKD_HEALTH_ADDR", addr), ("ACKD_HEALTH_PORT", port)],
+                &[],
+            ),
+            "ACKD_HEALTH_ADDR",
+            "expected an IP address",
+        );
+    }
+    // TEST-NET-1 (RFC 5737): an address no host of this network has.
+    assert_config_error(
+        &with(
+            &[
+                ("ACKD_HEALTH_ADDR", "192.0.2.1"),
+                ("ACKD_HEALTH_PORT", "8080"),
+            ],
+            &[],
+        ),
+        "ACKD_HEALTH_ADDR",
+        "cannot listen on 192.0.2.1:8080",
+    );
+}
+
 #[test]
 fn batch_settings_out_of_range_or_that_a_processor_cannot_carry() {
     assert_config_error(

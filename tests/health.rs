@@ -557,3 +557,120 @@ fn a_member_without_partitions_is_ready() {
     assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
     eprintln!("health idle member: partitions held {held:?}, both ready, both exit 0");
 }
+
+/// ackd with the endpoint on 127.0.0.1:`port`, waiting for a topic that does not exist
+/// (no broker work needed to keep the endpoint up).
+fn endpoint_only(name: &str, port: u16) -> AckdProcess {
+    let ackd = AckdBuilder::new(&unique_name(name), &unique_name(&format!("g-{name}")))
+        .env("ACKD_PROCESSOR", "noop")
+        .env("ACKD_WAIT_FOR_TOPICS", "true")
+        .env("ACKD_HEALTH_PORT", port.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .spawn();
+    ackd.wait_for_line(|l| at(l, "health_listening"), WAIT);
+    ackd
+}
+
+/// 40 connections that send nothing (more than the endpoint serves at once) do not
+/// starve a probe: the new connection makes room by closing the oldest idle one, and
+/// `/live` answers 200 while the other idle connections stay open.
+#[test]
+fn a_probe_is_answered_while_many_idle_connections_are_open() {
+    let port = free_port();
+    let ackd = endpoint_only("health-starve", port);
+    let idle: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    let asked = Instant::now();
+    let probe = get(port, "/live");
+    let answered_ms = asked.elapsed().as_millis();
+    let seen = match &probe {
+        Ok(r) => format!("status={}", r.status),
+        Err(e) => format!("error={e}"),
+    };
+    eprintln!(
+        "health starve: idle_connections={} probe {seen} after_ms={answered_ms}",
+        idle.len()
+    );
+    let probe = probe.unwrap_or_else(|e| panic!("/live with 40 idle connections open: {e}"));
+    assert_eq!(probe.status, 200, "{}", probe.body);
+    drop(idle);
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+}
+
+/// Reads until the server closes `s` (EOF or a reset), at most `bound`: what it sent,
+/// and after how long it closed. Panics if it did not close within `bound`.
+fn read_until_closed(s: &mut TcpStream, bound: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    s.set_read_timeout(Some(bound)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("not closed within {bound:?}: {e}"),
+        }
+        assert!(started.elapsed() < bound, "not closed within {bound:?}");
+    }
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// The server closes a connection that sends nothing, one that dribbles a request head
+/// a line at a time, and a keep-alive connection idle after its answer, each within a
+/// few seconds (bounded here at 30 s; the line printed says how long each took).
+#[test]
+fn idle_and_slow_connections_are_closed_within_seconds() {
+    let bound = Duration::from_secs(30);
+    let port = free_port();
+    let ackd = endpoint_only("health-idle-close", port);
+
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (sent, silent_after) = read_until_closed(&mut silent, bound);
+    assert!(
+        !sent.contains(" 200 "),
+        "nothing asked, nothing answered: {sent}"
+    );
+
+    let mut kept = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(kept, "GET /live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let (answer, kept_after) = read_until_closed(&mut kept, bound);
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let started = Instant::now();
+    write!(slow, "GET /live HTTP/1.1\r\n").unwrap();
+    let mut buf = [0u8; 1024];
+    let slow_after = loop {
+        assert!(
+            started.elapsed() < bound,
+            "slow head not cut off within {bound:?}"
+        );
+        // A header line every half second: the head never ends.
+        if write!(slow, "X-Slow: {}\r\n", started.elapsed().as_millis()).is_err() {
+            break started.elapsed();
+        }
+        match slow.read(&mut buf) {
+            Ok(0) => break started.elapsed(),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break started.elapsed(),
+            // A 408 or the like before the close.
+            Ok(_) | Err(_) => {}
+        }
+    };
+    eprintln!(
+        "health idle close: silent_closed_after_ms={} keep_alive_closed_after_ms={} \
+         slow_head_closed_after_ms={}",
+        silent_after.as_millis(),
+        kept_after.as_millis(),
+        slow_after.as_millis()
+    );
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0);
+}

@@ -746,7 +746,8 @@ fn retry_after_is_capped_at_the_retry_maximum() {
 
 /// 30 messages in batches of at most 5, under skip: every batch's first POST gets a 500
 /// and is retried; the batch holding offset 12 is then refused with
-/// `400 {"offset":12}`: the ones before 12 in it are acknowledged, 12 is skipped at once
+/// a 400 with `Ackd-Failed-Offset: 12`: the ones before 12 in it are acknowledged, 12 is
+/// skipped at once
 /// (a 400 is permanent), and the rest comes again. Everything else is acknowledged once,
 /// in order, and the commit reaches the end.
 #[test]
@@ -758,7 +759,11 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
         if before == 0 {
             status(500, "warming up")
         } else if r.batch_offsets().contains(&12) {
-            status(400, r#"{"offset":12,"error":"bad row"}"#)
+            let mut refusal = status(400, r#"{"error":"bad row"}"#);
+            refusal
+                .headers
+                .push(("Ackd-Failed-Offset".into(), "12".into()));
+            refusal
         } else {
             ok()
         }
@@ -803,21 +808,26 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
     assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
 }
 
-/// A refusal whose body names no offset of the batch (not JSON, or an offset outside
-/// it) fails the batch's first message; under halt nothing of the batch is committed.
+/// A refusal that names no offset of the batch (no `Ackd-Failed-Offset`, one outside
+/// the batch, one that is not a number) fails the batch's first message; under halt
+/// nothing of the batch is committed.
 #[test]
 fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() {
-    for body in ["bad request", r#"{"offset":999}"#] {
+    for header in [None, Some("999"), Some("six")] {
         let topic = unique_name("http-batch-first");
         let group = unique_name("g-http-batch-first");
         create_topic(&topic, 1);
-        let refusal = body.to_string();
         let endpoint = Endpoint::start(move |r, _| {
             if r.position().1 == 0 {
-                ok()
-            } else {
-                status(400, &refusal)
+                return ok();
             }
+            let mut refusal = status(400, "bad request");
+            if let Some(offset) = header {
+                refusal
+                    .headers
+                    .push(("Ackd-Failed-Offset".into(), offset.into()));
+            }
+            refusal
         });
         produce_numbered(&topic, 8);
         let ackd = http_ackd(&topic, &group, &endpoint.url())
@@ -827,15 +837,67 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
         assert_eq!(
             field(&failed, "offset").as_deref(),
             Some("4"),
-            "{body}: {failed}"
+            "{header:?}: {failed}"
         );
         let lines = stop(&ackd, 1);
         assert_eq!(
             processed(&lines),
             (0..4).map(|o| (0, o)).collect::<Vec<_>>()
         );
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(4), "{body}");
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(4), "{header:?}");
     }
+}
+
+/// A refusal whose body is an ordinary error that happens to have an `"offset"` (of
+/// the batch, even) acknowledges nothing: only ackd's own `Ackd-Failed-Offset` header
+/// names the message that failed. Batches of 4, the second one always answered
+/// `500 {"error":"x","offset":6}`: it is retried whole from 4 until the attempts run
+/// out, then fails at 4 under halt, committed exactly up to 4.
+#[test]
+fn an_http_error_body_with_an_offset_acknowledges_nothing() {
+    let topic = unique_name("http-batch-offset-body");
+    let group = unique_name("g-http-batch-offset-body");
+    create_topic(&topic, 1);
+    let endpoint = Endpoint::start(|r, _| {
+        if r.position().1 == 0 {
+            ok()
+        } else {
+            status(500, r#"{"error":"x","offset":6}"#)
+        }
+    });
+    produce_numbered(&topic, 8);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .batches(4)
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "3")
+        .spawn();
+    let failed = ackd.wait_for_line(|l| at(l, "process_failed"), WAIT);
+    let lines = stop(&ackd, 1);
+    let bodies: Vec<Vec<i64>> = endpoint
+        .requests()
+        .iter()
+        .map(Request::batch_offsets)
+        .collect();
+    let committed = committed(&group, &topic, 1)[&0];
+    eprintln!(
+        "http offset body: requests={bodies:?} failed_offset={:?} committed={committed:?}",
+        field(&failed, "offset")
+    );
+    assert_eq!(field(&failed, "offset").as_deref(), Some("4"), "{failed}");
+    assert_eq!(
+        bodies,
+        vec![
+            vec![0, 1, 2, 3],
+            vec![4, 5, 6, 7],
+            vec![4, 5, 6, 7],
+            vec![4, 5, 6, 7]
+        ],
+        "the refused batch comes again whole"
+    );
+    assert_eq!(
+        processed(&lines),
+        (0..4).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+    assert_eq!(committed, Some(4));
 }
 
 /// A 429 with `Retry-After: 1` on a batch: the batch comes again a second later at the

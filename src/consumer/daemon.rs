@@ -171,11 +171,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 "GET /live, /ready, /metrics"
             ),
             Err(e) => {
-                crate::report_setting_error(&SettingError {
-                    setting: "ACKD_HEALTH_PORT".into(),
-                    value: Some(addr.port().to_string()),
-                    problem: format!("cannot listen on {addr}: {e}"),
-                });
+                crate::report_setting_error(&health_listen_error(addr, &e));
                 return exit::CONFIG;
             }
         }
@@ -403,6 +399,20 @@ impl SigintCount {
 
 /// The processor's shutdown hook, bounded by `deadline`. (Paths that give up at the
 /// deadline skip it: what the processor holds is dropped with the runtime.)
+/// Why the health endpoint cannot listen, naming the setting to fix: the address when
+/// this host has no such address, else the port (in use, or privileged).
+fn health_listen_error(addr: std::net::SocketAddr, e: &std::io::Error) -> SettingError {
+    let (setting, value) = match e.kind() {
+        std::io::ErrorKind::AddrNotAvailable => ("ACKD_HEALTH_ADDR", addr.ip().to_string()),
+        _ => ("ACKD_HEALTH_PORT", addr.port().to_string()),
+    };
+    SettingError {
+        setting: setting.into(),
+        value: Some(value),
+        problem: format!("cannot listen on {addr}: {e}"),
+    }
+}
+
 async fn stop_processor<P: Processor>(processor: Arc<P>, deadline: Instant) {
     let _ = tokio::time::timeout_at(deadline.into(), processor.shutdown(deadline)).await;
 }

@@ -14,6 +14,8 @@
 //!   response's `Retry-After` (seconds or an HTTP-date) as the least wait. Any other
 //!   status (other 4xx, and 3xx: redirects are not followed) fails permanently. A
 //!   failure's reason is the status and at most 200 bytes of the response body.
+//! - A batch's refusal names its failed message in an `Ackd-Failed-Offset` header (the
+//!   ones before it are acknowledged); the body is never read for that.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -197,7 +199,7 @@ impl Http {
 
     /// A batch as one request: a JSON array of the `json` body's objects. A 2xx
     /// acknowledges all of it; a failure is for the message whose offset the response
-    /// names (a JSON object with `"offset": N`, N in the batch), else for its first.
+    /// names in [`FAILED_OFFSET`] (N in the batch), else for its first.
     pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
         let first = messages.first().map_or(-1, Message::offset);
         let body = super::json::encode_batch(messages);
@@ -254,6 +256,7 @@ impl Http {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let failed_offset = failed_offset(response.headers());
         let body = read_start(response).await;
         if status.is_success() {
             return Ok(());
@@ -279,7 +282,7 @@ impl Http {
         };
         Err(Refused {
             error,
-            offset: named_offset(&body),
+            offset: failed_offset,
         })
     }
 
@@ -323,13 +326,20 @@ struct Refused {
     offset: Option<i64>,
 }
 
-/// The `"offset"` of a JSON object body: the message of a batch that failed.
-pub fn named_offset(body: &[u8]) -> Option<i64> {
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return None;
-    }
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    value.get("offset")?.as_i64()
+/// The response header naming the message of a batch that failed: those before it
+/// are acknowledged. A header of ackd's own, so that an ordinary error (whose body may
+/// well have an `"offset"` of something else) never acknowledges anything.
+const FAILED_OFFSET: &str = "ackd-failed-offset";
+
+/// The offset a refusal names in [`FAILED_OFFSET`], if it is a whole number.
+fn failed_offset(headers: &HeaderMap) -> Option<i64> {
+    headers
+        .get(FAILED_OFFSET)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The first bytes of the response body (up to [`BODY_DRAIN`]); the rest is dropped.
@@ -468,6 +478,27 @@ mod tests {
         assert!(e.ends_with('…'));
         assert!(e.len() <= BODY_EXCERPT + '…'.len_utf8(), "{}", e.len());
         assert_eq!(excerpt(&[0xff, b'a']), "\u{fffd}a");
+    }
+
+    #[test]
+    fn only_ackds_own_header_names_a_failed_offset() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.insert(*n, HeaderValue::from_static(v));
+            }
+            h
+        };
+        assert_eq!(
+            failed_offset(&headers(&[("Ackd-Failed-Offset", " 42")])),
+            Some(42)
+        );
+        assert_eq!(
+            failed_offset(&headers(&[("ackd-failed-offset", "x")])),
+            None
+        );
+        assert_eq!(failed_offset(&headers(&[("offset", "42")])), None);
+        assert_eq!(failed_offset(&headers(&[])), None);
     }
 
     #[test]
