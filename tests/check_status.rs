@@ -544,7 +544,7 @@ fn status_on_a_terminal_escapes_control_characters_of_a_member() {
         "{table:?}"
     );
     assert!(
-        table.contains("evil\\x1b]0;owned\\x07\\x1b[2J"),
+        table.contains(r"evil\u{001b}]0;owned\u{0007}\u{001b}[2J"),
         "{table:?}"
     );
 }
