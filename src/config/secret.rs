@@ -110,6 +110,8 @@ impl Needles {
                 }
             }
         }
+        // Longest first: a secret that holds another is replaced whole, not around it.
+        needles.plain.sort_by_key(|n| std::cmp::Reverse(n.len()));
         needles
     }
 
@@ -212,6 +214,10 @@ mod tests {
             line,
             "error=\"login as bob with [redacted] failed\" key=\"-----BEGIN PRIVATE KEY-----\\n[redacted]\\n[redacted]\\nKw==\" tab"
         );
+        let nested = Needles::new(["s3cr".to_string(), "s3cr3t-longer".to_string()]);
+        let mut line = "at=x error=\"s3cr3t-longer\"".to_string();
+        nested.scrub(&mut line);
+        assert_eq!(line, "at=x error=\"[redacted]\"");
         let mut plain = "count#ackd.messages.processed=1 topic=orders key=ab".to_string();
         needles.scrub(&mut plain);
         assert_eq!(plain, "count#ackd.messages.processed=1 topic=orders key=ab");
