@@ -257,6 +257,22 @@ pub fn is_secret_variable(name: &str, value: &str) -> bool {
     }
 }
 
+/// The secrets of one `ACKD_HTTP_HEADERS` line: its value (the whole line if it has no
+/// name), and of an `Authorization` header the credential without its scheme too (only
+/// there: the last word of any other value may be an ordinary word).
+fn header_secrets(line: &str) -> Vec<String> {
+    let (name, value) = line.split_once(':').unwrap_or(("", line));
+    let value = value.trim();
+    let mut secrets = vec![value.to_string()];
+    let name = name.trim().to_ascii_lowercase();
+    if name == "authorization" || name == "proxy-authorization" {
+        if let Some((_, credential)) = value.rsplit_once(' ') {
+            secrets.push(credential.to_string());
+        }
+    }
+    secrets
+}
+
 /// The name ackd reads `name` as: an `ACKD_` setting's in upper case (ackd takes any
 /// case after the prefix), any other as it is.
 pub fn variable_name(name: &str) -> String {
@@ -328,12 +344,7 @@ fn secrets_of_variable(name: &str, value: &str) -> Vec<String> {
                 .collect(),
             Err(_) => kafka_url::user_info_texts(value),
         },
-        "ACKD_HTTP_HEADERS" => value
-            .lines()
-            .map(|line| line.split_once(':').map_or(line, |(_, v)| v).trim())
-            .flat_map(|v| [v, v.rsplit(' ').next().unwrap_or(v)])
-            .map(str::to_string)
-            .collect(),
+        "ACKD_HTTP_HEADERS" => value.lines().flat_map(header_secrets).collect(),
         name if name == security::TRUSTED_CERT
             || name == security::CLIENT_CERT
             || SECRET_VARIABLES.contains(&name) =>
@@ -2122,6 +2133,7 @@ mod tests {
             "sasl-pw-1",
             "sasl-user-1",
             "Bearer tok-1",
+            "tok-1",
             "tok-2",
             "url-pw-1",
             "oauth-1",
@@ -2130,6 +2142,9 @@ mod tests {
         }
         assert!(known.iter().any(|k| k.contains("AAAA")), "{known:?}");
         assert!(!known.iter().any(|k| k == "not-secret"), "{known:?}");
+        let known =
+            never_shown_in_vars(vars(&[("ACKD_HTTP_HEADERS", "User-Agent: ackd consumer")]));
+        assert!(!known.iter().any(|k| k == "consumer"), "{known:?}");
     }
 
     #[test]
