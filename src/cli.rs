@@ -179,6 +179,7 @@ const MEANINGS: &[(&str, &str)] = &[
     ("ACKD_EXEC_CONCURRENCY", "exec: handler processes (1-256)"),
     ("ACKD_EXEC_TIMEOUT_MS", "exec: how long a handler may take to answer before it is restarted"),
     ("ACKD_EXEC_MAX_LINE_BYTES", "exec: the longest line read from a handler (a longer reply is a protocol error)"),
+    ("ACKD_EXEC_PASS_SECRETS", "exec: comma-separated credential variables handlers get anyway (none by default)"),
     ("ACKD_HTTP_URL", "required with http: the http:// or https:// URL each message is POSTed to"),
     ("ACKD_HTTP_BODY", "http: json | raw"),
     ("ACKD_HTTP_HEADERS", "http: `Name: value` lines added to every request; values never shown"),

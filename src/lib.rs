@@ -62,10 +62,13 @@ pub fn main_with<P: Processor>(
         }
     }
     let settings = Settings::from_env();
+    // From here on no line carries a secret value, whatever path it takes: what the
+    // variables hold is known even when they are refused (a refusal is a line too).
+    let mut never_shown = settings::never_shown_in_vars(utf8_vars());
     if let Ok(s) = &settings {
-        // From here on no line carries a secret value, whatever path it takes.
-        secret::register(s.never_shown());
+        never_shown.extend(s.never_shown());
     }
+    secret::register(never_shown);
     let (mut level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
@@ -141,6 +144,11 @@ fn print_out(text: &str) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     ExitCode::SUCCESS
+}
+
+/// The environment's variables that are UTF-8 (`std::env::vars` panics on others).
+fn utf8_vars() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
 }
 
 /// The one line a configuration error gets.

@@ -517,3 +517,34 @@ fn status_and_check_describe_a_kip848_group_too() {
     assert_eq!(field(g, "kind").as_deref(), Some("Consumer"), "{g}");
     assert_eq!(field(g, "members").as_deref(), Some("1"), "{g}");
 }
+
+/// A member's client id is the broker's to report, anyone's to set: `ackd status` on a
+/// terminal shows its control characters escaped, never raw (issue 19, item 13).
+#[test]
+fn status_on_a_terminal_escapes_control_characters_of_a_member() {
+    let topic = unique_name("st-esc");
+    let group = unique_name("g-st-esc");
+    create_topic(&topic, 1);
+    let mut config = broker().client_config();
+    config
+        .set("group.id", &group)
+        .set("client.id", "evil\u{1b}]0;owned\u{7}\u{1b}[2J")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    wait_until(WAIT, || {
+        let _ = consumer.poll(Duration::from_millis(100));
+        consumer.assignment().is_ok_and(|a| a.count() == 1)
+    });
+    let table = status_on_a_terminal(AckdBuilder::new(&topic, &group));
+    eprintln!("status on a terminal: {table:?}");
+    assert!(
+        !table.contains('\u{1b}') && !table.contains('\u{7}'),
+        "{table:?}"
+    );
+    assert!(
+        table.contains(r"evil\u{001b}]0;owned\u{0007}\u{001b}[2J"),
+        "{table:?}"
+    );
+}

@@ -12,8 +12,14 @@ use common::{field, logfmt};
 /// A configuration error ends ackd at once; one that does not is killed after 30 s so
 /// the test fails instead of hanging.
 fn run(env: &[(&str, &str)]) -> (i32, Vec<String>) {
+    run_command(&[], env)
+}
+
+/// [`run`] with arguments (`check`).
+fn run_command(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ackd"));
-    cmd.env_clear()
+    cmd.args(args)
+        .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().copied())
         .stdin(Stdio::null())
@@ -339,4 +345,63 @@ fn the_consumer_protocol_refuses_classic_only_properties_by_name() {
         "ACKD_RDKAFKA_GROUP_REMOTE_ASSIGNOR",
         "ACKD_GROUP_PROTOCOL=consumer",
     );
+}
+
+/// A `,` in KAFKA_URL's password (issue 19, item 8): the URL was split on `,` before the
+/// user info was taken off, and the piece of the password before the `,` was shown as a
+/// port that is not a number, by ackd and by `ackd check`. The error names KAFKA_URL
+/// and what it allows, and nothing of the password or the user name.
+#[test]
+fn a_comma_in_the_kafka_url_password_never_shows_a_fragment_of_it() {
+    for url in [
+        "kafka+sasl-ssl://bob-the-user:s3cr3tpart,t41lpart@h:notaport",
+        "kafka+sasl-ssl://bob-the-user:s3cr3tpart,t41lpart@h:9092,kafka+ssl://h2:9093",
+        "kafka+ssl://bob-the-user:s3cr3tpart,t41lpart@h:9092",
+    ] {
+        for args in [&[][..], &["check"]] {
+            let env = with(&[("KAFKA_URL", url), ("ACKD_SASL_MECHANISM", "PLAIN")], &[]);
+            let (code, lines) = run_command(args, &env);
+            let all = lines.join("\n");
+            assert_eq!(code, 78, "{args:?} {url}: {all}");
+            for fragment in ["s3cr3t", "t41l", "bob-the"] {
+                assert!(
+                    !all.contains(fragment),
+                    "{args:?} {url}: {fragment} in {all}"
+                );
+            }
+            let error = lines
+                .iter()
+                .find(|l| field(l, "at").as_deref() == Some("config_error"))
+                .unwrap_or_else(|| panic!("no config_error: {all}"));
+            assert_eq!(
+                field(error, "setting").as_deref(),
+                Some("KAFKA_URL"),
+                "{error}"
+            );
+            assert!(
+                error.contains("kafka+sasl-ssl://[user:password@]host:port"),
+                "{error}"
+            );
+        }
+    }
+}
+
+/// librdkafka's sensitive properties are never shown, whatever their name says (issue
+/// 19, item 9): `value=` of a property librdkafka refuses, and the start line.
+#[test]
+fn a_refused_sensitive_property_is_not_shown_whatever_its_name() {
+    let env = with(
+        &[
+            (
+                "ACKD_RDKAFKA_SASL_OAUTHBEARER_ASSERTION_PRIVATE_KEY_PASSPHRASE",
+                "pp-Zq81-phrase",
+            ),
+            ("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "soon"),
+        ],
+        &[],
+    );
+    let (code, lines) = run(&env);
+    let all = lines.join("\n");
+    assert_eq!(code, 78, "{all}");
+    assert!(!all.contains("Zq81"), "{all}");
 }

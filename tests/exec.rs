@@ -725,6 +725,113 @@ fn exec_without_a_command_is_a_configuration_error() {
     );
 }
 
+// ---- secrets: a handler is often third-party code ----
+
+/// Secrets given to ackd in ways a plaintext broker accepts: two librdkafka secret
+/// properties and an http token (unused by exec, but ackd's). Each value holds `Zq`.
+const EXEC_SECRETS: &[(&str, &str)] = &[
+    ("ACKD_RDKAFKA_SASL_PASSWORD", "exec-pw-Zq1"),
+    ("ACKD_RDKAFKA_SSL_KEY_PASSWORD", "exec-kp-Zq2"),
+    ("ACKD_HTTP_HEADERS", "Authorization: Bearer exec-tok-Zq3"),
+];
+
+/// Runs a handler that writes its environment (JSON) to `env` on the first message,
+/// with [`EXEC_SECRETS`] and `extra` set; returns that environment.
+fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let topic = unique_name(name);
+    let group = unique_name(&format!("g-{name}"));
+    create_topic(&topic, 1);
+    produce_values(&topic, &[(None, b"one", &[])]);
+    let dir = work_dir(name);
+    let command = test_handler(
+        &dir,
+        r#"if once("env"):
+    with open(os.path.join(DIR, "env.tmp"), "w") as f:
+        json.dump(dict(os.environ), f)
+    os.rename(os.path.join(DIR, "env.tmp"), os.path.join(DIR, "env"))"#,
+    );
+    let mut builder = exec_ackd(&topic, &group, &command).env("ACKD_RDKAFKA_CLIENT_ID", "exec-env");
+    for (k, v) in EXEC_SECRETS.iter().chain(extra) {
+        builder = builder.env(*k, *v);
+    }
+    let ackd = builder.spawn();
+    ackd.wait_for_count(is_processed, 1, WAIT);
+    stop_cleanly(&ackd);
+    let text = std::fs::read_to_string(dir.join("env")).expect("the handler wrote env");
+    serde_json::from_str(&text).expect("env is a JSON object")
+}
+
+/// exec children inherit none of ackd's credentials by default; ACKD_EXEC_PASS_SECRETS
+/// names the ones a handler is given (issue 19, item 11). What is no credential stays.
+#[test]
+fn exec_children_get_ackd_secrets_only_when_named() {
+    let env = child_environment("exec-env", &[]);
+    let leaked: Vec<_> = env.iter().filter(|(_, v)| v.contains("Zq")).collect();
+    assert!(leaked.is_empty(), "the child got {leaked:?}");
+    assert_eq!(
+        env.get("ACKD_RDKAFKA_CLIENT_ID").map(String::as_str),
+        Some("exec-env")
+    );
+    assert!(
+        env.contains_key("ACKD_TOPICS") && env.contains_key("ACKD_EXEC_CHILD"),
+        "{env:?}"
+    );
+
+    let env = child_environment(
+        "exec-env-pass",
+        &[(
+            "ACKD_EXEC_PASS_SECRETS",
+            "ACKD_RDKAFKA_SASL_PASSWORD,ACKD_HTTP_HEADERS",
+        )],
+    );
+    let given: BTreeMap<&str, &str> = env
+        .iter()
+        .filter(|(_, v)| v.contains("Zq"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        given,
+        BTreeMap::from([
+            ("ACKD_HTTP_HEADERS", "Authorization: Bearer exec-tok-Zq3"),
+            ("ACKD_RDKAFKA_SASL_PASSWORD", "exec-pw-Zq1"),
+        ])
+    );
+}
+
+/// A secret with `"`, `\` and a control character, written by a handler to its stderr:
+/// ackd's `at=exec_stderr` line escapes it, and the scrubber still finds it (issue 19,
+/// item 10). Before, it looked for the raw value only.
+#[test]
+fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
+    const SECRET: &str = "q\"uo\\te\u{1}-Zq9x";
+    const PYTHON_LITERAL: &str = r#""q\"uo\\te\x01-Zq9x""#;
+    let topic = unique_name("exec-scrub");
+    let group = unique_name("g-exec-scrub");
+    create_topic(&topic, 1);
+    produce_values(&topic, &[(None, b"one", &[])]);
+    let dir = work_dir("exec-scrub");
+    let command = test_handler(
+        &dir,
+        &format!(
+            "sys.stderr.write(\"login with %s failed\\n\" % {PYTHON_LITERAL}); sys.stderr.flush()"
+        ),
+    );
+    let ackd = exec_ackd(&topic, &group, &command)
+        .env("ACKD_RDKAFKA_SASL_PASSWORD", SECRET)
+        .spawn();
+    ackd.wait_for_count(is_processed, 1, WAIT);
+    let lines = stop_cleanly(&ackd);
+    let all = lines.join("\n");
+    let stderr = lines
+        .iter()
+        .find(|l| at(l, "exec_stderr"))
+        .unwrap_or_else(|| panic!("no at=exec_stderr: {all}"));
+    assert!(stderr.contains("login with [redacted] failed"), "{stderr}");
+    for fragment in ["Zq9", "\"uo", "uo\\"] {
+        assert!(!all.contains(fragment), "{fragment} in {all}");
+    }
+}
+
 // ---- batches: one JSON array per request line, one reply per batch ----
 
 /// A batch handler: `case` is Python run per message of a batch with `p`, `o`, `v`,

@@ -173,14 +173,31 @@ fn log_lines(settings: &Settings, group: &GroupView, rows: &[Row]) {
     );
 }
 
+/// `text` safe to print on a terminal: what the brokers report (member and client ids,
+/// hosts) is anyone's to set, and a control character or a bidi override in it would
+/// drive the terminal. Escaped as on ackd's lines (`\u{001b}`, `\\`), bidi overrides
+/// too (`\u{202e}`), so that what is shown reads back unambiguously.
+pub fn terminal_safe(text: &str) -> String {
+    let is_bidi = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = 0; // where the text not yet written starts
+    for (i, c) in text.char_indices().filter(|(_, c)| is_bidi(*c)) {
+        out.push_str(&crate::logfmt::escaped(&text[rest..i]));
+        let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+        rest = i + c.len_utf8();
+    }
+    out.push_str(&crate::logfmt::escaped(&text[rest..]));
+    out
+}
+
 /// The table for a terminal.
 pub fn table(settings: &Settings, group: &GroupView, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "group {}  state {}  members {}  partitions {}  lag {}\n",
-        settings.group_id,
-        group.state,
+        terminal_safe(&settings.group_id),
+        terminal_safe(&group.state),
         group.members.len(),
         rows.len(),
         rows.iter().map(|r| r.lag).sum::<i64>()
@@ -202,14 +219,14 @@ pub fn table(settings: &Settings, group: &GroupView, rows: &[Row]) -> String {
             .clone()
             .unwrap_or_else(|| ("-".into(), "-".into(), "-".into()));
         cells.push([
-            r.topic.clone(),
+            terminal_safe(&r.topic),
             r.partition.to_string(),
             shown(r.committed),
             r.end.to_string(),
             r.lag.to_string(),
-            m,
-            h,
-            c,
+            terminal_safe(&m),
+            terminal_safe(&h),
+            terminal_safe(&c),
         ]);
     }
     let widths: Vec<usize> = (0..8)
@@ -230,4 +247,61 @@ pub fn table(settings: &Settings, group: &GroupView, rows: &[Row]) -> String {
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Broker-supplied member ids, client ids and hosts reach a terminal: no control
+    /// character of theirs may (issue 19, item 13).
+    #[test]
+    fn the_table_shows_control_characters_escaped() {
+        let settings = Settings::from_vars(
+            [
+                ("KAFKA_URL", "127.0.0.1:9092"),
+                ("ACKD_TOPICS", "orders"),
+                ("ACKD_GROUP_ID", "billing"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .unwrap();
+        let group = GroupView {
+            state: "Stable\u{7}".into(),
+            ..GroupView::default()
+        };
+        let row = Row {
+            topic: "orders".into(),
+            partition: 0,
+            committed: Some(1),
+            end: 2,
+            lag: 1,
+            processed: None,
+            acked_above: None,
+            member: Some((
+                "m-1\u{1b}[2J".into(),
+                "red\u{1b}]0;title\u{7}\r\n\u{9b}31m\u{202e}".into(),
+                "h\\ost\u{0}".into(),
+            )),
+        };
+        let table = table(&settings, &group, &[row]);
+        assert!(
+            !table
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{table:?}"
+        );
+        for shown in [
+            "m-1\\u{001b}[2J",
+            "red\\u{001b}]0;title\\u{0007}\\r\\n\\u{009b}31m\\u{202e}",
+            "h\\\\ost\\u{0000}",
+            "Stable\\u{0007}",
+        ] {
+            assert!(table.contains(shown), "{shown} not in {table}");
+        }
+        // The columns still line up: widths count what is shown.
+        let lines: Vec<&str> = table.lines().skip(2).collect();
+        let host_column = lines[0].find("HOST").unwrap();
+        assert_eq!(lines[1].find("h\\\\ost"), Some(host_column), "{table}");
+    }
 }

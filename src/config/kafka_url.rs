@@ -86,7 +86,11 @@ pub fn parse(input: &str) -> Result<Brokers, String> {
     let mut security = None;
     let mut addresses = Vec::new();
     let mut user_info: Option<UserInfo> = None;
-    for entry in input.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in entries(input)
+        .into_iter()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
         let (entry_security, rest) = split_scheme(entry)?;
         match security {
             None => security = Some(entry_security),
@@ -129,6 +133,34 @@ pub fn parse(input: &str) -> Result<Brokers, String> {
     }
 }
 
+/// The entries of the list. A `,` is a sub-delimiter RFC 3986 allows in user info, so
+/// the list is not simply split on `,`: a piece followed by one holding `@` (user info
+/// ends there; a host never holds one) before the next `scheme://` is joined with it.
+/// Split first, a password's first part would be taken for a host and port and shown.
+fn entries(input: &str) -> Vec<&str> {
+    let pieces: Vec<&str> = input.split(',').collect();
+    let starts_entry = |piece: &str| piece.contains("://");
+    let mut entries = Vec::new();
+    let mut start = 0; // byte offset of the current entry in `input`
+    let mut i = 0;
+    while i < pieces.len() {
+        // The piece holding this entry's `@`, if one comes before the next entry.
+        let last = if pieces[i].contains('@') {
+            i
+        } else {
+            (i + 1..pieces.len())
+                .take_while(|&j| !starts_entry(pieces[j]))
+                .find(|&j| pieces[j].contains('@'))
+                .unwrap_or(i)
+        };
+        let len = pieces[i..=last].iter().map(|p| p.len() + 1).sum::<usize>() - 1;
+        entries.push(&input[start..start + len]);
+        start += len + 1;
+        i = last + 1;
+    }
+    entries
+}
+
 /// `user:password`, each percent-decoded. Errors never show either part.
 fn parse_user_info(info: &str) -> Result<UserInfo, String> {
     let Some((user, password)) = info.split_once(':') else {
@@ -145,9 +177,30 @@ fn parse_user_info(info: &str) -> Result<UserInfo, String> {
     })
 }
 
+/// The user info `input` carries, user and password apart, as written and
+/// percent-decoded: what the scrubber must know, whether or not the URL is valid.
+pub fn user_info_texts(input: &str) -> Vec<String> {
+    let mut texts = Vec::new();
+    for entry in entries(input).into_iter().map(str::trim) {
+        let rest = entry.split_once("://").map_or(entry, |(_, rest)| rest);
+        let Some((info, _)) = rest.rsplit_once('@') else {
+            continue;
+        };
+        let parts = match info.split_once(':') {
+            Some((user, password)) => vec![user, password],
+            None => vec![info],
+        };
+        for part in parts {
+            texts.push(part.to_string());
+            texts.extend(percent_decode(part));
+        }
+    }
+    texts
+}
+
 /// Decodes `%XX` escapes (RFC 3986). The result must be UTF-8 without NUL (librdkafka
 /// takes C strings).
-fn percent_decode(s: &str) -> Result<String, String> {
+pub(crate) fn percent_decode(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -186,9 +239,19 @@ fn split_scheme(entry: &str) -> Result<(Security, &str), String> {
         "kafka" => Ok((Security::Plaintext, rest)),
         "kafka+ssl" => Ok((Security::Ssl, rest)),
         "kafka+sasl-ssl" => Ok((Security::SaslSsl, rest)),
-        _ => Err(format!(
-            "has an unsupported scheme `{scheme}://`; use kafka://, kafka+ssl:// or kafka+sasl-ssl://"
-        )),
+        // Shown only when it looks like a scheme: text before `://` may be user info.
+        _ if scheme.len() <= 20
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            Err(format!(
+                "has an unsupported scheme `{scheme}://`; use kafka://, kafka+ssl:// or kafka+sasl-ssl://"
+            ))
+        }
+        _ => Err(
+            "has an unsupported scheme; use kafka://, kafka+ssl:// or kafka+sasl-ssl://".into(),
+        ),
     }
 }
 
@@ -329,7 +392,51 @@ mod tests {
         assert_eq!(ok("kafka+sasl-ssl://h:1").user_info, None);
     }
 
+    /// A `,` is allowed in user info (RFC 3986 sub-delims): it must not split the entry,
+    /// and no error may show a fragment of the user info (issue 19, item 8).
+    #[test]
+    fn a_comma_in_the_user_info_stays_in_it_and_no_error_shows_a_fragment() {
+        let b = ok("kafka+sasl-ssl://bob:s3cr3tpart,rest@h:9092");
+        assert_eq!(b.addresses, vec!["h:9092"]);
+        assert_eq!(
+            b.user_info.as_ref().unwrap().password.expose(),
+            "s3cr3tpart,rest"
+        );
+        let b = ok("kafka+sasl-ssl://bob:a,b@h1:1, kafka+sasl-ssl://bob:a,b@h2:2");
+        assert_eq!(b.addresses, vec!["h1:1", "h2:2"]);
+        assert_eq!(b.user_info.unwrap().password.expose(), "a,b");
+        for input in [
+            "kafka+sasl-ssl://bob:s3cr3tpart,t41lpart@h:notaport",
+            "kafka+sasl-ssl://bob:s3cr3tpart,t41lpart@h:1,kafka+sasl-ssl://bob:other@h:2",
+            "kafka+ssl://bob:s3cr3tpart,t41lpart@h:1",
+            "kafka://a:1,bob:s3cr3tpart,t41lpart@h:2",
+            "bob:s3cr3tpart,t41lpart@h:1",
+            "kafka+sasl-ssl://bob:s3cr3tpart,t41lpart@h:1,h2:2",
+            "kafka+sasl-ssl://bob:s3cr3tpart,,t41lpart%zz@h:1",
+        ] {
+            let err = parse(input).expect_err(input);
+            for fragment in ["s3cr3t", "t41l", "bob"] {
+                assert!(
+                    !err.contains(fragment),
+                    "{input:?} leaked {fragment}: {err}"
+                );
+            }
+        }
+    }
+
     proptest! {
+        /// Whatever a password holds (`,`, `@`, `:`, `/`), no error shows a piece of it.
+        #[test]
+        fn no_error_shows_a_piece_of_any_password(
+            password in "[a-zA-Z0-9,@:/!~*]{1,24}",
+            port in prop::sample::select(vec!["9092", "x", ""]),
+            tail in prop::sample::select(vec!["", ",kafka+sasl-ssl://h2:9093", ",h3:1", ",kafka+ssl://h4:1"]),
+        ) {
+            let input = format!("kafka+sasl-ssl://QqUserQq:ZZ{password}ZZ@broker.example:{port}{tail}");
+            if let Err(err) = parse(&input) {
+                prop_assert!(!err.contains("ZZ") && !err.contains("QqUserQq"), "{input:?}: {err}");
+            }
+        }
         /// Any list of valid brokers, written in any accepted form, parses back to itself.
         #[test]
         fn any_valid_list_round_trips(

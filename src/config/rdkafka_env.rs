@@ -5,6 +5,46 @@
 /// The prefix of pass-through variables.
 pub const PREFIX: &str = "ACKD_RDKAFKA_";
 
+/// The properties librdkafka 2.12.1 marks `_RK_SENSITIVE` (src/rdkafka_conf.c; it
+/// redacts them in its own configuration dumps), with the alias of one. ackd never shows
+/// their values and registers them for scrubbing. Checked again on a librdkafka upgrade.
+pub const SENSITIVE: &[&str] = &[
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl_key",
+    "ssl.ca.pem",
+    "ssl.keystore.password",
+    "sasl.username",
+    "sasl.password",
+    "sasl.oauthbearer.config",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.assertion.private.key.file",
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+];
+
+/// Words that mark a property as a credential though [`SENSITIVE`] does not list it: a
+/// property a later librdkafka adds, or one of a plugin. PEMs are never shown either.
+const SENSITIVE_WORDS: &[&str] = &[
+    "password",
+    "passphrase",
+    "secret",
+    "token",
+    "credential",
+    "private",
+    "jaas",
+    "ssl.key",
+    ".pem",
+];
+
+/// Whether a librdkafka property holds a credential and must never be shown.
+pub fn is_secret_property(property: &str) -> bool {
+    let p = property.to_ascii_lowercase();
+    SENSITIVE.contains(&p.as_str()) || SENSITIVE_WORDS.iter().any(|w| p.contains(w))
+}
+
 /// The librdkafka property named by the part of a variable after [`PREFIX`].
 pub fn property_from_env(suffix: &str) -> Result<String, String> {
     if suffix.is_empty() {

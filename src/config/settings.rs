@@ -114,6 +114,7 @@ const KEYS: &[&str] = &[
     "exec_concurrency",
     "exec_timeout_ms",
     "exec_max_line_bytes",
+    "exec_pass_secrets",
     "http_url",
     "http_body",
     "http_headers",
@@ -229,23 +230,129 @@ impl fmt::Debug for PassThrough {
     }
 }
 
-/// Whether a librdkafka property holds a credential and must never be logged.
-pub fn is_secret_property(property: &str) -> bool {
-    let p = property.to_ascii_lowercase();
-    [
-        "password",
-        "secret",
-        "key.pem",
-        "ssl.key",
-        "jaas",
-        "oauthbearer.config",
-        "token",
-        // librdkafka counts the SASL user name as sensitive too; PEMs are never logged.
-        "sasl.username",
-        ".pem",
-    ]
-    .iter()
-    .any(|s| p.contains(s))
+pub use rdkafka_env::is_secret_property;
+
+/// The variables that carry one of ackd's credentials (KAFKA_URL and ACKD_HTTP_URL only
+/// with `user:password@`), besides `ACKD_RDKAFKA_<NAME>` of a secret property: an exec
+/// child gets none of them unless `ACKD_EXEC_PASS_SECRETS` names it.
+pub const SECRET_VARIABLES: &[&str] = &[
+    "KAFKA_URL",
+    security::CLIENT_KEY,
+    security::SASL_USERNAME,
+    security::SASL_PASSWORD,
+    "ACKD_HTTP_HEADERS",
+    "ACKD_HTTP_URL",
+];
+
+/// Whether the variable `name` = `value` carries one of ackd's credentials (see
+/// [`SECRET_VARIABLES`]). Names are read as ackd reads them: `ACKD_` settings in any
+/// case after the prefix.
+pub fn is_secret_variable(name: &str, value: &str) -> bool {
+    if let Some(suffix) = name.strip_prefix(rdkafka_env::PREFIX) {
+        return rdkafka_env::property_from_env(suffix).is_ok_and(|p| is_secret_property(&p));
+    }
+    match variable_name(name).as_str() {
+        "KAFKA_URL" | "ACKD_HTTP_URL" => value.contains('@'),
+        name => SECRET_VARIABLES.contains(&name),
+    }
+}
+
+/// The secrets of one `ACKD_HTTP_HEADERS` line: its value (the whole line if it has no
+/// name), and of an `Authorization` header the credential without its scheme too (only
+/// there: the last word of any other value may be an ordinary word).
+fn header_secrets(line: &str) -> Vec<String> {
+    let (name, value) = line.split_once(':').unwrap_or(("", line));
+    let value = value.trim();
+    let mut secrets = vec![value.to_string()];
+    let name = name.trim().to_ascii_lowercase();
+    if name == "authorization" || name == "proxy-authorization" {
+        if let Some((_, credential)) = value.rsplit_once(' ') {
+            secrets.push(credential.to_string());
+        }
+    }
+    secrets
+}
+
+/// The name ackd reads `name` as: an `ACKD_` setting's in upper case (ackd takes any
+/// case after the prefix), any other as it is.
+pub fn variable_name(name: &str) -> String {
+    match name.strip_prefix("ACKD_") {
+        Some(key) if !name.starts_with(rdkafka_env::PREFIX) => env_name(&key.to_ascii_lowercase()),
+        _ => name.to_string(),
+    }
+}
+
+/// Every value no line may show that `vars` hold, whether or not they make valid
+/// settings: [`crate::secret::register`] gets them before validation, so that not even
+/// a configuration error can show one. Values from a file (`ACKD_CONFIG_FILE`) count
+/// when the file can be read.
+pub fn never_shown_in_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    let vars: HashMap<String, String> = vars.into_iter().collect();
+    let mut settings: HashMap<String, String> = HashMap::new();
+    let mut rdkafka: Vec<(String, String)> = Vec::new();
+    if let Ok(raw) = RawSettings::layer(&vars) {
+        settings.extend(raw.values.iter().map(|(k, v)| (env_name(k), v.clone())));
+        rdkafka.extend(raw.rdkafka.into_iter().map(|(p, v)| (p, v.value)));
+    }
+    for (name, value) in &vars {
+        match name.strip_prefix(rdkafka_env::PREFIX) {
+            Some(suffix) => {
+                if let Ok(property) = rdkafka_env::property_from_env(suffix) {
+                    rdkafka.push((property, value.clone()));
+                }
+            }
+            None if is_secret_variable(name, value) => {
+                settings.insert(variable_name(name), value.clone());
+            }
+            None => {}
+        }
+    }
+    for pem in [security::TRUSTED_CERT, security::CLIENT_CERT] {
+        if let Some(v) = vars.get(pem) {
+            settings.insert(pem.to_string(), v.clone());
+        }
+    }
+    let mut values = Vec::new();
+    for (name, value) in &settings {
+        values.extend(secrets_of_variable(name, value));
+    }
+    values.extend(
+        rdkafka
+            .into_iter()
+            .filter(|(p, _)| is_secret_property(p))
+            .map(|(_, v)| v),
+    );
+    values.retain(|v| !v.trim().is_empty());
+    values.sort();
+    values.dedup();
+    values
+}
+
+/// The secret values one variable holds: the credentials of a URL (as written and
+/// decoded), each header value (and its last word: a token without its scheme), or the
+/// whole value.
+fn secrets_of_variable(name: &str, value: &str) -> Vec<String> {
+    match name {
+        "KAFKA_URL" => kafka_url::user_info_texts(value),
+        "ACKD_HTTP_URL" => match reqwest::Url::parse(value.trim()) {
+            Ok(url) => url
+                .password()
+                .map(|p| [Some(p.to_string()), kafka_url::percent_decode(p).ok()])
+                .into_iter()
+                .flatten()
+                .flatten()
+                .collect(),
+            Err(_) => kafka_url::user_info_texts(value),
+        },
+        "ACKD_HTTP_HEADERS" => value.lines().flat_map(header_secrets).collect(),
+        name if name == security::TRUSTED_CERT
+            || name == security::CLIENT_CERT
+            || SECRET_VARIABLES.contains(&name) =>
+        {
+            vec![value.to_string()]
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// The platform's variables read as they are (not layered: they come from the
@@ -347,6 +454,8 @@ pub struct Settings {
     /// partitions of the topics (src/consumer/memory.rs); 0: off, librdkafka's limits
     /// per partition as configured.
     pub memory_mb: u64,
+    /// `ACKD_EXEC_PASS_SECRETS`: the [`SECRET_VARIABLES`] exec children get anyway.
+    pub exec_pass_secrets: Vec<String>,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
     pub test_delay: crate::processors::delay::Delay,
@@ -791,6 +900,29 @@ impl RawSettings {
         Ok(Some(HttpUrl(url)))
     }
 
+    /// `ACKD_EXEC_PASS_SECRETS`: comma-separated names of secret variables (see
+    /// [`SECRET_VARIABLES`]) that exec children get; any other name is a mistake.
+    fn exec_pass_secrets(&self) -> Result<Vec<String>, SettingError> {
+        let names: Vec<String> = self
+            .get("exec_pass_secrets")
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(variable_name)
+            .collect();
+        match names.iter().find(|n| !is_secret_variable(n, "@")) {
+            None => Ok(names),
+            Some(name) => Err(self.error(
+                "exec_pass_secrets",
+                format!(
+                    "names `{name}`, which ackd does not keep from exec children: expected comma-separated names among {} (the URLs when they carry user:password@) and {}<NAME> of a secret librdkafka property",
+                    SECRET_VARIABLES.join(", "),
+                    rdkafka_env::PREFIX
+                ),
+            )),
+        }
+    }
+
     /// `ACKD_HTTP_HEADERS`: one `Name: value` per line. Errors never show a value (nor
     /// a line, which may be a token without its name).
     fn http_headers(&self) -> Result<Vec<(String, Secret)>, SettingError> {
@@ -1183,6 +1315,7 @@ impl RawSettings {
                 0..=MAX_MEMORY_MB,
                 format!("expected a whole number of MiB from 0 (off) to {MAX_MEMORY_MB}"),
             )? as u64,
+            exec_pass_secrets: self.exec_pass_secrets()?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
                 crate::processors::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
@@ -1872,6 +2005,146 @@ mod tests {
         assert!(!summary.contains("hunter2"), "{summary}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(summary.contains("sasl.password=[redacted]"));
+    }
+
+    /// Every property librdkafka 2.12.1 marks `_RK_SENSITIVE` (rdkafka_env::SENSITIVE):
+    /// never shown, registered for scrubbing (issue 19, item 9). The passphrase and the
+    /// key file of the OAUTHBEARER assertion were shown before: no word of the old list
+    /// matched them.
+    #[test]
+    fn every_property_librdkafka_marks_sensitive_is_a_secret() {
+        for listed in [
+            "sasl.oauthbearer.assertion.private.key.passphrase",
+            "sasl.oauthbearer.assertion.private.key.file",
+        ] {
+            assert!(rdkafka_env::SENSITIVE.contains(&listed), "{listed}");
+        }
+        for property in rdkafka_env::SENSITIVE {
+            assert!(is_secret_property(property), "{property}");
+            let var = rdkafka_env::env_for_property(property);
+            let value = format!("Zq{}Zq", property.len());
+            let s = Settings::from_vars(vars(&[(&var, &value)]))
+                .unwrap_or_else(|e| panic!("{var}: {e}"));
+            assert!(!s.rdkafka_shown().contains(&value), "{}", s.rdkafka_shown());
+            assert!(s.never_shown().contains(&value), "{var}");
+        }
+        // The conservative fallback: a property a later librdkafka adds with a telling name.
+        for property in [
+            "sasl.some.new.passphrase",
+            "https.client.private.key",
+            "sasl.oauthbearer.token.new",
+        ] {
+            assert!(is_secret_property(property), "{property}");
+        }
+        for property in ["session.timeout.ms", "client.id", "sasl.mechanisms"] {
+            assert!(!is_secret_property(property), "{property}");
+        }
+    }
+
+    /// The variables an exec child does not get (issue 19, item 11): ackd's own
+    /// credentials; what is no credential stays.
+    #[test]
+    fn secret_variables_are_told_apart() {
+        for (name, value) in [
+            ("KAFKA_URL", "kafka+sasl-ssl://u:p@h:1"),
+            ("ACKD_SASL_PASSWORD", "p"),
+            ("ACKD_SASL_USERNAME", "u"),
+            ("ACKD_sasl_password", "p"),
+            ("KAFKA_CLIENT_CERT_KEY", "-----BEGIN PRIVATE KEY-----"),
+            ("ACKD_HTTP_HEADERS", "Authorization: Bearer t"),
+            ("ACKD_HTTP_URL", "https://u:p@h/"),
+            ("ACKD_RDKAFKA_SASL_PASSWORD", "p"),
+            (
+                "ACKD_RDKAFKA_SASL_OAUTHBEARER_ASSERTION_PRIVATE_KEY_PASSPHRASE",
+                "p",
+            ),
+        ] {
+            assert!(is_secret_variable(name, value), "{name}");
+        }
+        for (name, value) in [
+            ("KAFKA_URL", "kafka+ssl://h:1"),
+            ("ACKD_HTTP_URL", "https://h/"),
+            ("KAFKA_CLIENT_CERT", "-----BEGIN CERTIFICATE-----"),
+            ("ACKD_TOPICS", "orders"),
+            ("ACKD_RDKAFKA_CLIENT_ID", "x"),
+            ("PATH", "/usr/bin"),
+        ] {
+            assert!(!is_secret_variable(name, value), "{name}");
+        }
+    }
+
+    #[test]
+    fn exec_pass_secrets_names_secret_variables_only() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert!(s.exec_pass_secrets.is_empty());
+        let s = Settings::from_vars(vars(&[(
+            "ACKD_EXEC_PASS_SECRETS",
+            " KAFKA_URL, ACKD_RDKAFKA_SASL_PASSWORD ,",
+        )]))
+        .unwrap();
+        assert_eq!(
+            s.exec_pass_secrets,
+            ["KAFKA_URL", "ACKD_RDKAFKA_SASL_PASSWORD"]
+        );
+        // Named as ackd reads it: any case after ACKD_.
+        let s =
+            Settings::from_vars(vars(&[("ACKD_EXEC_PASS_SECRETS", "ACKD_sasl_Password")])).unwrap();
+        assert_eq!(s.exec_pass_secrets, ["ACKD_SASL_PASSWORD"]);
+        for bad in [
+            "KAFKA_URLL",
+            "ACKD_TOPICS",
+            "ACKD_RDKAFKA_CLIENT_ID",
+            "PATH",
+        ] {
+            let e = err(&[("ACKD_EXEC_PASS_SECRETS", bad)]);
+            assert_eq!(e.setting, "ACKD_EXEC_PASS_SECRETS", "{bad}");
+            assert!(e.problem.contains("KAFKA_CLIENT_CERT_KEY"), "{e}");
+        }
+    }
+
+    /// What can be known secret is known before validation, so that an error line cannot
+    /// carry it either (issue 19, item 10).
+    #[test]
+    fn secrets_are_known_even_when_the_settings_are_invalid() {
+        let raw = vars(&[
+            ("KAFKA_URL", "kafka+sasl-ssl://us%65r1:pa%22ss,w\\d@h:1,x"),
+            ("ACKD_SASL_PASSWORD", "sasl-pw-1"),
+            ("ACKD_sasl_username", "sasl-user-1"),
+            (
+                "ACKD_HTTP_HEADERS",
+                "Authorization: Bearer tok-1\nX-Other: tok-2",
+            ),
+            ("ACKD_HTTP_URL", "https://u:url-pw-1@h/"),
+            (
+                "KAFKA_CLIENT_CERT_KEY",
+                "-----BEGIN PRIVATE KEY-----\nAAAA\n",
+            ),
+            ("ACKD_RDKAFKA_SASL_OAUTHBEARER_CLIENT_SECRET", "oauth-1"),
+            ("ACKD_RDKAFKA_CLIENT_ID", "not-secret"),
+            ("ACKD_ORDERING", "sideways"),
+        ]);
+        assert!(Settings::from_vars(raw.clone()).is_err());
+        let known = never_shown_in_vars(raw);
+        for secret in [
+            "user1",
+            "us%65r1",
+            "pa\"ss,w\\d",
+            "pa%22ss,w\\d",
+            "sasl-pw-1",
+            "sasl-user-1",
+            "Bearer tok-1",
+            "tok-1",
+            "tok-2",
+            "url-pw-1",
+            "oauth-1",
+        ] {
+            assert!(known.iter().any(|k| k == secret), "{secret}: {known:?}");
+        }
+        assert!(known.iter().any(|k| k.contains("AAAA")), "{known:?}");
+        assert!(!known.iter().any(|k| k == "not-secret"), "{known:?}");
+        let known =
+            never_shown_in_vars(vars(&[("ACKD_HTTP_HEADERS", "User-Agent: ackd consumer")]));
+        assert!(!known.iter().any(|k| k == "consumer"), "{known:?}");
     }
 
     #[test]

@@ -53,6 +53,14 @@ pub fn write_pair(out: &mut String, key: &str, value: &str) {
     write_str(out, value);
 }
 
+/// What `value` becomes inside double quotes (without them): the form a secret takes on a
+/// line when its value is quoted, which the scrubber looks for too.
+pub fn escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    escape_into(&mut out, value);
+    out
+}
+
 fn needs_quotes(value: &str) -> bool {
     value.is_empty()
         || value

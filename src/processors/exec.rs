@@ -63,6 +63,8 @@ pub struct ExecConfig {
     pub timeout: Duration,
     /// The longest line read from a child's stdout or stderr, newline excluded.
     pub max_line_bytes: usize,
+    /// `ACKD_EXEC_PASS_SECRETS`: the secret variables children get anyway.
+    pub pass_secrets: Vec<String>,
 }
 
 impl ExecConfig {
@@ -78,6 +80,7 @@ impl ExecConfig {
             concurrency: settings.exec_concurrency,
             timeout: settings.exec_timeout,
             max_line_bytes: settings.exec_max_line_bytes,
+            pass_secrets: settings.exec_pass_secrets.clone(),
         })
     }
 }
@@ -405,6 +408,21 @@ fn signal_group(pid: u32, signal: libc::c_int) {
     }
 }
 
+/// The variables of ackd's environment that carry its credentials
+/// ([`crate::settings::is_secret_variable`]), except those `pass` names.
+fn withheld_variables(pass: &[String]) -> Vec<std::ffi::OsString> {
+    std::env::vars_os()
+        .filter(|(name, value)| {
+            let (Some(name), value) = (name.to_str(), value.to_string_lossy()) else {
+                return false;
+            };
+            crate::settings::is_secret_variable(name, &value)
+                && !pass.contains(&crate::settings::variable_name(name))
+        })
+        .map(|(name, _)| name)
+        .collect()
+}
+
 /// One running child: `sh` and what it started, in one process group. It is gone only
 /// when `sh` has exited **and** its stdout is closed: `sh` may run the handler as its
 /// own child, and a signal meant for every process (Heroku signals the whole dyno) can
@@ -434,7 +452,12 @@ impl Drop for Running {
 
 impl Running {
     fn start(id: usize, config: &ExecConfig) -> std::io::Result<Running> {
-        let mut child = Command::new("sh")
+        let mut command = Command::new("sh");
+        // A handler is often someone else's code: ackd's credentials stay with ackd.
+        for name in withheld_variables(&config.pass_secrets) {
+            command.env_remove(name);
+        }
+        let mut child = command
             .arg("-c")
             .arg(&config.command)
             .stdin(Stdio::piped())
