@@ -7,6 +7,7 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
+pub(crate) mod admission;
 mod concurrent;
 mod skip;
 
@@ -71,6 +72,8 @@ pub struct WorkerShared {
     /// Messages read and not started: waiting for their key or a free call (concurrent
     /// ordering), or `usize::MAX` (partition ordering, where none wait).
     waiting: AtomicUsize,
+    /// The concurrent calls the processor took, oldest first (concurrent ordering).
+    calls: Arc<admission::CallClock>,
 }
 
 impl WorkerShared {
@@ -88,12 +91,25 @@ impl WorkerShared {
             acked_above: Mutex::new(Vec::new()),
             calls_in_flight: AtomicUsize::new(0),
             waiting: AtomicUsize::new(usize::MAX),
+            calls: Arc::default(),
         }
     }
 
-    /// When the processor call under way began (see `output::health`), if one is.
+    /// When the processor call under way began (see `output::health`), if one is: with
+    /// concurrent calls, the oldest one the processor took (not one waiting for it).
     pub fn call_started_ms(&self) -> Option<u64> {
-        Some(self.call_started_ms.load(Ordering::Relaxed)).filter(|t| *t != 0)
+        Some(self.call_started_ms.load(Ordering::Relaxed))
+            .filter(|t| *t != 0)
+            .or_else(|| self.calls.oldest().map(|(ms, _)| ms))
+    }
+
+    /// The offset of the call `call_started_ms` times: the oldest call the processor
+    /// took with concurrent calls, else the one in hand.
+    pub fn oldest_call_offset(&self) -> Option<i64> {
+        self.calls
+            .oldest()
+            .map(|(_, offset)| offset)
+            .or_else(|| self.in_flight())
     }
 
     /// A processor call begins: a load and a store, no clock read (the hot path).
@@ -1110,7 +1126,7 @@ enum Handled {
     Ack,
     /// It failed and the partition stops here.
     Halt,
-    /// Stop was requested during a retry's wait.
+    /// Stop was requested during a retry's wait, or before the processor took the call.
     Interrupted,
 }
 
@@ -1120,7 +1136,7 @@ enum BatchEnd {
     Done,
     /// The partition stops at this offset; the messages before it are acknowledged.
     Halt(i64),
-    /// Stop was requested during a retry's wait.
+    /// Stop was requested during a retry's wait, or before the processor took the call.
     Interrupted,
 }
 
@@ -1154,11 +1170,10 @@ impl<P: Processor> Handler<'_, P> {
         let mut attempt = 1;
         let error = loop {
             let started = self.shared.metrics.stopwatch();
-            self.call_begins();
-            let outcome = AssertUnwindSafe(self.config.processor.process(view))
-                .catch_unwind()
-                .await;
-            self.call_ended();
+            let call = AssertUnwindSafe(self.config.processor.process(view)).catch_unwind();
+            let Some(outcome) = self.attempt(view.offset(), call).await else {
+                return Handled::Interrupted;
+            };
             let took = started.elapsed();
             let error = match outcome {
                 Ok(Ok(())) => {
@@ -1194,11 +1209,10 @@ impl<P: Processor> Handler<'_, P> {
                     .store(first.offset(), Ordering::Release);
             }
             let started = Instant::now();
-            self.call_begins();
-            let outcome = AssertUnwindSafe(self.config.processor.process_batch(rest))
-                .catch_unwind()
-                .await;
-            self.call_ended();
+            let call = AssertUnwindSafe(self.config.processor.process_batch(rest)).catch_unwind();
+            let Some(outcome) = self.attempt(first.offset(), call).await else {
+                return BatchEnd::Interrupted;
+            };
             let took = started.elapsed();
             let (failed_at, error) = match outcome {
                 Ok(Ok(())) => {
@@ -1265,16 +1279,17 @@ impl<P: Processor> Handler<'_, P> {
         BatchEnd::Done
     }
 
-    fn call_begins(&self) {
-        if self.sequential {
-            self.shared.call_begins();
+    /// One attempt of the processor call. The partition's only call times itself;
+    /// a concurrent one starts when the processor takes it, and a stop before that
+    /// drops it (`None`: its messages stay unacknowledged, for the next reader).
+    async fn attempt<F: std::future::Future>(&mut self, offset: i64, call: F) -> Option<F::Output> {
+        if !self.sequential {
+            return admission::admitted(call, &self.shared.calls, offset, self.stop).await;
         }
-    }
-
-    fn call_ended(&self) {
-        if self.sequential {
-            self.shared.call_ended();
-        }
+        self.shared.call_begins();
+        let outcome = call.await;
+        self.shared.call_ended();
+        Some(outcome)
     }
 
     /// Logs a retry of `view` (and the `messages - 1` after it, for a batch) and waits for
