@@ -596,17 +596,26 @@ fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
         .spawn();
     let mut polls = 0;
     let mut not_live = Vec::new();
+    let mut in_flight_seen = Vec::new();
     wait_until(WAIT, || {
         if let Ok(r) = get(port, "/live") {
             polls += 1;
             if r.status != 200 {
                 not_live.push(r.body);
             }
+            in_flight_seen.push(sample(&scrape(port), "ackd_in_flight") as u64);
         }
         ackd.lines().iter().filter(|l| is_processed(l)).count() == 30
     });
     assert!(polls > 0, "/live answered");
     assert!(not_live.is_empty(), "/live said stuck: {not_live:?}");
+    // In flight are the calls the child has: one at a time, the rest wait.
+    in_flight_seen.sort_unstable();
+    in_flight_seen.dedup();
+    assert!(
+        in_flight_seen.contains(&1) && in_flight_seen.iter().all(|n| *n <= 1),
+        "ackd_in_flight seen: {in_flight_seen:?}"
+    );
     let code = {
         ackd.sigterm();
         ackd.wait_exit(WAIT)

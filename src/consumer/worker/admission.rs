@@ -43,6 +43,8 @@ pub(crate) struct CallStart {
     started_ms: AtomicU64,
     /// Its first offset (what `/live` names when it is the oldest).
     offset: i64,
+    /// Its messages (a batch's).
+    messages: usize,
     clock: Arc<CallClock>,
 }
 
@@ -93,7 +95,7 @@ impl CallStart {
             .compare_exchange(STARTED, ENDED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            self.clock.end();
+            self.clock.end(self.messages);
         }
     }
 }
@@ -108,6 +110,8 @@ pub(crate) struct CallClock {
     oldest_ms: AtomicU64,
     oldest_offset: AtomicI64,
     running: AtomicUsize,
+    /// Messages in the running calls.
+    messages: AtomicUsize,
 }
 
 impl CallClock {
@@ -118,10 +122,11 @@ impl CallClock {
             .store(crate::output::health::now_ms(), Ordering::Relaxed);
         started.push_back(call.clone());
         self.running.fetch_add(1, Ordering::Relaxed);
+        self.messages.fetch_add(call.messages, Ordering::Relaxed);
         self.publish(&started);
     }
 
-    fn end(&self) {
+    fn end(&self, messages: usize) {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         while started
             .front()
@@ -130,6 +135,7 @@ impl CallClock {
             started.pop_front();
         }
         self.running.fetch_sub(1, Ordering::Relaxed);
+        self.messages.fetch_sub(messages, Ordering::Relaxed);
         self.publish(&started);
     }
 
@@ -151,6 +157,11 @@ impl CallClock {
     pub(crate) fn running(&self) -> usize {
         self.running.load(Ordering::Relaxed)
     }
+
+    /// Messages in those calls.
+    pub(crate) fn running_messages(&self) -> usize {
+        self.messages.load(Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for CallClock {
@@ -171,18 +182,19 @@ impl Drop for EndOnDrop<'_> {
     }
 }
 
-/// Runs one attempt of a concurrent call (its first offset `offset`). `None`: a stop
+/// Runs one attempt of a concurrent call (of `messages` from `offset`). `None`: a stop
 /// came before the processor took it; it was dropped, unstarted.
 pub(super) async fn admitted<F: Future>(
     call: F,
     clock: &Arc<CallClock>,
-    offset: i64,
+    (offset, messages): (i64, usize),
     stop: &mut watch::Receiver<bool>,
 ) -> Option<F::Output> {
     let start = Arc::new(CallStart {
         state: AtomicU8::new(FRESH),
         started_ms: AtomicU64::new(0),
         offset,
+        messages,
         clock: clock.clone(),
     });
     let _end = EndOnDrop(&start);
@@ -217,6 +229,7 @@ mod tests {
             state: AtomicU8::new(FRESH),
             started_ms: AtomicU64::new(0),
             offset,
+            messages: 1,
             clock: clock.clone(),
         })
     }
@@ -274,23 +287,24 @@ mod tests {
         let mut rx2 = rx.clone();
         let waiting = tokio::spawn({
             let clock = clock.clone();
-            async move { admitted(queued, &clock, 1, &mut rx2).await }
+            async move { admitted(queued, &clock, (1, 1), &mut rx2).await }
         });
         let me = taken_rx.await.unwrap();
         tx.send(true).unwrap();
         assert_eq!(waiting.await.unwrap(), None);
         assert!(!me.take(), "dropped: the processor must not run it");
-        // Started at its first poll: the stop waits for it.
+        // Not polled before the stop: dropped.
         let out = admitted(
             async {
                 tokio::task::yield_now().await;
                 7
             },
             &clock,
-            2,
+            (2, 1),
             &mut rx,
         );
         assert_eq!(out.await, None, "a stop before its first poll drops it");
+        // Started at its first poll: a stop after that waits for it.
         let (tx, mut rx) = watch::channel(false);
         let started = admitted(
             async {
@@ -300,7 +314,7 @@ mod tests {
                 7
             },
             &clock,
-            3,
+            (3, 1),
             &mut rx,
         );
         assert_eq!(started.await, Some(7));

@@ -359,15 +359,15 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         done.end
     }
 
-    /// The lowest offset handed to the processor, how many calls it has, and how many
-    /// messages wait to be handed over.
+    /// The lowest offset handed to the processor, how many messages it has, and how
+    /// many wait to be handed over.
     fn publish_calls(&self, calls: &Calls, waiting: usize) {
         self.shared.waiting.store(waiting, Ordering::Relaxed);
         let lowest = calls.started.values().next().copied().unwrap_or(NONE);
         self.shared.in_flight.store(lowest, Ordering::Release);
         self.shared
-            .calls_in_flight
-            .store(calls.started.len(), Ordering::Relaxed);
+            .handed_over
+            .store(calls.messages, Ordering::Relaxed);
     }
 }
 

@@ -67,10 +67,11 @@ pub struct WorkerShared {
     /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
     /// (only with concurrent ordering: in order, nothing is acknowledged past it).
     acked_above: Mutex<Vec<(i64, i64)>>,
-    /// Processor calls under way (concurrent ordering; see `in_flight_count`).
-    calls_in_flight: AtomicUsize,
-    /// Messages read and not started: waiting for their key or a free call (concurrent
-    /// ordering), or `usize::MAX` (partition ordering, where none wait).
+    /// Messages handed to the processor (concurrent ordering): in calls, or waiting in
+    /// the processor for a child or a permit (see `waiting`).
+    handed_over: AtomicUsize,
+    /// Messages read and not handed to the processor: waiting for their key or a free
+    /// call (concurrent ordering), or `usize::MAX` (partition ordering, where none wait).
     waiting: AtomicUsize,
     /// The concurrent calls the processor took, oldest first (concurrent ordering).
     calls: Arc<admission::CallClock>,
@@ -89,7 +90,7 @@ impl WorkerShared {
             at_end: AtomicBool::new(false),
             call_started_ms: AtomicU64::new(0),
             acked_above: Mutex::new(Vec::new()),
-            calls_in_flight: AtomicUsize::new(0),
+            handed_over: AtomicUsize::new(0),
             waiting: AtomicUsize::new(usize::MAX),
             calls: Arc::default(),
         }
@@ -130,16 +131,23 @@ impl WorkerShared {
         some(self.in_flight.load(Ordering::Acquire))
     }
 
-    /// Processor calls under way now (messages, or batches).
+    /// Processor calls under way now (messages, or batches): with concurrent ordering
+    /// the ones the processor took, not those waiting in it.
     pub fn in_flight_count(&self) -> usize {
-        self.calls_in_flight
-            .load(Ordering::Relaxed)
-            .max(usize::from(self.in_flight().is_some()))
+        match self.waiting() {
+            Some(_) => self.calls.running(),
+            None => usize::from(self.in_flight().is_some()),
+        }
     }
 
-    /// Messages read and waiting to start (concurrent ordering only).
+    /// Messages read and waiting to start (concurrent ordering only): for their key, a
+    /// free call, or a child or permit of the processor.
     pub fn waiting(&self) -> Option<usize> {
-        Some(self.waiting.load(Ordering::Relaxed)).filter(|w| *w != usize::MAX)
+        let unhanded = self.waiting.load(Ordering::Relaxed);
+        (unhanded != usize::MAX).then(|| {
+            let handed = self.handed_over.load(Ordering::Relaxed);
+            unhanded + handed.saturating_sub(self.calls.running_messages())
+        })
     }
 
     pub fn first_offset(&self) -> Option<i64> {
@@ -1171,7 +1179,7 @@ impl<P: Processor> Handler<'_, P> {
         let error = loop {
             let started = self.shared.metrics.stopwatch();
             let call = AssertUnwindSafe(self.config.processor.process(view)).catch_unwind();
-            let Some(outcome) = self.attempt(view.offset(), call).await else {
+            let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
                 return Handled::Interrupted;
             };
             let took = started.elapsed();
@@ -1210,7 +1218,7 @@ impl<P: Processor> Handler<'_, P> {
             }
             let started = Instant::now();
             let call = AssertUnwindSafe(self.config.processor.process_batch(rest)).catch_unwind();
-            let Some(outcome) = self.attempt(first.offset(), call).await else {
+            let Some(outcome) = self.attempt((first.offset(), rest.len()), call).await else {
                 return BatchEnd::Interrupted;
             };
             let took = started.elapsed();
@@ -1282,9 +1290,14 @@ impl<P: Processor> Handler<'_, P> {
     /// One attempt of the processor call. The partition's only call times itself;
     /// a concurrent one starts when the processor takes it, and a stop before that
     /// drops it (`None`: its messages stay unacknowledged, for the next reader).
-    async fn attempt<F: std::future::Future>(&mut self, offset: i64, call: F) -> Option<F::Output> {
+    async fn attempt<F: std::future::Future>(
+        &mut self,
+        (offset, messages): (i64, usize),
+        call: F,
+    ) -> Option<F::Output> {
         if !self.sequential {
-            return admission::admitted(call, &self.shared.calls, offset, self.stop).await;
+            return admission::admitted(call, &self.shared.calls, (offset, messages), self.stop)
+                .await;
         }
         self.shared.call_begins();
         let outcome = call.await;
