@@ -1383,3 +1383,140 @@ for line in sys.stdin:
     );
     assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
 }
+
+/// A handler that takes 1 s a message until the file `fast` exists in `dir`.
+fn slow_until_fast(dir: &Path) -> String {
+    test_handler(
+        dir,
+        "time.sleep(0 if os.path.exists(os.path.join(DIR, 'fast')) else 1)",
+    )
+}
+
+/// `n` messages to each of `partitions`, each with a key of its own (key ordering may
+/// start them all at once).
+fn produce_distinct_keys(topic: &str, partitions: i32, n: usize) {
+    let keys: Vec<(i32, String)> = (0..partitions)
+        .flat_map(|p| (0..n).map(move |i| (p, format!("p{p}-k{i}"))))
+        .collect();
+    let records: Vec<common::Record<'_>> = keys
+        .iter()
+        .map(|(p, k)| (*p, Some(k.as_bytes()), k.as_bytes(), &[][..]))
+        .collect();
+    produce_records(topic, &records);
+}
+
+/// Key ordering with 16 calls a partition and one child (the defaults of both): the
+/// calls the child has not taken wait in the pool. The drain may take 5 s.
+fn queued_behind_one_child(topic: &str, group: &str, command: &str) -> AckdBuilder {
+    exec_ackd(topic, group, command)
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "16")
+        .env("ACKD_EXEC_CONCURRENCY", "1")
+        .env("ACKD_EXEC_TIMEOUT_MS", "3000")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+}
+
+fn drained_complete(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true"))
+}
+
+/// Issue 19.3: SIGTERM with 15 calls queued behind the one child (1 s each, a 5 s
+/// drain): only the call the child has is finished, the queued ones are dropped, the
+/// drain completes (exit 0), the commit covers exactly what was acknowledged, and a
+/// restart handles the rest: each message handled once.
+#[test]
+fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
+    let topic = unique_name("exec-queued-stop");
+    let group = unique_name("g-exec-queued-stop");
+    create_topic(&topic, 1);
+    let dir = work_dir("exec-queued-stop");
+    let command = slow_until_fast(&dir);
+    produce_distinct_keys(&topic, 1, 30);
+
+    let first = queued_behind_one_child(&topic, &group, &command).spawn();
+    first.wait_for_count(is_processed, 2, WAIT);
+    let handled_before = handled(&dir).len();
+    let lines = stop_cleanly(&first);
+    assert!(drained_complete(&lines), "{}", lines.join("\n"));
+    let handled_first = handled(&dir).len();
+    assert!(
+        handled_first <= handled_before + 1,
+        "only the call the child had finished after SIGTERM: {handled_before} before, {handled_first} after"
+    );
+    let acked = processed(&lines).len() as i64;
+    let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    assert_eq!(seen, (0..acked).collect::<Vec<_>>(), "handled is acked");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked));
+
+    std::fs::write(dir.join("fast"), "").unwrap();
+    let second = queued_behind_one_child(&topic, &group, &command).spawn();
+    second.wait_for_count(is_processed, (30 - acked) as usize, WAIT);
+    let lines = stop_cleanly(&second);
+    let mut rest: Vec<i64> = processed(&lines).iter().map(|p| p.1).collect();
+    rest.sort_unstable();
+    assert_eq!(
+        rest,
+        (acked..30).collect::<Vec<_>>(),
+        "the restart did the rest"
+    );
+    let mut seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..30).collect::<Vec<_>>(),
+        "each handled exactly once"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    eprintln!(
+        "queued stop: handled_before_sigterm={handled_before} handled_by_first={handled_first} acked_first={acked}"
+    );
+}
+
+/// Issue 19.3: a revoke (a second member joins) with calls queued behind the first
+/// member's one child: the revoke waits only for the call the child has, the queued
+/// ones go to the new owner, and across both members each message is handled once.
+#[test]
+fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
+    let topic = unique_name("exec-queued-revoke");
+    let group = unique_name("g-exec-queued-revoke");
+    create_topic(&topic, 2);
+    let dir = work_dir("exec-queued-revoke");
+    let command = slow_until_fast(&dir);
+    produce_distinct_keys(&topic, 2, 20);
+
+    let a = queued_behind_one_child(&topic, &group, &command).spawn();
+    a.wait_for_count(is_processed, 2, WAIT);
+    let b = queued_behind_one_child(&topic, &group, &command).spawn();
+    a.wait_for_line(|l| at(l, "revoked"), WAIT);
+    let a_lines = a.lines();
+    assert!(
+        !a_lines.iter().any(|l| at(l, "drain_timeout")),
+        "the revoke waited for queued calls:\n{}",
+        a_lines.join("\n")
+    );
+    std::fs::write(dir.join("fast"), "").unwrap();
+    wait_until(WAIT, || {
+        let mut all: Vec<(i32, i64)> = handled(&dir).iter().map(|h| (h.0, h.1)).collect();
+        all.sort_unstable();
+        all.dedup();
+        all.len() == 40
+    });
+    let (a_lines, b_lines) = (stop_cleanly(&a), stop_cleanly(&b));
+    let mut seen: Vec<(i32, i64)> = handled(&dir).iter().map(|h| (h.0, h.1)).collect();
+    seen.sort_unstable();
+    let expected: Vec<(i32, i64)> = (0..2).flat_map(|p| (0..20).map(move |o| (p, o))).collect();
+    assert_eq!(
+        seen, expected,
+        "each handled exactly once across both members"
+    );
+    let committed = committed(&group, &topic, 2);
+    assert_eq!(committed[&0], Some(20));
+    assert_eq!(committed[&1], Some(20));
+    eprintln!(
+        "queued revoke: a_processed={} b_processed={}",
+        processed(&a_lines).len(),
+        processed(&b_lines).len()
+    );
+}

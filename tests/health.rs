@@ -674,3 +674,73 @@ fn idle_and_slow_connections_are_closed_within_seconds() {
     ackd.sigterm();
     assert_eq!(ackd.wait_exit(WAIT), 0);
 }
+
+/// Issue 19.4: a backlog behind one exec child (key ordering, 16 calls a partition,
+/// 0.5 s a message, a 1 s exec timeout: stuck after 6 s) is no stuck call: `/live` stays
+/// 200 throughout a run of 30 messages (15 s), polled until the last is acknowledged.
+#[test]
+fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
+    let topic = unique_name("health-backlog");
+    let group = unique_name("g-health-backlog");
+    create_topic(&topic, 1);
+    let dir = log_dir().join(unique_name("health-backlog"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let handler = dir.join("handler.py");
+    std::fs::write(
+        &handler,
+        "import json, sys, time\nfor line in sys.stdin:\n    m = json.loads(line)\n    time.sleep(0.5)\n    print(json.dumps({\"ack\": True, \"offset\": m[\"offset\"]}), flush=True)\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let records: Vec<Record<'_>> = keys
+        .iter()
+        .map(|k| (0, Some(k.as_bytes()), k.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&topic, &records);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "exec")
+        .env(
+            "ACKD_EXEC_COMMAND",
+            format!("python3 {}", handler.display()),
+        )
+        .env("ACKD_EXEC_TIMEOUT_MS", "1000")
+        .env("ACKD_EXEC_CONCURRENCY", "1")
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "16")
+        .env("ACKD_HEALTH_PORT", port.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .spawn();
+    let mut polls = 0;
+    let mut not_live = Vec::new();
+    let mut in_flight_seen = Vec::new();
+    wait_until(WAIT, || {
+        if let Ok(r) = get(port, "/live") {
+            polls += 1;
+            if r.status != 200 {
+                not_live.push(r.body);
+            }
+            in_flight_seen.push(sample(&scrape(port), "ackd_in_flight") as u64);
+        }
+        ackd.lines().iter().filter(|l| is_processed(l)).count() == 30
+    });
+    assert!(polls > 0, "/live answered");
+    assert!(not_live.is_empty(), "/live said stuck: {not_live:?}");
+    // In flight are the calls the child has: one at a time, the rest wait.
+    in_flight_seen.sort_unstable();
+    in_flight_seen.dedup();
+    assert!(
+        in_flight_seen.contains(&1) && in_flight_seen.iter().all(|n| *n <= 1),
+        "ackd_in_flight seen: {in_flight_seen:?}"
+    );
+    let code = {
+        ackd.sigterm();
+        ackd.wait_exit(WAIT)
+    };
+    assert_eq!(code, 0, "{}", ackd.lines().join("\n"));
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    eprintln!(
+        "health backlog: live_polls={polls} not_live={}",
+        not_live.len()
+    );
+}

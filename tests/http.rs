@@ -1010,3 +1010,82 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
     );
     assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
 }
+
+/// Issue 19.3: key ordering with 16 calls a partition and `ACKD_HTTP_CONCURRENCY=1`
+/// against an endpoint that takes 1 s: on SIGTERM the drain (5 s) waits only for the
+/// request under way, the ones waiting for the permit are dropped (exit 0, complete),
+/// the commit covers exactly what was acknowledged, and a restart posts the rest: each
+/// message posted once.
+#[test]
+fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() {
+    let topic = unique_name("http-queued-stop");
+    let group = unique_name("g-http-queued-stop");
+    create_topic(&topic, 1);
+    let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let endpoint = {
+        let fast = fast.clone();
+        Endpoint::start(move |_, _| Response {
+            delay: if fast.load(std::sync::atomic::Ordering::SeqCst) {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            },
+            ..ok()
+        })
+    };
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let records: Vec<Record<'_>> = keys
+        .iter()
+        .map(|k| (Some(k.as_bytes()), k.as_bytes(), &[][..]))
+        .collect();
+    produce_values(&topic, &records);
+    let queued = || {
+        http_ackd(&topic, &group, &endpoint.url())
+            .env("ACKD_ORDERING", "key")
+            .env("ACKD_CONCURRENCY", "16")
+            .env("ACKD_HTTP_CONCURRENCY", "1")
+            .env("ACKD_HTTP_TIMEOUT_MS", "3000")
+            .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+    };
+    let first = queued().spawn();
+    first.wait_for_count(is_processed, 2, WAIT);
+    let posted_before = endpoint.requests().len();
+    let lines = stop(&first, 0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true")),
+        "{}",
+        lines.join("\n")
+    );
+    let posted: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
+    assert!(
+        posted.len() <= posted_before + 1,
+        "only the request under way was finished: {posted_before} before SIGTERM, {} after",
+        posted.len()
+    );
+    let mut acked: Vec<i64> = processed(&lines).iter().map(|p| p.1).collect();
+    acked.sort_unstable();
+    assert_eq!(acked, (0..acked.len() as i64).collect::<Vec<_>>());
+    let mut posted_sorted = posted.clone();
+    posted_sorted.sort_unstable();
+    assert_eq!(
+        posted_sorted, acked,
+        "every request posted was acknowledged"
+    );
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked.len() as i64));
+
+    fast.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = queued().spawn();
+    second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
+    stop(&second, 0);
+    let mut all: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..30).collect::<Vec<_>>(), "each posted exactly once");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    eprintln!(
+        "http queued stop: posted_before_sigterm={posted_before} posted_by_first={} acked_first={}",
+        posted.len(),
+        acked.len()
+    );
+}

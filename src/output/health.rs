@@ -258,7 +258,7 @@ impl Health {
                     stuck.push(serde_json::json!({
                         "topic": &*tp.0,
                         "partition": tp.1,
-                        "offset": s.in_flight(),
+                        "offset": s.oldest_call_offset(),
                         "in_call_ms": running,
                     }));
                 }

@@ -42,7 +42,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::processor::{BatchError, FailureKind, Message, ProcessError};
+use crate::processor::{queued, BatchError, FailureKind, Message, ProcessError, Queued};
 use crate::settings::{SettingError, Settings};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
@@ -90,6 +90,8 @@ struct Job {
     line: Vec<u8>,
     sent: Sent,
     reply: oneshot::Sender<Result<(), BatchError>>,
+    /// The call starts when a child takes it, not while it waits for one.
+    queued: Queued,
 }
 
 /// What a request carried, which its reply must name.
@@ -217,7 +219,12 @@ impl Exec {
         let pool = self.pool();
         let first = sent.offsets.first();
         let (reply, answer) = oneshot::channel();
-        let job = Job { line, sent, reply };
+        let job = Job {
+            line,
+            sent,
+            reply,
+            queued: queued(),
+        };
         if pool.jobs.send(job).await.is_err() {
             return Err(BatchError::new(
                 first,
@@ -760,11 +767,13 @@ async fn serve(
             line: request,
             sent,
             reply,
+            queued,
         } = job;
         let offset = sent.offsets.first();
-        if reply.is_closed() {
-            // Its worker was aborted (a drain that ran out of time) while it waited:
-            // the partition may be someone else's now, so it is not handed out.
+        // Its worker dropped it while it waited (a stop or a revoke began before a
+        // child was free), or was aborted (a drain that ran out of time): the partition
+        // may be someone else's now, so it is not handed out.
+        if reply.is_closed() || !queued.take() {
             continue;
         }
         let exchange = async {

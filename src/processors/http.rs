@@ -24,7 +24,7 @@ use base64::Engine as _;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use tokio::sync::Semaphore;
 
-use crate::processor::{BatchError, Message, ProcessError};
+use crate::processor::{queued, BatchError, Message, ProcessError};
 use crate::secret::{Secret, REDACTED};
 use crate::settings::{SettingError, Settings};
 
@@ -224,12 +224,19 @@ impl Http {
             error,
             offset: None,
         };
+        // The call starts when it has a permit, not while it waits for one.
+        let queued = queued();
         // Never closed: acquire fails only if it were.
         let _permit = self
             .permits
             .acquire()
             .await
             .map_err(|_| refused(ProcessError::retryable("http processor is stopped")))?;
+        if !queued.take() {
+            return Err(refused(ProcessError::retryable(
+                "dropped before it was sent: the partition is stopping",
+            )));
+        }
         let mut request = self
             .client
             .post(self.config.url.0.clone())

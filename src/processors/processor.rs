@@ -317,6 +317,35 @@ pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
     ProcessError::permanent(format!("processor panicked: {reason}"))
 }
 
+/// A call waiting in the processor's own queue (for a child, a permit, a connection):
+/// see [`queued`].
+#[must_use = "take the call when it leaves the queue"]
+pub struct Queued(Option<std::sync::Arc<crate::worker::admission::CallStart>>);
+
+impl Queued {
+    /// The processor takes the call now (a child or a permit is free): from here it
+    /// counts as started, and the processor's own timeout should start here too. False:
+    /// ackd dropped the call while it waited (a stop or a revoke began): do not run it;
+    /// its message is redelivered to the partition's next reader.
+    pub fn take(self) -> bool {
+        self.0.as_ref().is_none_or(|call| call.take())
+    }
+}
+
+/// Says that the call being made waits in this processor's queue before it is served;
+/// call it in the call's future, before it waits. Such a call counts as started only at
+/// [`Queued::take`]; a call that never says so counts as started when its future is
+/// first polled.
+///
+/// What that changes (with `ACKD_ORDERING=key` or `none`, where a partition has up to
+/// `ACKD_CONCURRENCY` calls at once): a stop or a revoke waits only for the calls
+/// started, and drops the others (unacknowledged, so redelivered); the health endpoint
+/// counts a call's time from its start. Outside such a call (partition ordering, a
+/// direct call) it does nothing and `take` says true.
+pub fn queued() -> Queued {
+    Queued(crate::worker::admission::CallStart::queue_current())
+}
+
 /// The user's logic. One call per message (or per batch, see
 /// [`Processor::process_batch`]). With `ACKD_ORDERING=partition` (the default) calls for
 /// one partition never overlap and come in offset order; with `key`, calls for one key
@@ -324,6 +353,12 @@ pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
 /// overlap (up to `ACKD_CONCURRENCY`, as futures of the partition's one task: they run
 /// in parallel only where they await); with `none` any call may overlap another.
 /// Calls for different partitions run concurrently.
+///
+/// A call counts as started (a stop or a revoke waits for it, `/live` times it) once
+/// its future was first polled, or, for a processor that queues calls before it serves
+/// them (a pool, a limit on requests), from [`Queued::take`] (see [`queued`]). A call
+/// not started when a stop or a revoke begins is dropped: its future is dropped, its
+/// message stays unacknowledged and goes to the partition's next reader.
 ///
 /// Return `Ok(())` to acknowledge: the offset becomes committable. A message is never
 /// committed before its call returned `Ok`, so work that must not be lost has to be done

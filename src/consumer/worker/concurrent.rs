@@ -15,7 +15,15 @@
 //! ```
 //! A stop or a halt starts nothing new: the calls under way finish, the messages that
 //! had not started stay unacknowledged (the committed offset stops before the first of
-//! them; the acknowledged ones above it are named in the commit's metadata).
+//! them; the acknowledged ones above it are named in the commit's metadata). A call
+//! waiting in the processor (for a child, an http permit) has not started: a stop drops
+//! it (see [`super::admission`]).
+//!
+//! The partition hands the processor calls beyond what it can serve at once: its pool
+//! is shared by every partition, so no cap of one partition's calls fits it (a
+//! partition alone would leave children idle under any cap below the pool's size,
+//! and partitions together exceed any cap above it); calls waiting in the pool cost a
+//! stop nothing, and the pool finds the next call ready when a child answers.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -98,10 +106,11 @@ fn drop_not_started<T>(order: &mut KeyOrder<T>, open: &mut Option<Open<'_>>) {
     *open = None;
 }
 
-/// The calls under way: when each began (health clock) and its first offset.
+/// The calls handed to the processor, by id (ids follow offsets): their first offsets.
+/// When each began is the processor's to say (`WorkerShared::calls`).
 #[derive(Default)]
 struct Calls {
-    started: BTreeMap<UnitId, (i64, u64)>,
+    started: BTreeMap<UnitId, i64>,
     /// Messages in the calls under way.
     messages: usize,
 }
@@ -127,10 +136,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                         break;
                     };
                     calls.messages += unit.messages().len();
-                    calls.started.insert(
-                        id,
-                        (unit.messages()[0].offset(), crate::output::health::now_ms()),
-                    );
+                    calls.started.insert(id, unit.messages()[0].offset());
                     running.push(self.call(id, unit, stop.clone()));
                 }
             }
@@ -353,17 +359,15 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         done.end
     }
 
-    /// The oldest call under way (its offset, and when it began for the health
-    /// endpoint), how many there are, and how many messages wait to start.
+    /// The lowest offset handed to the processor, how many messages it has, and how
+    /// many wait to be handed over.
     fn publish_calls(&self, calls: &Calls, waiting: usize) {
         self.shared.waiting.store(waiting, Ordering::Relaxed);
-        let oldest = calls.started.values().next().map_or(NONE, |(o, _)| *o);
-        self.shared.in_flight.store(oldest, Ordering::Release);
-        let began = calls.started.values().map(|(_, t)| *t).min().unwrap_or(0);
-        self.shared.call_started_ms.store(began, Ordering::Relaxed);
+        let lowest = calls.started.values().next().copied().unwrap_or(NONE);
+        self.shared.in_flight.store(lowest, Ordering::Release);
         self.shared
-            .calls_in_flight
-            .store(calls.started.len(), Ordering::Relaxed);
+            .handed_over
+            .store(calls.messages, Ordering::Relaxed);
     }
 }
 

@@ -7,6 +7,7 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
+pub(crate) mod admission;
 mod concurrent;
 mod skip;
 
@@ -66,11 +67,14 @@ pub struct WorkerShared {
     /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
     /// (only with concurrent ordering: in order, nothing is acknowledged past it).
     acked_above: Mutex<Vec<(i64, i64)>>,
-    /// Processor calls under way (concurrent ordering; see `in_flight_count`).
-    calls_in_flight: AtomicUsize,
-    /// Messages read and not started: waiting for their key or a free call (concurrent
-    /// ordering), or `usize::MAX` (partition ordering, where none wait).
+    /// Messages handed to the processor (concurrent ordering): in calls, or waiting in
+    /// the processor for a child or a permit (see `waiting`).
+    handed_over: AtomicUsize,
+    /// Messages read and not handed to the processor: waiting for their key or a free
+    /// call (concurrent ordering), or `usize::MAX` (partition ordering, where none wait).
     waiting: AtomicUsize,
+    /// The concurrent calls the processor took, oldest first (concurrent ordering).
+    calls: Arc<admission::CallClock>,
 }
 
 impl WorkerShared {
@@ -86,14 +90,27 @@ impl WorkerShared {
             at_end: AtomicBool::new(false),
             call_started_ms: AtomicU64::new(0),
             acked_above: Mutex::new(Vec::new()),
-            calls_in_flight: AtomicUsize::new(0),
+            handed_over: AtomicUsize::new(0),
             waiting: AtomicUsize::new(usize::MAX),
+            calls: Arc::default(),
         }
     }
 
-    /// When the processor call under way began (see `output::health`), if one is.
+    /// When the processor call under way began (see `output::health`), if one is: with
+    /// concurrent calls, the oldest one the processor took (not one waiting for it).
     pub fn call_started_ms(&self) -> Option<u64> {
-        Some(self.call_started_ms.load(Ordering::Relaxed)).filter(|t| *t != 0)
+        Some(self.call_started_ms.load(Ordering::Relaxed))
+            .filter(|t| *t != 0)
+            .or_else(|| self.calls.oldest().map(|(ms, _)| ms))
+    }
+
+    /// The offset of the call `call_started_ms` times: the oldest call the processor
+    /// took with concurrent calls, else the one in hand.
+    pub fn oldest_call_offset(&self) -> Option<i64> {
+        self.calls
+            .oldest()
+            .map(|(_, offset)| offset)
+            .or_else(|| self.in_flight())
     }
 
     /// A processor call begins: a load and a store, no clock read (the hot path).
@@ -114,16 +131,23 @@ impl WorkerShared {
         some(self.in_flight.load(Ordering::Acquire))
     }
 
-    /// Processor calls under way now (messages, or batches).
+    /// Processor calls under way now (messages, or batches): with concurrent ordering
+    /// the ones the processor took, not those waiting in it.
     pub fn in_flight_count(&self) -> usize {
-        self.calls_in_flight
-            .load(Ordering::Relaxed)
-            .max(usize::from(self.in_flight().is_some()))
+        match self.waiting() {
+            Some(_) => self.calls.running(),
+            None => usize::from(self.in_flight().is_some()),
+        }
     }
 
-    /// Messages read and waiting to start (concurrent ordering only).
+    /// Messages read and waiting to start (concurrent ordering only): for their key, a
+    /// free call, or a child or permit of the processor.
     pub fn waiting(&self) -> Option<usize> {
-        Some(self.waiting.load(Ordering::Relaxed)).filter(|w| *w != usize::MAX)
+        let unhanded = self.waiting.load(Ordering::Relaxed);
+        (unhanded != usize::MAX).then(|| {
+            let handed = self.handed_over.load(Ordering::Relaxed);
+            unhanded + handed.saturating_sub(self.calls.running_messages())
+        })
     }
 
     pub fn first_offset(&self) -> Option<i64> {
@@ -1110,7 +1134,7 @@ enum Handled {
     Ack,
     /// It failed and the partition stops here.
     Halt,
-    /// Stop was requested during a retry's wait.
+    /// Stop was requested during a retry's wait, or before the processor took the call.
     Interrupted,
 }
 
@@ -1120,7 +1144,7 @@ enum BatchEnd {
     Done,
     /// The partition stops at this offset; the messages before it are acknowledged.
     Halt(i64),
-    /// Stop was requested during a retry's wait.
+    /// Stop was requested during a retry's wait, or before the processor took the call.
     Interrupted,
 }
 
@@ -1154,11 +1178,10 @@ impl<P: Processor> Handler<'_, P> {
         let mut attempt = 1;
         let error = loop {
             let started = self.shared.metrics.stopwatch();
-            self.call_begins();
-            let outcome = AssertUnwindSafe(self.config.processor.process(view))
-                .catch_unwind()
-                .await;
-            self.call_ended();
+            let call = AssertUnwindSafe(self.config.processor.process(view)).catch_unwind();
+            let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
+                return Handled::Interrupted;
+            };
             let took = started.elapsed();
             let error = match outcome {
                 Ok(Ok(())) => {
@@ -1194,11 +1217,10 @@ impl<P: Processor> Handler<'_, P> {
                     .store(first.offset(), Ordering::Release);
             }
             let started = Instant::now();
-            self.call_begins();
-            let outcome = AssertUnwindSafe(self.config.processor.process_batch(rest))
-                .catch_unwind()
-                .await;
-            self.call_ended();
+            let call = AssertUnwindSafe(self.config.processor.process_batch(rest)).catch_unwind();
+            let Some(outcome) = self.attempt((first.offset(), rest.len()), call).await else {
+                return BatchEnd::Interrupted;
+            };
             let took = started.elapsed();
             let (failed_at, error) = match outcome {
                 Ok(Ok(())) => {
@@ -1265,16 +1287,22 @@ impl<P: Processor> Handler<'_, P> {
         BatchEnd::Done
     }
 
-    fn call_begins(&self) {
-        if self.sequential {
-            self.shared.call_begins();
+    /// One attempt of the processor call. The partition's only call times itself;
+    /// a concurrent one starts when the processor takes it, and a stop before that
+    /// drops it (`None`: its messages stay unacknowledged, for the next reader).
+    async fn attempt<F: std::future::Future>(
+        &mut self,
+        (offset, messages): (i64, usize),
+        call: F,
+    ) -> Option<F::Output> {
+        if !self.sequential {
+            return admission::admitted(call, &self.shared.calls, (offset, messages), self.stop)
+                .await;
         }
-    }
-
-    fn call_ended(&self) {
-        if self.sequential {
-            self.shared.call_ended();
-        }
+        self.shared.call_begins();
+        let outcome = call.await;
+        self.shared.call_ended();
+        Some(outcome)
     }
 
     /// Logs a retry of `view` (and the `messages - 1` after it, for a batch) and waits for
