@@ -1,5 +1,5 @@
 //! Issue 14, item 3, on Apache Kafka: with concurrent ordering, the offsets acknowledged
-//! above the committed one travel in the commit's metadata (`;acked=`, relative to the
+//! above the committed one travel in the commit's metadata (`;a=`, relative to the
 //! committed offset), and after a SIGKILL the next owner skips them: only the messages
 //! that were in flight come again.
 //!
@@ -115,7 +115,7 @@ fn crash_and_resume(
     let killed = member(&topic, &group, 600_000);
     wait_until(WAIT, || {
         let (o, m) = stored(&group, &topic);
-        o == Some(first_stuck) && m.contains(";acked=")
+        o == Some(first_stuck) && m.contains(";a=")
     });
     delivered.extend(produce_with_stuck(&topic, n / 2, n, stuck));
     killed.wait_for_count(is_processed, (n as usize) - stuck.len(), WAIT);
