@@ -420,34 +420,37 @@ fn processed_offsets(lines: &[String]) -> Vec<i64> {
 /// The first sequence: a tool (MirrorMaker 2's offset sync, an admin client's
 /// alterConsumerGroupOffsets) set the group's offset to 5 and kept metadata that an
 /// older ackd wrote beside another offset. Its ranges name offsets relative to an
-/// offset it does not record: nothing may be skipped.
+/// offset it does not record: nothing may be skipped. Likewise metadata of a later
+/// ackd's format (here with a field this one does not know), and this format's cut
+/// short (no `end`), even beside the offset it names.
 #[test]
 fn metadata_moved_to_another_offset_skips_nothing() {
-    let topic = unique_name("meta-moved");
-    let group = unique_name("g-meta-moved");
-    create_topic(&topic, 1);
-    produce_numbered_keyed(&topic, 0, 80);
-    let bootstrap = broker().bootstrap();
-    commit_raw_metadata_on(
-        &bootstrap,
-        &group,
-        &topic,
-        0,
-        5,
-        b"ackd:processed=29;acked=1-9;released",
-    );
-    let lines = run_to_end(&topic, &group, &[]);
-    let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
-    assert_eq!(int(assigned, "acked_above"), None, "{assigned}");
-    assert_eq!(
-        field(assigned, "metadata").as_deref(),
-        Some("old_format"),
-        "{assigned}"
-    );
-    assert!(!lines.iter().any(|l| at(l, "resume_skipped")), "{lines:?}");
-    assert_eq!(processed_offsets(&lines), (5..80).collect::<Vec<_>>());
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
-    eprintln!("metadata moved to offset 5: processed 5..80 once each (75), skipped 0, committed 80, exit 0");
+    for (metadata, state) in [
+        (&b"ackd:processed=29;acked=1-9;released"[..], "old_format"),
+        (b"ackd/3:o=5;p=29;a=1-9;L=4;r;end", "newer_format"),
+        (b"ackd/2:o=5;p=29;a=1-9", "foreign"),
+    ] {
+        let topic = unique_name("meta-moved");
+        let group = unique_name("g-meta-moved");
+        create_topic(&topic, 1);
+        produce_numbered_keyed(&topic, 0, 80);
+        commit_raw_metadata_on(&broker().bootstrap(), &group, &topic, 0, 5, metadata);
+        let lines = run_to_end(&topic, &group, &[]);
+        let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+        assert_eq!(int(assigned, "acked_above"), None, "{assigned}");
+        assert_eq!(
+            field(assigned, "metadata").as_deref(),
+            Some(state),
+            "{assigned}"
+        );
+        assert!(!lines.iter().any(|l| at(l, "resume_skipped")), "{lines:?}");
+        assert_eq!(processed_offsets(&lines), (5..80).collect::<Vec<_>>());
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+        eprintln!(
+            "metadata {:?} beside offset 5: metadata={state}, processed 5..80 once each (75), skipped 0, committed 80, exit 0",
+            String::from_utf8_lossy(metadata)
+        );
+    }
 }
 
 /// The second sequence: ackd's own metadata (a key-ordered run SIGKILLed while
