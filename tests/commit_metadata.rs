@@ -544,51 +544,75 @@ fn predecessor_metadata(offset: i64, processed: i64, acked: &str, released: bool
 }
 
 /// Item 16: the ranges a key-ordered predecessor left survive the commits of a next
-/// owner under partition ordering that has not reached them yet, and its crash: the
-/// third owner still skips them.
+/// owner that has not passed them yet, and its crash: the third owner still skips them.
+/// Offset 10 fails once, and the next owner waits minutes to retry it: under partition
+/// ordering it stops there; under key ordering it also finishes 11..=19 and skips
+/// 20..=59 meanwhile.
 #[test]
 fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
-    let topic = unique_name("meta-inherit");
-    let group = unique_name("g-meta-inherit");
-    create_topic(&topic, 1);
-    let gate = log_dir().join(format!("{group}.gate"));
-    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..60)
-        .map(|i| match i {
-            10 => (None, format!("block:{}", gate.display()).into_bytes()),
-            _ => (None, b"ok".to_vec()),
-        })
-        .collect();
-    produce(&topic, &messages);
-    // The predecessor acknowledged 20..=59 above its commit at 0, then crashed.
-    let bootstrap = broker().bootstrap();
-    let inherited = predecessor_metadata(0, 59, "20-59", false);
-    commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 0, inherited.as_bytes());
+    for (ordering, named, first) in [
+        ("partition", "a=10-49", (0..10).collect::<Vec<i64>>()),
+        ("key", "a=1-49", (0..20).filter(|o| *o != 10).collect()),
+    ] {
+        let topic = unique_name("meta-inherit");
+        let group = unique_name("g-meta-inherit");
+        create_topic(&topic, 1);
+        let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..60)
+            .map(|i| match i {
+                10 => (None, b"retry:1".to_vec()),
+                _ => (Some(format!("k{i}").into_bytes()), b"ok".to_vec()),
+            })
+            .collect();
+        produce(&topic, &messages);
+        // The predecessor acknowledged 20..=59 above its commit at 0, then crashed.
+        let bootstrap = broker().bootstrap();
+        let inherited = predecessor_metadata(0, 59, "20-59", false);
+        commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 0, inherited.as_bytes());
 
-    let next = AckdBuilder::new(&topic, &group)
-        .env("ACKD_PROCESSOR", "faulty")
-        .env("ACKD_COMMIT_INTERVAL_MS", "200")
-        .spawn();
-    next.wait_for_line(|l| at(l, "test_blocked"), WAIT);
-    let stored = || committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
-    wait_until(WAIT, || stored().0 == Some(10));
-    let (_, metadata) = stored();
-    let metadata = String::from_utf8(metadata).unwrap();
-    next.sigkill();
-    assert_eq!(next.wait_exit(WAIT), 128 + libc::SIGKILL);
-    let first = next.lines();
-    assert_eq!(processed_offsets(&first), (0..10).collect::<Vec<_>>());
-    assert!(metadata.contains(";a=10-49;"), "{metadata}");
+        let next = AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "faulty")
+            .env("ACKD_ORDERING", ordering)
+            .env("ACKD_COMMIT_INTERVAL_MS", "200")
+            .env("ACKD_RETRY_INITIAL_MS", "600000")
+            .env("ACKD_RETRY_MAX_MS", "600000")
+            .spawn();
+        next.wait_for_line(|l| at(l, "retry"), WAIT);
+        next.wait_for_count(is_processed, first.len(), WAIT);
+        // Offset 10 committed, and the commits after the last message finished.
+        let want = format!("ackd/2:o=10;p=59;{named};end");
+        let stored = || committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        let mut got = stored();
+        while got != (Some(10), want.clone().into_bytes()) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+            got = stored();
+        }
+        let metadata = String::from_utf8(got.1).unwrap();
+        next.sigkill();
+        assert_eq!(next.wait_exit(WAIT), 128 + libc::SIGKILL);
+        assert_eq!(processed_offsets(&next.lines()), first, "{ordering}");
+        assert_eq!(
+            (got.0, metadata.as_str()),
+            (Some(10), want.as_str()),
+            "{ordering}"
+        );
 
-    std::fs::write(&gate, b"").unwrap();
-    let lines = run_to_end(&topic, &group, &[]);
-    let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
-    assert_eq!(int(assigned, "acked_above"), Some(40), "{assigned}");
-    assert_eq!(processed_offsets(&lines), (10..20).collect::<Vec<_>>());
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
-    eprintln!(
-        "inherited ranges 20..=59: the next owner (partition ordering) committed 10 with {metadata:?}, was SIGKILLed; \
-         the third processed 10..20 and skipped 40: each message processed once"
-    );
+        let lines = run_to_end(&topic, &group, &[("ACKD_RETRY_INITIAL_MS", "20")]);
+        let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+        // Offsets 10..=59 are the previous owners': processed again, or skipped.
+        let again: Vec<i64> = (10..20).filter(|o| !first.contains(o)).collect();
+        assert_eq!(
+            int(assigned, "acked_above"),
+            Some(50 - again.len() as i64),
+            "{assigned}"
+        );
+        assert_eq!(processed_offsets(&lines), again, "{ordering}");
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+        eprintln!(
+            "inherited ranges 20..=59, next owner under {ordering} ordering: committed {metadata:?}, SIGKILLed; \
+             the third processed {again:?} and skipped the rest: each message processed once"
+        );
+    }
 }
 
 /// Item 2: a topic deleted and created again under the same name. Kafka 4.4's group
