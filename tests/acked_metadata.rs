@@ -1,5 +1,5 @@
 //! Issue 14, item 3, on Apache Kafka: with concurrent ordering, the offsets acknowledged
-//! above the committed one travel in the commit's metadata (`;acked=`, relative to the
+//! above the committed one travel in the commit's metadata (`;a=`, relative to the
 //! committed offset), and after a SIGKILL the next owner skips them: only the messages
 //! that were in flight come again.
 //!
@@ -70,7 +70,7 @@ fn stored(group: &str, topic: &str) -> (Option<i64>, String) {
 /// The absolute offsets an `acked=` value relative to `committed` names (the harness's
 /// own reading of the documented format).
 fn acked_offsets(committed: i64, metadata: &str) -> BTreeSet<i64> {
-    let Some(value) = metadata.split(';').find_map(|f| f.strip_prefix("acked=")) else {
+    let Some(value) = metadata.split(';').find_map(|f| f.strip_prefix("a=")) else {
         return BTreeSet::new();
     };
     value
@@ -115,7 +115,7 @@ fn crash_and_resume(
     let killed = member(&topic, &group, 600_000);
     wait_until(WAIT, || {
         let (o, m) = stored(&group, &topic);
-        o == Some(first_stuck) && m.contains(";acked=")
+        o == Some(first_stuck) && m.contains(";a=")
     });
     delivered.extend(produce_with_stuck(&topic, n / 2, n, stuck));
     killed.wait_for_count(is_processed, (n as usize) - stuck.len(), WAIT);
@@ -213,7 +213,7 @@ fn after_a_sigkill_only_the_messages_in_flight_are_processed_again() {
     const N: i64 = 300;
     let stuck: BTreeSet<i64> = [10, 150].into();
     // Committed 10 (10 is in flight), acked 11..=149 and 151..=299, relative 1-139,141-289.
-    let want = "ackd:processed=299;acked=1-139,141-289";
+    let want = "ackd/2:o=10;p=299;a=1-139,141-289;end";
     let crash = crash_and_resume(N, &stuck, |(o, m)| *o == Some(10) && m == want);
     assert_eq!((crash.committed, crash.metadata.as_str()), (10, want));
     let (skipped, redelivered) = crash.check(N);
@@ -240,7 +240,7 @@ fn ranges_the_broker_refuses_cost_redelivery_never_a_commit() {
     // 50 stuck messages, 8 apart: "1-7,9-15,...,385-391,393-595": some 360 bytes of ranges.
     let stuck: BTreeSet<i64> = (0..50).map(|i| 5 + 8 * i).collect();
     let crash = crash_and_resume(N, &stuck, |(o, m)| {
-        *o == Some(5) && m.contains(";acked=") && m.starts_with("ackd:processed=599;")
+        *o == Some(5) && m.contains(";a=") && m.starts_with("ackd/2:o=5;p=599;")
     });
     assert!(crash.metadata.len() <= METADATA_MAX, "{}", crash.metadata);
     let dropped: Vec<&String> = crash
@@ -288,7 +288,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
         &topic,
         0,
         10,
-        b"ackd:processed=15;acked=2-5",
+        b"ackd/2:o=10;p=15;a=2-5;end",
     );
     let ackd = member(&topic, &group, 20);
     let assigned = ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
@@ -315,7 +315,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
     );
     assert_eq!(
         stored(&group, &topic),
-        (Some(20), "ackd:processed=19;released".into())
+        (Some(20), "ackd/2:o=20;p=19;r;end".into())
     );
     eprintln!("acked metadata after a reset back from 10 to 0: 20 processed, 0 skipped, lost 0");
 }
@@ -361,7 +361,7 @@ fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     );
     assert_eq!(
         metadata,
-        format!("ackd:processed={highest};acked=1-{};released", highest - 10),
+        format!("ackd/2:o=10;p={highest};a=1-{};r;end", highest - 10),
         "finished above 10: {above:?}"
     );
     assert_eq!(acked_offsets(10, &metadata), above);

@@ -122,7 +122,11 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
         let last = &last_commits[&p];
         assert_eq!(*c, int(last, "offset"), "partition {p}: {last}");
         let c = c.unwrap();
-        assert_eq!(metadata, &format!("ackd:processed={}", c - 1), "periodic");
+        assert_eq!(
+            metadata,
+            &format!("ackd/2:o={c};p={};end", c - 1),
+            "periodic"
+        );
         assert_eq!(int(line, "offset"), Some(c), "{line}");
         assert_eq!(int(line, "highest_processed"), Some(c - 1), "{line}");
         // The killed process processed on after its last commit; no commit says how far.
@@ -151,7 +155,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     for (p, end) in &ends {
         assert_eq!(
             stored[p],
-            (Some(*end), format!("ackd:processed={};released", end - 1)),
+            (Some(*end), format!("ackd/2:o={end};p={};r;end", end - 1)),
             "partition {p}"
         );
     }
@@ -316,7 +320,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     create_topic(&topic, 1);
     let delivered = produce_numbered_keyed(&topic, 0, 10);
     // A previous owner that had processed through 7 when it released the partition at 4.
-    commit_by_hand(&group, &topic, 4, "ackd:processed=7;released");
+    commit_by_hand(&group, &topic, 4, "ackd/2:o=4;p=7;r;end");
 
     let run = AckdBuilder::new(&topic, &group).spawn();
     let assigned = run.wait_for_line(|l| at(l, "assigned"), WAIT);
@@ -329,7 +333,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
     assert_eq!(
         committed_with_metadata(&group, &topic, 1)[&0],
-        (Some(10), "ackd:processed=9;released".to_string())
+        (Some(10), "ackd/2:o=10;p=9;r;end".to_string())
     );
 }
 
@@ -376,11 +380,282 @@ fn metadata_another_client_wrote_is_ignored() {
     // ackd's own commit replaces the foreign metadata with its own.
     assert_eq!(
         committed_raw_metadata_on(&bootstrap, &group, &topic, 0),
-        (Some(10), b"ackd:processed=9;released".to_vec())
+        (Some(10), b"ackd/2:o=10;p=9;r;end".to_vec())
     );
     eprintln!(
         "foreign metadata: resumed at 4, processed {} messages, exit {code}, {:?}",
         offsets.len(),
         started.elapsed()
+    );
+}
+
+// Issue 19, items 1, 2 and 16: commit metadata that does not describe the offset it sits
+// beside (moved by a tool, copied from another group, left by another ackd version) must
+// never make ackd skip a message; metadata that does keeps its ranges across owners.
+
+/// Runs ackd on `topic`/`group` (partition ordering unless `env` says otherwise) until
+/// the log's end as it is now, and returns its lines, having checked it exited 0.
+fn run_to_end(topic: &str, group: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let mut builder = AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_COMMIT_INTERVAL_MS", "200");
+    for (k, v) in env {
+        builder = builder.env(*k, *v);
+    }
+    let ackd = builder.spawn();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    assert_eq!(code, 0, "{}", lines.join("\n"));
+    lines
+}
+
+/// The offsets `lines` processed, each as often as it was.
+fn processed_offsets(lines: &[String]) -> Vec<i64> {
+    let mut got: Vec<i64> = processed(lines).into_iter().map(|(_, o)| o).collect();
+    got.sort_unstable();
+    got
+}
+
+/// The issue's first sequence: a tool (MirrorMaker 2's offset sync, an admin client's
+/// alterConsumerGroupOffsets) set the group's offset to 5 and kept metadata that an
+/// older ackd wrote beside another offset. Its ranges name offsets relative to an
+/// offset it does not record: nothing may be skipped. Likewise metadata of a later
+/// ackd's format (here with a field this one does not know), and this format's cut
+/// short (no `end`), even beside the offset it names.
+#[test]
+fn metadata_moved_to_another_offset_skips_nothing() {
+    for (metadata, state) in [
+        (&b"ackd:processed=29;acked=1-9;released"[..], "old_format"),
+        (b"ackd/3:o=5;p=29;a=1-9;L=4;r;end", "newer_format"),
+        (b"ackd/2:o=5;p=29;a=1-9", "foreign"),
+    ] {
+        let topic = unique_name("meta-moved");
+        let group = unique_name("g-meta-moved");
+        create_topic(&topic, 1);
+        produce_numbered_keyed(&topic, 0, 80);
+        commit_raw_metadata_on(&broker().bootstrap(), &group, &topic, 0, 5, metadata);
+        let lines = run_to_end(&topic, &group, &[]);
+        let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+        assert_eq!(int(assigned, "acked_above"), None, "{assigned}");
+        assert_eq!(
+            field(assigned, "metadata").as_deref(),
+            Some(state),
+            "{assigned}"
+        );
+        assert!(!lines.iter().any(|l| at(l, "resume_skipped")), "{lines:?}");
+        assert_eq!(processed_offsets(&lines), (5..80).collect::<Vec<_>>());
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+        eprintln!(
+            "metadata {:?} beside offset 5: metadata={state}, processed 5..80 once each (75), skipped 0, committed 80, exit 0",
+            String::from_utf8_lossy(metadata)
+        );
+    }
+}
+
+/// The issue's second sequence: ackd's own metadata (a key-ordered run SIGKILLed while
+/// offset 20 was held, its ranges naming 21..=79) copied byte for byte beside offset 5
+/// of another group, as MirrorMaker 2 writes a translated offset with the upstream
+/// metadata. The copy skips nothing; the original still skips what it names.
+#[test]
+fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
+    let topic = unique_name("meta-copied");
+    let (group, copy) = (unique_name("g-meta-orig"), unique_name("g-meta-copy"));
+    create_topic(&topic, 1);
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..80)
+        .map(|i| match i {
+            20 => (Some(b"stuck".to_vec()), b"retry:1".to_vec()),
+            _ => (Some(format!("k{}", i % 7).into_bytes()), b"ok".to_vec()),
+        })
+        .collect();
+    produce(&topic, &messages);
+    let held = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_COMMIT_INTERVAL_MS", "200")
+        .env("ACKD_RETRY_INITIAL_MS", "600000")
+        .env("ACKD_RETRY_MAX_MS", "600000")
+        .spawn();
+    held.wait_for_count(is_processed, 79, WAIT);
+    let bootstrap = broker().bootstrap();
+    let stored = || committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+    wait_until(WAIT, || {
+        let (o, m) = stored();
+        o == Some(20) && String::from_utf8_lossy(&m).contains(";a=1-59;")
+    });
+    held.sigkill();
+    assert_eq!(held.wait_exit(WAIT), 128 + libc::SIGKILL);
+    let (_, metadata) = stored();
+    commit_raw_metadata_on(&bootstrap, &copy, &topic, 0, 5, &metadata);
+
+    let lines = run_to_end(&topic, &copy, &[("ACKD_RETRY_INITIAL_MS", "20")]);
+    let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+    assert_eq!(int(assigned, "acked_above"), None, "{assigned}");
+    assert_eq!(
+        field(assigned, "metadata").as_deref(),
+        Some("stale"),
+        "{assigned}"
+    );
+    let got = processed_offsets(&lines);
+    assert_eq!(got, (5..80).collect::<Vec<_>>(), "{lines:?}");
+    assert_eq!(committed(&copy, &topic, 1)[&0], Some(80));
+
+    // The original, beside the offset it was committed with, skips 21..=79.
+    let lines = run_to_end(&topic, &group, &[("ACKD_RETRY_INITIAL_MS", "20")]);
+    assert_eq!(processed_offsets(&lines), vec![20], "{lines:?}");
+    eprintln!(
+        "ackd metadata {:?} copied beside offset 5 of another group: processed 5..80 (75), skipped 0, committed 80; \
+         beside its own offset 20: processed 20 alone, 59 skipped",
+        String::from_utf8_lossy(&metadata)
+    );
+}
+
+/// Some clients (confluent-kafka-python's AdminClient and `Consumer.commit`) store
+/// metadata with a trailing NUL byte. Trailing NULs are trimmed before the strict
+/// parse: ackd's metadata so stored reads as written.
+#[test]
+fn metadata_with_a_trailing_nul_reads_as_written() {
+    let topic = unique_name("meta-nul");
+    let group = unique_name("g-meta-nul");
+    create_topic(&topic, 1);
+    produce_numbered_keyed(&topic, 0, 80);
+    let mut metadata = predecessor_metadata(5, 29, "1-9", true).into_bytes();
+    metadata.push(0);
+    commit_raw_metadata_on(&broker().bootstrap(), &group, &topic, 0, 5, &metadata);
+    let lines = run_to_end(&topic, &group, &[]);
+    let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+    assert_eq!(int(assigned, "acked_above"), Some(9), "{assigned}");
+    assert_eq!(
+        field(assigned, "released").as_deref(),
+        Some("true"),
+        "{assigned}"
+    );
+    let expected: Vec<i64> = std::iter::once(5).chain(15..80).collect();
+    assert_eq!(processed_offsets(&lines), expected);
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+    eprintln!("metadata with a trailing NUL at offset 5: read as written, 6..=14 skipped, 5 and 15..80 processed, committed 80");
+}
+
+/// The metadata a key-ordered predecessor writes beside `offset` when it had processed
+/// through `processed` and acknowledged `acked` above the offset (relative to it).
+fn predecessor_metadata(offset: i64, processed: i64, acked: &str, released: bool) -> String {
+    let released = if released { ";r" } else { "" };
+    format!("ackd/2:o={offset};p={processed};a={acked}{released};end")
+}
+
+/// Item 16: the ranges a key-ordered predecessor left survive the commits of a next
+/// owner that has not passed them yet, and its crash: the third owner still skips them.
+/// Offset 10 fails once, and the next owner waits minutes to retry it: under partition
+/// ordering it stops there; under key ordering it also finishes 11..=19 and skips
+/// 20..=59 meanwhile.
+#[test]
+fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
+    for (ordering, named, first) in [
+        ("partition", "a=10-49", (0..10).collect::<Vec<i64>>()),
+        ("key", "a=1-49", (0..20).filter(|o| *o != 10).collect()),
+    ] {
+        let topic = unique_name("meta-inherit");
+        let group = unique_name("g-meta-inherit");
+        create_topic(&topic, 1);
+        let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..60)
+            .map(|i| match i {
+                10 => (None, b"retry:1".to_vec()),
+                _ => (Some(format!("k{i}").into_bytes()), b"ok".to_vec()),
+            })
+            .collect();
+        produce(&topic, &messages);
+        // The predecessor acknowledged 20..=59 above its commit at 0, then crashed.
+        let bootstrap = broker().bootstrap();
+        let inherited = predecessor_metadata(0, 59, "20-59", false);
+        commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 0, inherited.as_bytes());
+
+        let next = AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "faulty")
+            .env("ACKD_ORDERING", ordering)
+            .env("ACKD_COMMIT_INTERVAL_MS", "200")
+            .env("ACKD_RETRY_INITIAL_MS", "600000")
+            .env("ACKD_RETRY_MAX_MS", "600000")
+            .spawn();
+        next.wait_for_line(|l| at(l, "retry"), WAIT);
+        next.wait_for_count(is_processed, first.len(), WAIT);
+        // Offset 10 committed, and the commits after the last message finished.
+        let want = format!("ackd/2:o=10;p=59;{named};end");
+        let stored = || committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        let mut got = stored();
+        while got != (Some(10), want.clone().into_bytes()) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+            got = stored();
+        }
+        let metadata = String::from_utf8(got.1).unwrap();
+        next.sigkill();
+        assert_eq!(next.wait_exit(WAIT), 128 + libc::SIGKILL);
+        assert_eq!(processed_offsets(&next.lines()), first, "{ordering}");
+        assert_eq!(
+            (got.0, metadata.as_str()),
+            (Some(10), want.as_str()),
+            "{ordering}"
+        );
+
+        let lines = run_to_end(&topic, &group, &[("ACKD_RETRY_INITIAL_MS", "20")]);
+        let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
+        // Offsets 10..=59 are the previous owners': processed again, or skipped.
+        let again: Vec<i64> = (10..20).filter(|o| !first.contains(o)).collect();
+        assert_eq!(
+            int(assigned, "acked_above"),
+            Some(50 - again.len() as i64),
+            "{assigned}"
+        );
+        assert_eq!(processed_offsets(&lines), again, "{ordering}");
+        assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+        eprintln!(
+            "inherited ranges 20..=59, next owner under {ordering} ordering: committed {metadata:?}, SIGKILLed; \
+             the third processed {again:?} and skipped the rest: each message processed once"
+        );
+    }
+}
+
+/// Item 2: a topic deleted and created again under the same name. Kafka 4.4's group
+/// coordinator deletes the group's committed offsets (metadata with them) of a deleted
+/// topic's partitions, so the group starts the new topic by its start policy: whatever
+/// ackd's metadata named of the old topic, no message of the new one is skipped.
+#[test]
+fn a_topic_deleted_and_created_again_skips_nothing_of_the_new_one() {
+    let topic = unique_name("meta-recreated");
+    let group = unique_name("g-meta-recreated");
+    create_topic(&topic, 1);
+    produce_numbered_keyed(&topic, 0, 20);
+    let bootstrap = broker().bootstrap();
+    let old = predecessor_metadata(10, 19, "1-9", true);
+    commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 10, old.as_bytes());
+
+    let admin: AdminClient<DefaultClientContext> =
+        broker().client_config().create().expect("admin client");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let deleted =
+        futures::executor::block_on(admin.delete_topics(&[&topic], &opts)).expect("delete topic");
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    // The name is free again once the deletion is complete: creating it retries until then.
+    wait_until(WAIT, || {
+        let new =
+            rdkafka::admin::NewTopic::new(&topic, 1, rdkafka::admin::TopicReplication::Fixed(1));
+        let created = futures::executor::block_on(admin.create_topics([&new], &opts));
+        matches!(created.as_deref(), Ok([Ok(_)]))
+    });
+    produce_numbered_keyed(&topic, 0, 30);
+    let survived = committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+
+    let lines = run_to_end(&topic, &group, &[]);
+    assert!(!lines.iter().any(|l| at(l, "resume_skipped")), "{lines:?}");
+    let got = processed_offsets(&lines);
+    let from = survived.0.unwrap_or(0);
+    assert_eq!(got, (from..30).collect::<Vec<_>>(), "{lines:?}");
+    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    eprintln!(
+        "topic deleted and created again: the group's committed offset and metadata after it: {:?} {:?}; \
+         processed {}..30 of the new topic, skipped 0",
+        survived.0,
+        String::from_utf8_lossy(&survived.1),
+        from
     );
 }

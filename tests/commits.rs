@@ -3,9 +3,9 @@
 //! and the ones it accepted are logged and counted as committed (issue 13, item 9).
 //! (Metadata another client wrote: `tests/commit_metadata.rs`.)
 //!
-//! The broker limits commit metadata to 17 bytes (`offset.metadata.max.bytes`): ackd's
-//! `ackd:processed=H` fits while H < 100, and is refused with OFFSET_METADATA_TOO_LARGE for
-//! that partition alone once H >= 100. That is a per-partition refusal from a real broker,
+//! The broker limits commit metadata to 20 bytes (`offset.metadata.max.bytes`): ackd's
+//! `ackd/2:o=O;p=H;end` (`;r` before `end` on a release) fits while O < 100, and is refused
+//! with OFFSET_METADATA_TOO_LARGE for that partition alone once O >= 100. That is a per-partition refusal from a real broker,
 //! as a deleted topic or a topic-level ACL would give.
 
 mod common;
@@ -20,7 +20,7 @@ use common::{
 const WAIT: Duration = Duration::from_secs(90);
 
 /// The longest metadata the test broker keeps.
-const METADATA_MAX: usize = 17;
+const METADATA_MAX: usize = 20;
 
 fn kafka() -> &'static Broker {
     broker_keeping_metadata(METADATA_MAX)
@@ -45,12 +45,13 @@ fn a_partition_the_broker_refuses_does_not_fail_the_others() {
     let topic = unique_name("per-partition");
     let group = unique_name("g-per-partition");
     create_topic(&topic, 2);
-    // Partition 0: offsets 0..=4, metadata "ackd:processed=4" (16 bytes): accepted.
-    // Partition 1: offsets 0..=119, metadata "ackd:processed=119" (18 bytes): refused.
+    // Partition 0: offsets 0..=7, metadata up to "ackd/2:o=8;p=7;r;end" (20 bytes): accepted.
+    // Partition 1: offsets 0..=119, metadata "ackd/2:o=120;p=119;end" (22 bytes): refused.
     produce_to(&topic, 0, 5);
     produce_to(&topic, 1, 120);
     assert!(
-        committer_metadata_len(4) <= METADATA_MAX && committer_metadata_len(119) > METADATA_MAX
+        committer_metadata_len(8, true) <= METADATA_MAX
+            && committer_metadata_len(100, false) > METADATA_MAX
     );
 
     let started = Instant::now();
@@ -136,7 +137,9 @@ fn a_partition_the_broker_refuses_does_not_fail_the_others() {
     );
 }
 
-/// The length of ackd's commit metadata for highest processed offset `h`.
-fn committer_metadata_len(h: i64) -> usize {
-    format!("ackd:processed={h}").len()
+/// The length of ackd's commit metadata for committed offset `o` (all processed below
+/// it), `released` or not.
+fn committer_metadata_len(o: i64, released: bool) -> usize {
+    let r = if released { ";r" } else { "" };
+    format!("ackd/2:o={o};p={}{r};end", o - 1).len()
 }

@@ -111,7 +111,7 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     let (topic, group) = ("meta", "g-meta");
     // A previous owner that had processed through offset 7 when it released the
     // partition at offset 4 (say, a message it could not account for capped it).
-    let mock = mock_with_commit(topic, group, 4, "ackd:processed=7;released");
+    let mock = mock_with_commit(topic, group, 4, "ackd/2:o=4;p=7;r;end");
     let bootstrap = mock.bootstrap_servers();
     let ackd = ackd_on(&mock, topic, group);
     let assigned = ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("assigned"), WAIT);
@@ -138,7 +138,7 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     // ackd's own final commit writes the metadata for the next owner.
     let (offset, metadata) = committed(&bootstrap, group, topic);
     assert_eq!(offset, Offset::Offset(10));
-    assert_eq!(metadata, "ackd:processed=9;released");
+    assert_eq!(metadata, "ackd/2:o=10;p=9;r;end");
 }
 
 /// Commit metadata is bytes: another client (in another language) may write any. The
@@ -175,7 +175,7 @@ fn commit_metadata_that_is_not_utf8_is_ignored_not_a_crash() {
     assert_eq!(offsets, (4..10).collect::<Vec<_>>());
     assert_eq!(
         committed(&bootstrap, group, topic),
-        (Offset::Offset(10), "ackd:processed=9;released".to_string())
+        (Offset::Offset(10), "ackd/2:o=10;p=9;r;end".to_string())
     );
 }
 

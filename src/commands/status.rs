@@ -29,11 +29,11 @@ pub struct Row {
     /// Messages the group has yet to process: end - committed; without a commit, what
     /// ackd would read under ACKD_START_FROM (earliest: the whole retained log, latest: 0).
     pub lag: i64,
-    /// `ackd:processed=H` of the last commit: the highest offset the committing process
-    /// had processed.
+    /// `p=H` of the last commit's metadata (`ackd/2:o=O;p=H;…`, beside its own offset):
+    /// the highest offset the committing process had processed.
     pub processed: Option<i64>,
     /// How many offsets above the committed one that metadata names as acknowledged
-    /// (`;acked=`, concurrent ordering): the next owner skips them.
+    /// (`;a=`, concurrent ordering): the next owner skips them.
     pub acked_above: Option<i64>,
     /// consumer id, client id, host of the member holding it.
     pub member: Option<(String, String, String)>,
@@ -103,7 +103,9 @@ fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
         .map_err(|e| unavailable("the committed offsets", e))?;
     let mut rows = Vec::new();
     // Metadata read as bytes: another client's need not be UTF-8.
-    for ((topic, partition), offset, previous) in committed_with_metadata(&committed) {
+    for ((topic, partition), offset, read) in committed_with_metadata(&committed) {
+        // Only ackd's metadata written beside this very offset says anything about it.
+        let previous = read.previous;
         let topic = topic.to_string();
         let (low, end) = probe
             .fetch_watermarks(&topic, partition, REQUEST)

@@ -5,14 +5,15 @@
 //!
 //! Pure text, no I/O, so it can be tested exhaustively.
 //!
-//! **Format**: the value of `acked=` in `ackd:processed=H;acked=2-4,7,9-15[;released]`.
+//! **Format**: the value of `a=` in `ackd/2:o=O;p=H;a=2-4,7,9-15[;r];end`.
 //! Each item is an inclusive range *relative to the committed offset O* of the same
 //! commit: `2-4` is O+2..=O+4, `7` is O+7 alone. Items are ascending, at least 1 apart
 //! (never adjacent nor overlapping: adjacent ranges are one range), and start at 1 or
 //! more: O itself is the next offset to read, never acknowledged. Relative numbers stay
 //! short (they are bounded by how far the partition ran ahead of its oldest unfinished
-//! message), and the ranges mean nothing without the offset they were committed with,
-//! which Kafka stores atomically with the metadata.
+//! message), and the ranges mean nothing without the offset they were committed with:
+//! Kafka stores the two atomically, but tools can move one without the other, so the
+//! metadata names it too (`o=`, see `committer::read_metadata`).
 //!
 //! **Bound**: the value is at most [`MAX_BYTES`] bytes. Ranges that do not fit are left
 //! out, the highest first: those messages are redelivered after a crash, as they would be
@@ -24,10 +25,10 @@
 //! longer than the bound) gives no ranges at all, so a reader never skips an offset its
 //! writer did not acknowledge: the worst case is redelivery, never loss.
 
-/// The longest `acked=` value written or read, in bytes.
+/// The longest `a=` value written or read, in bytes.
 pub const MAX_BYTES: usize = 1024;
 
-/// The `acked=` value for `ranges` (absolute, inclusive, ascending) above the committed
+/// The `a=` value for `ranges` (absolute, inclusive, ascending) above the committed
 /// offset `committed`, at most `max_bytes` long (and never more than [`MAX_BYTES`]);
 /// `None` when nothing fits or there is nothing to write. Ranges (or parts of them) at or
 /// below `committed` are left out; so are the highest ranges that do not fit.
@@ -80,7 +81,7 @@ fn push_range(out: &mut String, a: i64, b: i64) {
     };
 }
 
-/// The absolute ranges an `acked=` value written with [`encode`] for the committed offset
+/// The absolute ranges an `a=` value written with [`encode`] for the committed offset
 /// `committed` says; empty when the value is anything else (see the module's
 /// documentation).
 pub fn decode(committed: i64, value: &str) -> Vec<(i64, i64)> {

@@ -93,10 +93,17 @@ impl Owned {
         // The same offset again when only the ranges grew: a slow message holding the
         // offset back must not leave everything acknowledged after it to a crash.
         let more_acked = self.committed == Some(acked) && above != self.committed_acked;
+        // The highest offset processed, as far as the metadata goes: ranges inherited
+        // from the previous owner may reach above what this one processed.
+        let processed = self
+            .worker
+            .shared
+            .highest_acked()
+            .max(above.last().map(|r| r.1));
         (mark || more_acked || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
             tp: tp.clone(),
             offset: acked,
-            processed: self.worker.shared.highest_acked(),
+            processed,
             acked: above,
         })
     }
@@ -530,10 +537,10 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
-        let mut resume: HashMap<Tp, (Offset, Option<committer::Previous>)> = committed
+        let mut resume: HashMap<Tp, (Offset, committer::ReadMetadata)> = committed
             .iter()
             .flat_map(committer::committed_with_metadata)
-            .map(|(tp, offset, processed)| (tp, (offset, processed)))
+            .map(|(tp, offset, read)| (tp, (offset, read)))
             .collect();
         let generation = generation(base);
         let mut group = self.lock();
@@ -542,36 +549,8 @@ impl<P: Processor> GroupContext<P> {
             let (topic, partition) = (&*tp.0, tp.1);
             let mut acked_above = Vec::new();
             let committed_offset = match resume.remove(&tp) {
-                Some((Offset::Offset(o), previous)) => {
-                    // Offsets the previous owner acknowledged above its commit (concurrent
-                    // ordering): skipped, not processed again.
-                    acked_above = previous
-                        .as_ref()
-                        .map_or_else(Vec::new, |p| p.acked_above(o));
-                    let skipped = crate::acked_ranges::count(&acked_above);
-                    // Redelivery is visible: a previous owner that released the partition
-                    // had processed through `processed` and nothing after, so exactly the
-                    // offsets from the resume offset to it come again, but those it
-                    // acknowledged above its commit. One that did not release it
-                    // (crashed, fenced, lost it) may have processed on after its last
-                    // commit, which left no trace: how much comes again is not known (the
-                    // crash bound in the README bounds it).
-                    let redelivery = previous.as_ref().map(|p| match p.released {
-                        true => (p.processed + 1 - o - skipped).max(0).to_string(),
-                        false => "unknown".to_string(),
-                    });
-                    tracing::info!(
-                        at = "assigned",
-                        topic,
-                        partition,
-                        offset = o,
-                        from = "committed",
-                        generation,
-                        highest_processed = previous.as_ref().map(|p| p.processed),
-                        released = previous.as_ref().map(|p| p.released),
-                        redelivery = redelivery.as_deref(),
-                        acked_above = (skipped > 0).then_some(skipped)
-                    );
+                Some((Offset::Offset(o), read)) => {
+                    acked_above = resume_from_commit(topic, partition, o, &read, generation);
                     Some(o)
                 }
                 Some(_) => {
@@ -629,6 +608,7 @@ impl<P: Processor> GroupContext<P> {
                 );
                 continue;
             };
+            let acked_above_inherited = acked_above.clone();
             let worker = worker::spawn(
                 &self.runtime,
                 queue,
@@ -654,7 +634,9 @@ impl<P: Processor> GroupContext<P> {
                     cap: None,
                     high_watermark: -1,
                     released: false,
-                    committed_acked: Vec::new(),
+                    // What the committed metadata names: a commit that names fewer
+                    // (with the same offset) is one to make.
+                    committed_acked: acked_above_inherited,
                 },
             );
         }
@@ -1030,6 +1012,72 @@ impl<P: Processor> GroupContext<P> {
             }
             wait = (wait * 2).min(REBALANCE_WAIT_MAX);
         }
+    }
+}
+
+/// The `at=assigned` line of a partition resuming at its committed offset `o`, and the
+/// offsets above it its previous owner acknowledged (concurrent ordering), to skip:
+/// only when the metadata is this ackd's, written beside `o` itself. Otherwise nothing
+/// is skipped, and `metadata=` says why.
+fn resume_from_commit(
+    topic: &str,
+    partition: i32,
+    o: i64,
+    read: &committer::ReadMetadata,
+    generation: Option<i32>,
+) -> Vec<(i64, i64)> {
+    let previous = read.previous.as_ref();
+    let acked_above = previous.map_or_else(Vec::new, |p| p.acked_above(o));
+    let skipped = crate::acked_ranges::count(&acked_above);
+    // Redelivery is visible: a previous owner that released the partition had processed
+    // through `processed` and nothing after, so exactly the offsets from the resume
+    // offset to it come again, but those it acknowledged above its commit. One that did
+    // not release it (crashed, fenced, lost it) may have processed on after its last
+    // commit, which left no trace: how much comes again is not known (the crash bound
+    // in the README bounds it); nor is it when ackd's metadata does not describe `o`.
+    let redelivery = match previous {
+        Some(p) if p.released => Some(
+            p.redelivery(o, skipped)
+                .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+        ),
+        Some(_) => Some("unknown".to_string()),
+        None => untrusted_metadata(read.state).map(|_| "unknown".to_string()),
+    };
+    tracing::info!(
+        at = "assigned",
+        topic,
+        partition,
+        offset = o,
+        from = "committed",
+        generation,
+        metadata = read.state.as_str(),
+        highest_processed = previous.map(|p| p.processed),
+        released = previous.map(|p| p.released),
+        redelivery = redelivery.as_deref(),
+        acked_above = (skipped > 0).then_some(skipped)
+    );
+    if let Some(why) = untrusted_metadata(read.state) {
+        tracing::warn!(
+            at = "commit_metadata_ignored",
+            topic,
+            partition,
+            offset = o,
+            metadata = read.state.as_str(),
+            "{why}: no offset above the committed one is skipped (messages the previous owner acknowledged above it may come again)"
+        );
+    }
+    acked_above
+}
+
+/// Why ackd's metadata beside a committed offset is not trusted (`None`: it is, or it
+/// is not ackd's at all).
+fn untrusted_metadata(state: committer::MetadataState) -> Option<&'static str> {
+    use committer::MetadataState::*;
+    match state {
+        Stale => Some("ackd's metadata was written beside another offset (copied or moved by a tool: MirrorMaker 2's offset sync, kafka-consumer-groups, an admin client)"),
+        OldFormat => Some("the metadata is an older ackd's format, which does not say which offset it was written beside"),
+        NewerFormat => Some("the metadata is a later ackd's format"),
+        Absent | Current | Foreign => None,
     }
 }
 

@@ -7,7 +7,7 @@
 //! below which every handed-out offset has been acknowledged. This is the only place in
 //! ackd that does the `+ 1`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Why the tracker refused an operation. Each is a bug in the caller, reported rather
 /// than panicking so the daemon can log it and keep its committed offsets safe.
@@ -53,6 +53,9 @@ pub struct OffsetTracker {
     last_dispatched: Option<i64>,
     /// Next offset to read: one past the highest contiguously acked offset.
     committable: Option<i64>,
+    /// The runs of acknowledged entries of `pending` (first offset → last offset), kept
+    /// as acks come, so that listing them costs what they are, not what is pending.
+    runs: BTreeMap<i64, i64>,
 }
 
 impl OffsetTracker {
@@ -83,11 +86,35 @@ impl OffsetTracker {
             },
         };
         self.pending[index].1 = true;
+        if index > 0 || self.pending.get(1).is_some_and(|e| e.1) {
+            self.join_runs(index);
+        }
+        if let Some(&(front, true)) = self.pending.front() {
+            // The acknowledged prefix about to retire is the first run.
+            self.runs.remove(&front);
+        }
         while let Some(&(front, true)) = self.pending.front() {
             self.pending.pop_front();
             self.committable = Some(front + 1);
         }
         Ok(self.committable)
+    }
+
+    /// Records the entry at `index`, just acknowledged, in [`Self::runs`]: it joins the
+    /// runs of its acknowledged neighbours.
+    fn join_runs(&mut self, index: usize) {
+        let offset = self.pending[index].0;
+        let acked = |i: Option<usize>| {
+            i.and_then(|i| self.pending.get(i))
+                .filter(|e| e.1)
+                .map(|e| e.0)
+        };
+        let (before, after) = (acked(index.checked_sub(1)), acked(index.checked_add(1)));
+        let start = before
+            .and_then(|b| self.runs.range(..=b).next_back().map(|(s, _)| *s))
+            .unwrap_or(offset);
+        let end = after.and_then(|a| self.runs.remove(&a)).unwrap_or(offset);
+        self.runs.insert(start, end);
     }
 
     /// The last offset handed out, if any.
@@ -106,23 +133,13 @@ impl OffsetTracker {
     }
 
     /// The offsets acknowledged above the committable one, as inclusive ranges,
-    /// ascending, into `out` (cleared first). A range spans offsets never handed out
-    /// (gaps hold no message) but never an unacknowledged one.
-    pub fn acked_ranges_into(&self, out: &mut Vec<(i64, i64)>) {
+    /// ascending, into `out` (cleared first), the lowest `max` ranges at most: what the
+    /// commit metadata can hold, so the work does not grow with what is pending. A range
+    /// spans offsets never handed out (gaps hold no message) but never an
+    /// unacknowledged one.
+    pub fn acked_ranges_into(&self, out: &mut Vec<(i64, i64)>, max: usize) {
         out.clear();
-        let mut run: Option<(i64, i64)> = None;
-        for &(offset, acked) in &self.pending {
-            match (acked, run) {
-                (true, Some((start, _))) => run = Some((start, offset)),
-                (true, None) => run = Some((offset, offset)),
-                (false, Some(r)) => {
-                    out.push(r);
-                    run = None;
-                }
-                (false, None) => {}
-            }
-        }
-        out.extend(run);
+        out.extend(self.runs.iter().take(max).map(|(&a, &b)| (a, b)));
     }
 
     /// How many offsets are handed out and not yet retired: unacknowledged, or
@@ -199,6 +216,21 @@ mod tests {
         assert_eq!(t.ack(6), Err(TrackerError::UnknownAck { offset: 6 }));
     }
 
+    /// The runs of acknowledged entries, found by walking every pending one.
+    fn walked(t: &OffsetTracker) -> Vec<(i64, i64)> {
+        let mut out = Vec::new();
+        let mut run: Option<(i64, i64)> = None;
+        for &(offset, acked) in &t.pending {
+            if acked {
+                run = Some((run.map_or(offset, |r| r.0), offset));
+            } else {
+                out.extend(run.take());
+            }
+        }
+        out.extend(run);
+        out
+    }
+
     /// Ascending offsets with random gaps, and a random order to ack them in.
     fn offsets_and_ack_order() -> impl Strategy<Value = (Vec<i64>, Vec<usize>)> {
         (0i64..1_000, prop::collection::vec(1i64..4, 1..60)).prop_flat_map(|(start, gaps)| {
@@ -238,13 +270,17 @@ mod tests {
                 prop_assert!(committable >= previous, "went backwards");
                 // The ranges above it hold exactly the acked offsets past the prefix.
                 let mut ranges = Vec::new();
-                t.acked_ranges_into(&mut ranges);
+                t.acked_ranges_into(&mut ranges, usize::MAX);
                 for (j, &o) in offsets.iter().enumerate() {
                     let in_ranges = ranges.iter().any(|&(a, b)| a <= o && o <= b);
                     let above = committable.is_none_or(|c| o >= c);
                     prop_assert_eq!(in_ranges, acked[j] && above, "offset {} in {:?}", o, ranges);
                 }
                 prop_assert!(ranges.windows(2).all(|w| w[0].1 < w[1].0), "ascending, disjoint");
+                prop_assert_eq!(&ranges, &walked(&t), "the runs kept are the runs walked");
+                let mut capped = Vec::new();
+                t.acked_ranges_into(&mut capped, 2);
+                prop_assert_eq!(&capped[..], &ranges[..ranges.len().min(2)]);
                 previous = committable;
                 // The committable offset is exactly one past the longest acked prefix.
                 let prefix = acked.iter().take_while(|a| **a).count();

@@ -350,6 +350,38 @@ pub struct Predecessor<C: ConsumerContext + 'static> {
     pub resplit: Box<dyn FnOnce() -> Option<StreamPartitionQueue<C>> + Send>,
 }
 
+/// The most ranges a worker publishes for the commit metadata: each takes at least 2
+/// of its [`crate::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
+const PUBLISHED_RANGES_MAX: usize = crate::acked_ranges::MAX_BYTES / 2 + 1;
+
+/// The union of `a` and `b` (inclusive ranges, ascending, disjoint each), ascending,
+/// overlapping and adjacent ones merged, into `out` (cleared first): the lowest `max`.
+fn union_into(
+    out: &mut Vec<(i64, i64)>,
+    a: &[(i64, i64)],
+    b: impl Iterator<Item = (i64, i64)>,
+    max: usize,
+) {
+    out.clear();
+    let mut b = b.peekable();
+    let mut a = a.iter().copied().peekable();
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x <= y => a.next(),
+            (Some(_), Some(_)) | (None, Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, None) => break,
+        };
+        let Some((start, end)) = next else { break };
+        let full = out.len() >= max;
+        match out.last_mut() {
+            Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
+            _ if full => break,
+            _ => out.push((start, end)),
+        }
+    }
+}
+
 /// Where a partition resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Resume {
@@ -522,6 +554,9 @@ async fn consume<C, P>(
         ready: 0,
         first: true,
     };
+    // The previous owner's ranges are this owner's to name until it passes them: its
+    // commits must not name fewer acknowledged offsets than it knows of.
+    worker.progress.publish_acked_above(&mut Vec::new());
     let concurrent = config.concurrency.ordering != crate::settings::Ordering::Partition;
     let mut step = Step::Read;
     loop {
@@ -783,8 +818,13 @@ fn resumed(
                 "the committed offset was out of range; the start policy applied: messages from here are processed again"
             );
             // The log is not the one the commit's metadata described (truncated): the
-            // messages at the offsets it named may be new ones.
+            // messages at the offsets it named may be new ones; nor may commits name them.
             skip.discard(topic, partition);
+            shared
+                .acked_above
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
         }
         // Ahead of it: out of range and reset to the log end, or offsets that no longer
         // exist (retention, compaction, transaction markers).
@@ -1018,9 +1058,17 @@ impl Progress<'_> {
     }
 
     /// Publishes the offsets acknowledged above the committable one (for the commit's
-    /// metadata), using `scratch` to compute them.
+    /// metadata), using `scratch` to compute them: this worker's acks, and the ranges
+    /// the previous owner acknowledged that it has not passed yet. At most what the
+    /// metadata can hold ([`PUBLISHED_RANGES_MAX`]): the work per call stays bounded
+    /// however much is pending.
     fn publish_acked_above(&mut self, scratch: &mut Vec<(i64, i64)>) {
-        self.tracker.acked_ranges_into(scratch);
+        self.tracker
+            .acked_ranges_into(scratch, PUBLISHED_RANGES_MAX);
+        if !self.skip.is_empty() {
+            let own = std::mem::take(scratch);
+            union_into(scratch, &own, self.skip.remaining(), PUBLISHED_RANGES_MAX);
+        }
         let mut published = self
             .shared
             .acked_above
@@ -1473,6 +1521,60 @@ mod tests {
 
     fn transient() -> KafkaError {
         KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)
+    }
+
+    /// Issue 19, item 16: the previous owner's ranges stay published until this owner
+    /// passes them, merged with its own acks.
+    #[test]
+    fn published_ranges_keep_the_previous_owners_until_passed() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        p.skip = skip::Skip::new(vec![(20, 29), (40, 49)]);
+        let mut scratch = Vec::new();
+        p.publish_acked_above(&mut scratch);
+        assert_eq!(shared.acked_above(), vec![(20, 29), (40, 49)]);
+        // 10 stuck; 11..=19 acknowledged; 20 and 21 skipped (acknowledged again).
+        for o in 10..=21 {
+            p.tracker.dispatch(o).unwrap();
+        }
+        for o in 11..=21 {
+            p.tracker.ack(o).unwrap();
+        }
+        assert!(p.skip.take(20, "t", 0) && p.skip.take(21, "t", 0));
+        p.publish_acked_above(&mut scratch);
+        assert_eq!(shared.acked_above(), vec![(11, 29), (40, 49)]);
+    }
+
+    /// Issue 19, item 15: however many ranges are pending, what is published (and then
+    /// copied by each commit) is what the metadata can hold.
+    #[test]
+    fn published_ranges_are_bounded_by_what_the_metadata_holds() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        for o in 0..10_000 {
+            p.tracker.dispatch(o).unwrap();
+        }
+        for o in (1..10_000).step_by(2) {
+            p.tracker.ack(o).unwrap();
+        }
+        p.skip = skip::Skip::new(vec![(20_000, 20_010)]);
+        let mut scratch = Vec::new();
+        p.publish_acked_above(&mut scratch);
+        let published = shared.acked_above();
+        assert_eq!(published.len(), PUBLISHED_RANGES_MAX);
+        assert_eq!(published[..2], [(1, 1), (3, 3)]);
+    }
+
+    #[test]
+    fn union_merges_overlapping_and_adjacent_ranges() {
+        let mut out = Vec::new();
+        let own = [(1, 3), (10, 12), (30, 30)];
+        union_into(&mut out, &own, [(4, 5), (11, 20), (40, 41)].into_iter(), 10);
+        assert_eq!(out, vec![(1, 5), (10, 20), (30, 30), (40, 41)]);
+        union_into(&mut out, &own, [(0, 0)].into_iter(), 2);
+        assert_eq!(out, vec![(0, 3), (10, 12)]);
+        union_into(&mut out, &[], std::iter::empty(), 2);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -25,6 +25,11 @@ impl Skip {
         self.ranges.is_empty()
     }
 
+    /// The ranges not passed yet, ascending (the first one may have been passed in part).
+    pub(super) fn remaining(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
+        self.ranges.iter().copied()
+    }
+
     /// Forgets the ranges, unskipped: the partition resumed behind its committed offset
     /// (out of range, reset by the start policy), so they may name other messages now.
     pub(super) fn discard(&mut self, topic: &str, partition: i32) {
