@@ -8,6 +8,7 @@
 
 use std::panic::AssertUnwindSafe;
 mod concurrent;
+pub(crate) mod hold;
 mod skip;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -71,6 +72,8 @@ pub struct WorkerShared {
     /// Messages read and not started: waiting for their key or a free call (concurrent
     /// ordering), or `usize::MAX` (partition ordering, where none wait).
     waiting: AtomicUsize,
+    /// Held while the group membership is in doubt: nothing new starts.
+    pub hold: hold::Hold,
 }
 
 impl WorkerShared {
@@ -88,6 +91,7 @@ impl WorkerShared {
             acked_above: Mutex::new(Vec::new()),
             calls_in_flight: AtomicUsize::new(0),
             waiting: AtomicUsize::new(usize::MAX),
+            hold: hold::Hold::default(),
         }
     }
 
@@ -600,6 +604,11 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         // Stop is checked before every message, with one atomic load; the select (which
         // builds a notification future) only when the queue is empty and we must wait.
         if self.stop.has_changed().unwrap_or(true) {
+            return None;
+        }
+        // Held (the membership is in doubt): the next message stays in the queue.
+        if self.shared.hold.is_held() && !self.shared.hold.wait_unless_stopped(&mut self.stop).await
+        {
             return None;
         }
         if let Some(held) = self.held.take() {
