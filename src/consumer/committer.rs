@@ -490,7 +490,8 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
         o.sending = to_send.iter().map(|c| c.tp.clone()).collect();
         (to_send, dropped, why)
     };
-    for c in &dropped {
+    // A confirming commit only asks; one for a partition released meanwhile is moot.
+    for c in dropped.iter().filter(|_| job.reason != Reason::Confirm) {
         tracing::error!(
             at = "commit_failed",
             topic = &*c.tp.0,
@@ -598,25 +599,30 @@ fn account(
     if accepted {
         membership::confirmed_by_commit(group, answered.sent_at);
     }
-    if let Some(e) = first_error.as_ref().filter(|e| membership::doubted_by(e)) {
+    if let Some(e) = first_error.as_ref() {
         if answered.reason == Reason::Confirm {
             tracing::warn!(at = "membership_unconfirmed", partitions = sent.len(), error = %e,
                 "the confirming commit was refused: the partitions stay held until a commit is accepted or the group revokes them");
         }
-        membership::doubt(group, membership::Cause::Refused(e));
+        if membership::doubted_by(e) {
+            membership::doubt(group, membership::Cause::Refused(e));
+        }
     }
     first_error
 }
 
 /// The `at=commit_failed` line of a partition the broker refused (none for a confirming
-/// commit refused for the member: `at=membership_unconfirmed` says it once).
+/// commit: `at=membership_unconfirmed` says it once).
 fn log_refused(reason: Reason, c: &CommitOffset, e: &KafkaError) {
     let (topic, partition, offset) = (&*c.tp.0, c.tp.1, c.offset);
     let reason_str = reason.as_str();
+    if reason == Reason::Confirm {
+        return;
+    }
     if !membership::doubted_by(e) {
         tracing::error!(at = "commit_failed", topic, partition, offset, reason = reason_str, error = %e,
             "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered");
-    } else if reason != Reason::Confirm {
+    } else {
         tracing::error!(at = "commit_failed", topic, partition, offset, reason = reason_str, error = %e,
             "not committed: the broker refused it for this member, whose membership may be gone: the partitions are held (nothing new starts) until a commit is accepted or the group revokes them; if they moved, their next owner redelivers from the last committed offset");
     }
