@@ -30,11 +30,13 @@
 //!   [`UNCONFIRMABLE_FOR`] without a lost revoke (`how=no_revoke`): librdkafka's
 //!   heartbeats would have heard by then that the member is gone.
 
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use tokio::sync::Notify;
 
 use crate::committer::{millis, CommitOffset};
 use crate::group::Group;
@@ -170,6 +172,7 @@ pub fn confirmation_due(group: &mut Group) -> Option<Vec<CommitOffset>> {
 /// Starts the thread that watches for stalls of the whole process; it ends with the
 /// group.
 pub fn watch_stalls(group: Weak<Mutex<Group>>) -> std::io::Result<()> {
+    watched();
     std::thread::Builder::new()
         .name("ackd-stall-watch".into())
         .spawn(move || {
@@ -180,14 +183,75 @@ pub fn watch_stalls(group: Weak<Mutex<Group>>) -> std::io::Result<()> {
                 let gap = now.saturating_duration_since(last);
                 last = now;
                 let Some(group) = group.upgrade() else {
+                    // No watch, no stall to wait for (another group's watch, if any,
+                    // sets it again at its next tick).
+                    WATCHED_MS.store(0, Ordering::Release);
+                    ticks().notify_waiters();
                     return;
                 };
                 if gap >= STALL {
                     doubt(&mut lock(&group), Cause::Stalled(gap));
                 }
+                // Only now: a worker that saw the stall first waits for the hold.
+                watched();
             }
         })
         .map(|_| ())
+}
+
+/// When the stall watch last ticked, on [`coarse_ms`]; 0: it does not run.
+static WATCHED_MS: AtomicU64 = AtomicU64::new(0);
+
+fn ticks() -> &'static Notify {
+    static TICKS: OnceLock<Notify> = OnceLock::new();
+    TICKS.get_or_init(Notify::new)
+}
+
+/// The stall watch ticked, after putting the membership in doubt if it saw a stall.
+fn watched() {
+    WATCHED_MS.store(coarse_ms(), Ordering::Release);
+    ticks().notify_waiters();
+}
+
+/// Whether the stall watch is overdue by [`STALL`]: the process was stopped and the
+/// watch has not run since it woke. Read before every message (an atomic load and a
+/// coarse clock read): a worker that wakes before the watch starts nothing until the
+/// watch has held the partitions.
+pub fn stall_unseen() -> bool {
+    let watched = WATCHED_MS.load(Ordering::Acquire);
+    watched != 0 && coarse_ms().saturating_sub(watched) >= STALL.as_millis() as u64
+}
+
+/// Resolves once the stall watch has seen the stall (at once if none is unseen).
+pub async fn stall_seen() {
+    loop {
+        let notified = ticks().notified();
+        tokio::pin!(notified);
+        // Registered before the check: a tick in between still wakes us.
+        notified.as_mut().enable();
+        if !stall_unseen() {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// A monotonic clock in ms, cheap enough to read per message: Linux's coarse one (a
+/// few ms of resolution, no system call).
+fn coarse_ms() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec for the call to fill.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0 {
+            return (ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000;
+        }
+    }
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 fn lock(group: &Mutex<Group>) -> MutexGuard<'_, Group> {

@@ -1,10 +1,13 @@
 //! A partition held while the group membership is in doubt (see
 //! [`crate::membership`]): its worker starts no new processor call; the calls under way
-//! finish. Lifted when the membership is confirmed; a stop ends the wait.
+//! finish. Lifted when the membership is confirmed; a stop ends the wait. A worker that
+//! wakes from a stall of the process before the membership's watch does waits for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{watch, Notify};
+
+use crate::consumer::membership;
 
 #[derive(Debug, Default)]
 pub struct Hold {
@@ -42,15 +45,29 @@ impl Hold {
         }
     }
 
-    /// Waits while held; false if told to stop meanwhile.
+    /// Whether a new call may start: not held, and no stall of the process that the
+    /// membership's watch has not seen yet ([`membership::stall_unseen`]).
+    pub fn may_start(&self) -> bool {
+        !self.is_held() && !membership::stall_unseen()
+    }
+
+    /// Resolves once a new call may start.
+    pub async fn startable(&self) {
+        while !self.may_start() {
+            membership::stall_seen().await;
+            self.lifted().await;
+        }
+    }
+
+    /// Waits until a new call may start; false if told to stop meanwhile.
     pub async fn wait_unless_stopped(&self, stop: &mut watch::Receiver<bool>) -> bool {
-        if !self.is_held() {
+        if self.may_start() {
             return true;
         }
         tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => false,
-            _ = self.lifted() => true,
+            _ = self.startable() => true,
         }
     }
 }

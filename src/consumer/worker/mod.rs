@@ -606,8 +606,10 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         if self.stop.has_changed().unwrap_or(true) {
             return None;
         }
-        // Held (the membership is in doubt): the next message stays in the queue.
-        if self.shared.hold.is_held() && !self.shared.hold.wait_unless_stopped(&mut self.stop).await
+        // Held (the membership is in doubt), or woken from a stall of the process that
+        // the membership's watch has not seen yet: the next message stays in the queue.
+        if !self.shared.hold.may_start()
+            && !self.shared.hold.wait_unless_stopped(&mut self.stop).await
         {
             return None;
         }
@@ -620,11 +622,17 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         }
         // Waiting lets the other tasks run.
         self.ready = 0;
-        tokio::select! {
+        let next = tokio::select! {
             biased;
             _ = self.stop.changed() => None,
             next = self.stream.next() => next,
+        };
+        // The wait may have spanned a stall of the process (the message is what woke
+        // it): checked again, the message stays unstarted until the partition may go on.
+        if next.is_some() && !self.shared.hold.wait_unless_stopped(&mut self.stop).await {
+            return None;
         }
+        next
     }
 
     /// One message to the processor (`Processor::process`).
