@@ -121,7 +121,8 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         let mut stop = self.stop.clone();
         let mut ranges = Vec::new();
         loop {
-            // Held (the membership is in doubt): the calls under way go on, none starts.
+            // Held (the membership is in doubt, or a stall of the process not seen yet):
+            // the calls under way go on, none starts.
             let hold = &self.shared.hold;
             let on_hold = !hold.may_start();
             if !course.winding_down() && !on_hold {

@@ -26,7 +26,7 @@ impl Hold {
         self.lifted.notify_waiters();
     }
 
-    /// One atomic load: read before every message.
+    /// One atomic load.
     pub fn is_held(&self) -> bool {
         self.held.load(Ordering::Acquire)
     }
