@@ -343,9 +343,7 @@ impl Committer {
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
-                if let Some(c) = consumer.upgrade() {
-                    confirm_if_due(&*c, &on_thread, &group, &metrics);
-                }
+                confirm_if_due(&consumer, &on_thread, &group, &metrics);
             })?;
         Ok(Committer {
             jobs,
@@ -434,15 +432,17 @@ impl Committer {
 }
 
 /// While the membership is in doubt, a confirming commit when one is due
-/// ([`membership::confirmation_due`]), sent and accounted for as any other.
+/// ([`membership::confirmation_due`]), sent and accounted for as any other. The
+/// consumer is upgraded only then: this thread must not hold it past the supervisor's
+/// close.
 fn confirm_if_due<X: Consumer<C>, C: ConsumerContext>(
-    consumer: &X,
+    consumer: &Weak<X>,
     shared: &Shared,
     group: &Mutex<Group>,
     metrics: &CommitMetrics,
 ) {
     let due = membership::confirmation_due(&mut group.lock().unwrap_or_else(|e| e.into_inner()));
-    let Some(offsets) = due else {
+    let (Some(offsets), Some(consumer)) = (due, consumer.upgrade()) else {
         return;
     };
     let job = Job {
@@ -451,7 +451,7 @@ fn confirm_if_due<X: Consumer<C>, C: ConsumerContext>(
         deadline: None,
         reply: None,
     };
-    let _ = run(consumer, &job, shared, group, metrics);
+    let _ = run(&*consumer, &job, shared, group, metrics);
 }
 
 /// One job on the committer thread: drop what may no longer be sent, send the rest,
@@ -556,7 +556,7 @@ struct Answered {
 
 /// Accounts for each partition's answer (`ranges`: the `acked=` ranges each carried);
 /// returns the first refusal. An acceptance proves the membership; a refusal for the
-/// member puts it in doubt (src/consumer/membership.rs).
+/// member (of a periodic or confirming commit) puts it in doubt (src/consumer/membership.rs).
 fn account(
     group: &mut Group,
     answered: &Answered,
@@ -604,7 +604,9 @@ fn account(
             tracing::warn!(at = "membership_unconfirmed", partitions = sent.len(), error = %e,
                 "the confirming commit was refused: the partitions stay held until a commit is accepted or the group revokes them");
         }
-        if membership::doubted_by(e) {
+        // A release's refusal is the release's to retry or give up (GroupContext::
+        // commit_owned): the partitions go either way.
+        if membership::doubted_by(e) && !answered.reason.releases() {
             membership::doubt(group, membership::Cause::Refused(e));
         }
     }
@@ -619,7 +621,7 @@ fn log_refused(reason: Reason, c: &CommitOffset, e: &KafkaError) {
     if reason == Reason::Confirm {
         return;
     }
-    if !membership::doubted_by(e) {
+    if !membership::doubted_by(e) || reason.releases() {
         tracing::error!(at = "commit_failed", topic, partition, offset, reason = reason_str, error = %e,
             "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered");
     } else {

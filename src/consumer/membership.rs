@@ -12,8 +12,10 @@
 //! gone:
 //! - its own clock: a thread that ticks every [`TICK`] saw a gap of [`STALL`] or more
 //!   (the whole process did not run: it was stopped or paused);
-//! - a commit refused for the member ([`doubted_by`]: UNKNOWN_MEMBER_ID,
-//!   FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH, ILLEGAL_GENERATION).
+//! - a periodic commit refused for the member ([`doubted_by`]: UNKNOWN_MEMBER_ID,
+//!   FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH, ILLEGAL_GENERATION). A revoke's or the
+//!   stop's commit retries or gives up on its own (`GroupContext::commit_owned`): its
+//!   partitions are released either way.
 //!
 //! While in doubt every owned partition is held: its worker starts no new processor
 //! call (the calls under way finish; their acknowledgements are committed only by a
