@@ -53,6 +53,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::acked_ranges;
+use crate::consumer::membership;
 use crate::group::{Group, Tp};
 use crate::metrics::CommitMetrics;
 
@@ -75,6 +76,9 @@ pub enum Reason {
     Periodic,
     Revoke,
     Shutdown,
+    /// While the membership is in doubt: a commit whose acceptance proves it
+    /// (src/consumer/membership.rs).
+    Confirm,
 }
 
 impl Reason {
@@ -83,7 +87,13 @@ impl Reason {
             Reason::Periodic => "periodic",
             Reason::Revoke => "revoke",
             Reason::Shutdown => "shutdown",
+            Reason::Confirm => "confirm",
         }
+    }
+
+    /// A release's commit: this process processes nothing more of the partition.
+    pub fn releases(self) -> bool {
+        matches!(self, Reason::Revoke | Reason::Shutdown)
     }
 }
 
@@ -191,7 +201,7 @@ pub fn metadata(
         m.push_str(";a=");
         m.push_str(r);
     }
-    if reason != Reason::Periodic {
+    if reason.releases() {
         m.push_str(";r");
     }
     m.push_str(";end");
@@ -428,6 +438,18 @@ fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Option<Vec<u8>>> {
     }
 }
 
+/// Tags each offset with the epoch of its partition's assignment (0: not owned).
+fn tag(shared: &Shared, offsets: Vec<CommitOffset>) -> Vec<(CommitOffset, u64)> {
+    let o = shared.lock();
+    offsets
+        .into_iter()
+        .map(|c| {
+            let epoch = o.owned.get(&c.tp).copied().unwrap_or(0);
+            (c, epoch)
+        })
+        .collect()
+}
+
 /// A handle on the committer thread; clones share it.
 /// How often [`Committer::commit_by`] reads its deadline again while it waits.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
@@ -456,21 +478,29 @@ impl Committer {
         let queued = periodic_queued.clone();
         let shared = Arc::new(Shared::default());
         let on_thread = shared.clone();
+        membership::watch_stalls(Arc::downgrade(&group))?;
         std::thread::Builder::new()
             .name("ackd-committer".into())
-            .spawn(move || {
-                for job in rx {
-                    if job.reason == Reason::Periodic {
-                        queued.store(false, Ordering::Release);
+            .spawn(move || loop {
+                // Woken at least every CONFIRM_EVERY: while the membership is in doubt,
+                // this thread sends the commits that can prove it.
+                match rx.recv_timeout(membership::CONFIRM_EVERY) {
+                    Ok(job) => {
+                        if job.reason == Reason::Periodic {
+                            queued.store(false, Ordering::Release);
+                        }
+                        let result = match consumer.upgrade() {
+                            Some(c) => run(&*c, &job, &on_thread, &group, &metrics),
+                            None => Err(CommitError::Closed),
+                        };
+                        if let Some(reply) = job.reply {
+                            let _ = reply.send(result);
+                        }
                     }
-                    let result = match consumer.upgrade() {
-                        Some(c) => run(&*c, &job, &on_thread, &group, &metrics),
-                        None => Err(CommitError::Closed),
-                    };
-                    if let Some(reply) = job.reply {
-                        let _ = reply.send(result);
-                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
+                confirm_if_due(&consumer, &on_thread, &group, &metrics);
             })?;
         Ok(Committer {
             jobs,
@@ -502,16 +532,8 @@ impl Committer {
         }
     }
 
-    /// Tags each offset with the epoch of its partition's assignment (0: not owned).
     fn tag(&self, offsets: Vec<CommitOffset>) -> Vec<(CommitOffset, u64)> {
-        let o = self.shared.lock();
-        offsets
-            .into_iter()
-            .map(|c| {
-                let epoch = o.owned.get(&c.tp).copied().unwrap_or(0);
-                (c, epoch)
-            })
-            .collect()
+        tag(&self.shared, offsets)
     }
 
     /// Queues a periodic commit unless one is already waiting (the next one will carry
@@ -566,6 +588,29 @@ impl Committer {
     }
 }
 
+/// While the membership is in doubt, a confirming commit when one is due
+/// ([`membership::confirmation_due`]), sent and accounted for as any other. The
+/// consumer is upgraded only then: this thread must not hold it past the supervisor's
+/// close.
+fn confirm_if_due<X: Consumer<C>, C: ConsumerContext>(
+    consumer: &Weak<X>,
+    shared: &Shared,
+    group: &Mutex<Group>,
+    metrics: &CommitMetrics,
+) {
+    let due = membership::confirmation_due(&mut group.lock().unwrap_or_else(|e| e.into_inner()));
+    let (Some(offsets), Some(consumer)) = (due, consumer.upgrade()) else {
+        return;
+    };
+    let job = Job {
+        offsets: tag(shared, offsets),
+        reason: Reason::Confirm,
+        deadline: None,
+        reply: None,
+    };
+    let _ = run(&*consumer, &job, shared, group, metrics);
+}
+
 /// One job on the committer thread: drop what may no longer be sent, send the rest,
 /// account for each partition's answer.
 fn run<X: Consumer<C>, C: ConsumerContext>(
@@ -602,7 +647,8 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
         o.sending = to_send.iter().map(|c| c.tp.clone()).collect();
         (to_send, dropped, why)
     };
-    for c in &dropped {
+    // A confirming commit only asks; one for a partition released meanwhile is moot.
+    for c in dropped.iter().filter(|_| job.reason != Reason::Confirm) {
         tracing::error!(
             at = "commit_failed",
             topic = &*c.tp.0,
@@ -638,46 +684,15 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
     let took = started.elapsed();
     metrics.record(took, answers.iter().all(Result::is_ok));
     let duration_ms = millis(took);
-    let mut first_error = None;
-    {
+    let first_error = {
         let mut group = group.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, (c, answer)) in to_send.iter().zip(answers).enumerate() {
-            match answer {
-                Ok(()) => {
-                    tracing::info!(
-                        at = "committed",
-                        topic = &*c.tp.0,
-                        partition = c.tp.1,
-                        offset = c.offset,
-                        reason,
-                        duration_ms
-                    );
-                    if let Some(p) = group.owned.get_mut(&c.tp) {
-                        // FIFO: the last commit accepted is what the group has.
-                        p.committed = Some(c.offset);
-                        p.released = job.reason != Reason::Periodic;
-                        p.committed_acked = if ranges[i].is_some() {
-                            c.acked.clone()
-                        } else {
-                            Vec::new()
-                        };
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(
-                        at = "commit_failed",
-                        topic = &*c.tp.0,
-                        partition = c.tp.1,
-                        offset = c.offset,
-                        reason,
-                        error = %e,
-                        "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered"
-                    );
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-    }
+        let answered = Answered {
+            reason: job.reason,
+            sent_at: started,
+            duration_ms,
+        };
+        account(&mut group, &answered, &to_send, &ranges, answers)
+    };
     // The send is over: a release waiting for these partitions may go on.
     shared.lock().sending.clear();
     shared.sent.notify_all();
@@ -685,6 +700,90 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
         Some(e) => Err(CommitError::Refused(e)),
         None if dropped.is_empty() => Ok(()),
         None => Err(CommitError::NotSent),
+    }
+}
+
+/// A commit the broker answered.
+struct Answered {
+    reason: Reason,
+    /// When it was sent: an acceptance proves the membership only from then on.
+    sent_at: Instant,
+    duration_ms: f64,
+}
+
+/// Accounts for each partition's answer (`ranges`: the `acked=` ranges each carried);
+/// returns the first refusal. An acceptance proves the membership; a refusal for the
+/// member (of a periodic or confirming commit) puts it in doubt (src/consumer/membership.rs).
+fn account(
+    group: &mut Group,
+    answered: &Answered,
+    sent: &[&CommitOffset],
+    ranges: &[Option<String>],
+    answers: Vec<Result<(), KafkaError>>,
+) -> Option<KafkaError> {
+    let reason = answered.reason.as_str();
+    let mut first_error = None;
+    let mut accepted = false;
+    for (i, (c, answer)) in sent.iter().zip(answers).enumerate() {
+        match answer {
+            Ok(()) => {
+                accepted = true;
+                tracing::info!(
+                    at = "committed",
+                    topic = &*c.tp.0,
+                    partition = c.tp.1,
+                    offset = c.offset,
+                    reason,
+                    duration_ms = answered.duration_ms
+                );
+                if let Some(p) = group.owned.get_mut(&c.tp) {
+                    // FIFO: the last commit accepted is what the group has.
+                    p.committed = Some(c.offset);
+                    p.released = answered.reason.releases();
+                    p.committed_acked = if ranges[i].is_some() {
+                        c.acked.clone()
+                    } else {
+                        Vec::new()
+                    };
+                }
+            }
+            Err(e) => {
+                log_refused(answered.reason, c, &e);
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if accepted {
+        membership::confirmed_by_commit(group, answered.sent_at);
+    }
+    if let Some(e) = first_error.as_ref() {
+        if answered.reason == Reason::Confirm {
+            tracing::warn!(at = "membership_unconfirmed", partitions = sent.len(), error = %e,
+                "the confirming commit was refused: the partitions stay held until a commit is accepted or the group revokes them");
+        }
+        // A release's refusal is the release's to retry or give up (GroupContext::
+        // commit_owned): the partitions go either way.
+        if membership::doubted_by(e) && !answered.reason.releases() {
+            membership::doubt(group, membership::Cause::Refused(e));
+        }
+    }
+    first_error
+}
+
+/// The `at=commit_failed` line of a partition the broker refused (none for a confirming
+/// commit: `at=membership_unconfirmed` says it once).
+fn log_refused(reason: Reason, c: &CommitOffset, e: &KafkaError) {
+    let (topic, partition, offset) = (&*c.tp.0, c.tp.1, c.offset);
+    let reason_str = reason.as_str();
+    if reason == Reason::Confirm {
+        return;
+    }
+    if !membership::doubted_by(e) || reason.releases() {
+        tracing::error!(at = "commit_failed", topic, partition, offset, reason = reason_str, error = %e,
+            "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered");
+    } else {
+        tracing::error!(at = "commit_failed", topic, partition, offset, reason = reason_str, error = %e,
+            "not committed: the broker refused it for this member, whose membership may be gone: the partitions are held (nothing new starts) until a commit is accepted or the group revokes them; if they moved, their next owner redelivers from the last committed offset");
     }
 }
 

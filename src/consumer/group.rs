@@ -28,6 +28,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::committer::{self, CommitOffset, Committer, Reason};
+use crate::consumer::membership;
 use crate::metrics::{self, CommitMetrics, Interval};
 use crate::output::health::{Busy, Health};
 use crate::processor::Processor;
@@ -125,6 +126,9 @@ pub struct Group {
     /// processor would not return): if the partition comes back, its next worker waits
     /// for them ([`worker::Predecessor`]).
     lingering: HashMap<Tp, Arc<worker::WorkerShared>>,
+    /// Set while this process may no longer be a member (src/consumer/membership.rs):
+    /// its partitions are held.
+    pub doubt: Option<membership::Doubt>,
 }
 
 impl Group {
@@ -137,6 +141,25 @@ impl Group {
     /// committed periodically again, as released.
     pub fn to_release(&self, only: &[Tp]) -> Vec<CommitOffset> {
         self.pending(Some(only), true)
+    }
+
+    /// What a commit that proves the membership sends: per owned partition, what is
+    /// acknowledged and not committed, else the offset committed already (with the
+    /// ranges it carries); none for a partition with neither.
+    pub fn confirming(&self) -> Vec<CommitOffset> {
+        self.owned
+            .iter()
+            .filter_map(|(tp, p)| {
+                p.to_commit(tp, false).or_else(|| {
+                    Some(CommitOffset {
+                        tp: tp.clone(),
+                        offset: p.committed?,
+                        processed: p.worker.shared.highest_acked(),
+                        acked: p.committed_acked.clone(),
+                    })
+                })
+            })
+            .collect()
     }
 
     fn pending(&self, only: Option<&[Tp]>, releasing: bool) -> Vec<CommitOffset> {
@@ -544,6 +567,8 @@ impl<P: Processor> GroupContext<P> {
             .collect();
         let generation = generation(base);
         let mut group = self.lock();
+        // The group assigned to this member: it is one.
+        membership::confirmed(&mut group, "rebalance");
         for e in tpl.elements() {
             let tp: Tp = (Arc::from(e.topic()), e.partition());
             let (topic, partition) = (&*tp.0, tp.1);
@@ -655,6 +680,10 @@ impl<P: Processor> GroupContext<P> {
             .collect();
         let generation = generation(base);
         let started = Instant::now();
+        // A revoke that is not lost comes from the group: this process is a member.
+        if !lost {
+            membership::confirmed(&mut self.lock(), "rebalance");
+        }
         // The supervisor is blocked from here until the revoke returns: say so. (The
         // close's final revoke, after the stop released everything, has nothing to do.)
         let owned: Vec<String> = {
@@ -688,6 +717,9 @@ impl<P: Processor> GroupContext<P> {
                 retry: Retry::Wait,
             }),
         );
+        if lost {
+            membership::ended(&mut self.lock());
+        }
         let duration_ms = committer::millis(started.elapsed());
         let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
         if stopping && (!outcome.complete || outcome.left_uncommitted().next().is_some()) {

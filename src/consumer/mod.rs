@@ -11,6 +11,7 @@ pub(crate) mod dead_letter;
 pub mod failure;
 pub(crate) mod group;
 pub(crate) mod key_order;
+pub(crate) mod membership;
 pub(crate) mod memory;
 pub(crate) mod supervisor;
 pub(crate) mod topics;

@@ -130,7 +130,11 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         let mut stop = self.stop.clone();
         let mut ranges = Vec::new();
         loop {
-            if !course.winding_down() {
+            // Held (the membership is in doubt, or a stall of the process not seen yet):
+            // the calls under way go on, none starts.
+            let hold = &self.shared.hold;
+            let on_hold = !hold.may_start();
+            if !course.winding_down() && !on_hold {
                 while running.len() < limits.max_in_flight {
                     let Some((id, unit)) = order.start_next() else {
                         break;
@@ -214,6 +218,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                         }
                     }
                 },
+                _ = hold.startable(), if on_hold && !course.winding_down() => {}
                 // After the reading arm: a batch waits for more only while the queue has
                 // none ready (a backlog fills it at once; with ACKD_BATCH_MAX_WAIT_MS=0
                 // it goes with what the queue had).

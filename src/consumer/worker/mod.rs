@@ -9,6 +9,7 @@
 use std::panic::AssertUnwindSafe;
 pub(crate) mod admission;
 mod concurrent;
+pub(crate) mod hold;
 mod skip;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -75,6 +76,8 @@ pub struct WorkerShared {
     waiting: AtomicUsize,
     /// The concurrent calls the processor took, oldest first (concurrent ordering).
     calls: Arc<admission::CallClock>,
+    /// Held while the group membership is in doubt: nothing new starts.
+    pub hold: hold::Hold,
 }
 
 impl WorkerShared {
@@ -93,6 +96,7 @@ impl WorkerShared {
             handed_over: AtomicUsize::new(0),
             waiting: AtomicUsize::new(usize::MAX),
             calls: Arc::default(),
+            hold: hold::Hold::default(),
         }
     }
 
@@ -661,6 +665,13 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         if self.stop.has_changed().unwrap_or(true) {
             return None;
         }
+        // Held (the membership is in doubt), or woken from a stall of the process that
+        // the membership's watch has not seen yet: the next message stays in the queue.
+        if !self.shared.hold.may_start()
+            && !self.shared.hold.wait_unless_stopped(&mut self.stop).await
+        {
+            return None;
+        }
         if let Some(held) = self.held.take() {
             return Some(held);
         }
@@ -670,11 +681,17 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         }
         // Waiting lets the other tasks run.
         self.ready = 0;
-        tokio::select! {
+        let next = tokio::select! {
             biased;
             _ = self.stop.changed() => None,
             next = self.stream.next() => next,
+        };
+        // The wait may have spanned a stall of the process (the message is what woke
+        // it): checked again, the message stays unstarted until the partition may go on.
+        if next.is_some() && !self.shared.hold.wait_unless_stopped(&mut self.stop).await {
+            return None;
         }
+        next
     }
 
     /// One message to the processor (`Processor::process`).
