@@ -103,7 +103,7 @@ impl WorkerShared {
     }
 
     /// When the processor call under way began (see `output::health`), if one is: with
-    /// concurrent calls, the oldest one the processor took (not one waiting for it).
+    /// tracked calls (`calls`), the oldest one the processor took (not one waiting for it).
     pub fn call_started_ms(&self) -> Option<u64> {
         Some(self.call_started_ms.load(Ordering::Relaxed))
             .filter(|t| *t != 0)
@@ -111,7 +111,7 @@ impl WorkerShared {
     }
 
     /// The offset of the call `call_started_ms` times: the oldest call the processor
-    /// took with concurrent calls, else the one in hand.
+    /// took with tracked calls, else the one in hand.
     pub fn oldest_call_offset(&self) -> Option<i64> {
         self.calls
             .oldest()
