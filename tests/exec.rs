@@ -1422,6 +1422,23 @@ fn drained_complete(lines: &[String]) -> bool {
         .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true"))
 }
 
+/// Starts `ackd`, and once 2 messages are processed (the rest queued behind the child)
+/// stops it: the drain completes, and only the call the child had finishes after
+/// SIGTERM. Returns its lines and what was handled before and after SIGTERM.
+fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize, usize) {
+    let first = ackd.spawn();
+    first.wait_for_count(is_processed, 2, WAIT);
+    let handled_before = handled(dir).len();
+    let lines = stop_cleanly(&first);
+    assert!(drained_complete(&lines), "{}", lines.join("\n"));
+    let handled_first = handled(dir).len();
+    assert!(
+        handled_first <= handled_before + 1,
+        "only the call the child had finished after SIGTERM: {handled_before} before, {handled_first} after"
+    );
+    (lines, handled_before, handled_first)
+}
+
 /// Issue 19.3: SIGTERM with 15 calls queued behind the one child (1 s each, a 5 s
 /// drain): only the call the child has is finished, the queued ones are dropped, the
 /// drain completes (exit 0), the commit covers exactly what was acknowledged, and a
@@ -1435,16 +1452,8 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 1, 30);
 
-    let first = queued_behind_one_child(&topic, &group, &command).spawn();
-    first.wait_for_count(is_processed, 2, WAIT);
-    let handled_before = handled(&dir).len();
-    let lines = stop_cleanly(&first);
-    assert!(drained_complete(&lines), "{}", lines.join("\n"));
-    let handled_first = handled(&dir).len();
-    assert!(
-        handled_first <= handled_before + 1,
-        "only the call the child had finished after SIGTERM: {handled_before} before, {handled_first} after"
-    );
+    let (lines, handled_before, handled_first) =
+        stop_with_calls_queued(queued_behind_one_child(&topic, &group, &command), &dir);
     let acked = processed(&lines).len() as i64;
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, (0..acked).collect::<Vec<_>>(), "handled is acked");
@@ -1518,5 +1527,59 @@ fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
         "queued revoke: a_processed={} b_processed={}",
         processed(&a_lines).len(),
         processed(&b_lines).len()
+    );
+}
+
+/// Partition ordering (the default) with 6 partitions sharing one child (1 s a message,
+/// a 5 s drain): each partition's one call waits for the child.
+fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdBuilder {
+    exec_ackd(topic, group, command)
+        .env("ACKD_ORDERING", "partition")
+        .env("ACKD_EXEC_CONCURRENCY", "1")
+        .env("ACKD_EXEC_TIMEOUT_MS", "3000")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+}
+
+/// Issue 19.3 under partition ordering: SIGTERM while 5 partitions' calls wait for the
+/// one child the sixth has: only that call finishes, the waiting ones are dropped (not
+/// one per partition in turn), the drain completes (exit 0), each partition's commit is
+/// what it acknowledged, and a restart handles the rest: each message handled once.
+#[test]
+fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_other_partitions() {
+    let topic = unique_name("exec-partition-queued-stop");
+    let group = unique_name("g-exec-partition-queued-stop");
+    create_topic(&topic, 6);
+    let dir = work_dir("exec-partition-queued-stop");
+    let command = slow_until_fast(&dir);
+    produce_distinct_keys(&topic, 6, 5);
+
+    let (lines, handled_before, handled_first) =
+        stop_with_calls_queued(partitions_behind_one_child(&topic, &group, &command), &dir);
+    let acked = per_partition(processed(&lines));
+    let seen = per_partition(handled(&dir).iter().map(|h| (h.0, h.1)));
+    assert_eq!(seen, acked, "handled is acked");
+    let committed_first = committed(&group, &topic, 6);
+    for p in 0..6 {
+        let n = acked.get(&p).map_or(0, Vec::len) as i64;
+        assert_eq!(
+            acked.get(&p).cloned().unwrap_or_default(),
+            (0..n).collect::<Vec<_>>()
+        );
+        assert_eq!(committed_first[&p], (n > 0).then_some(n), "partition {p}");
+    }
+
+    std::fs::write(dir.join("fast"), "").unwrap();
+    let total: usize = acked.values().map(Vec::len).sum();
+    let second = partitions_behind_one_child(&topic, &group, &command).spawn();
+    second.wait_for_count(is_processed, 30 - total, WAIT);
+    stop_cleanly(&second);
+    let mut all: Vec<(i32, i64)> = handled(&dir).iter().map(|h| (h.0, h.1)).collect();
+    all.sort_unstable();
+    let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();
+    assert_eq!(all, expected, "each handled exactly once");
+    let committed = committed(&group, &topic, 6);
+    assert!(committed.values().all(|c| *c == Some(5)), "{committed:?}");
+    eprintln!(
+        "partition queued stop: handled_before_sigterm={handled_before} handled_by_first={handled_first} acked_first={total}"
     );
 }

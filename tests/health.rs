@@ -675,42 +675,35 @@ fn idle_and_slow_connections_are_closed_within_seconds() {
     assert_eq!(ackd.wait_exit(WAIT), 0);
 }
 
-/// Issue 19.4: a backlog behind one exec child (key ordering, 16 calls a partition,
-/// 0.5 s a message, a 1 s exec timeout: stuck after 6 s) is no stuck call: `/live` stays
-/// 200 throughout a run of 30 messages (15 s), polled until the last is acknowledged.
-#[test]
-fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
-    let topic = unique_name("health-backlog");
-    let group = unique_name("g-health-backlog");
-    create_topic(&topic, 1);
-    let dir = log_dir().join(unique_name("health-backlog"));
+/// An exec handler that takes `seconds` a message, in a fresh directory.
+fn slow_exec_handler(name: &str, seconds: f64) -> String {
+    let dir = log_dir().join(unique_name(name));
     std::fs::create_dir_all(&dir).unwrap();
     let handler = dir.join("handler.py");
     std::fs::write(
         &handler,
-        "import json, sys, time\nfor line in sys.stdin:\n    m = json.loads(line)\n    time.sleep(0.5)\n    print(json.dumps({\"ack\": True, \"offset\": m[\"offset\"]}), flush=True)\n",
+        format!("import json, sys, time\nfor line in sys.stdin:\n    m = json.loads(line)\n    time.sleep({seconds})\n    print(json.dumps({{\"ack\": True, \"offset\": m[\"offset\"]}}), flush=True)\n"),
     )
     .unwrap();
-    let port = free_port();
-    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
-    let records: Vec<Record<'_>> = keys
-        .iter()
-        .map(|k| (0, Some(k.as_bytes()), k.as_bytes(), &[][..]))
-        .collect();
-    produce_records(&topic, &records);
-    let ackd = AckdBuilder::new(&topic, &group)
+    format!("python3 {}", handler.display())
+}
+
+/// ackd with `command` on one exec child (a 1 s exec timeout: stuck after 6 s), its
+/// health endpoint on `port`.
+fn on_one_exec_child(topic: &str, group: &str, command: &str, port: u16) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
         .env("ACKD_PROCESSOR", "exec")
-        .env(
-            "ACKD_EXEC_COMMAND",
-            format!("python3 {}", handler.display()),
-        )
+        .env("ACKD_EXEC_COMMAND", command)
         .env("ACKD_EXEC_TIMEOUT_MS", "1000")
         .env("ACKD_EXEC_CONCURRENCY", "1")
-        .env("ACKD_ORDERING", "key")
-        .env("ACKD_CONCURRENCY", "16")
         .env("ACKD_HEALTH_PORT", port.to_string())
         .env("ACKD_HEALTH_ADDR", "127.0.0.1")
-        .spawn();
+}
+
+/// Polls `/live` and `ackd_in_flight` until `n` messages are acknowledged, then stops
+/// ackd (exit 0). `/live` must have said 200 each time. Returns the polls and the
+/// in-flight counts seen.
+fn live_through_backlog(ackd: &AckdProcess, port: u16, n: usize) -> (usize, Vec<u64>) {
     let mut polls = 0;
     let mut not_live = Vec::new();
     let mut in_flight_seen = Vec::new();
@@ -722,25 +715,76 @@ fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
             }
             in_flight_seen.push(sample(&scrape(port), "ackd_in_flight") as u64);
         }
-        ackd.lines().iter().filter(|l| is_processed(l)).count() == 30
+        ackd.lines().iter().filter(|l| is_processed(l)).count() == n
     });
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    assert_eq!(code, 0, "{}", ackd.lines().join("\n"));
     assert!(polls > 0, "/live answered");
     assert!(not_live.is_empty(), "/live said stuck: {not_live:?}");
-    // In flight are the calls the child has: one at a time, the rest wait.
     in_flight_seen.sort_unstable();
     in_flight_seen.dedup();
+    (polls, in_flight_seen)
+}
+
+/// Issue 19.4: a backlog behind one exec child (key ordering, 16 calls a partition,
+/// 0.5 s a message, a 1 s exec timeout: stuck after 6 s) is no stuck call: `/live` stays
+/// 200 throughout a run of 30 messages (15 s), polled until the last is acknowledged.
+#[test]
+fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
+    let topic = unique_name("health-backlog");
+    let group = unique_name("g-health-backlog");
+    create_topic(&topic, 1);
+    let command = slow_exec_handler("health-backlog", 0.5);
+    let port = free_port();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let records: Vec<Record<'_>> = keys
+        .iter()
+        .map(|k| (0, Some(k.as_bytes()), k.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&topic, &records);
+    let ackd = on_one_exec_child(&topic, &group, &command, port)
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "16")
+        .spawn();
+    let (polls, in_flight_seen) = live_through_backlog(&ackd, port, 30);
+    // In flight are the calls the child has: one at a time, the rest wait.
     assert!(
         in_flight_seen.contains(&1) && in_flight_seen.iter().all(|n| *n <= 1),
         "ackd_in_flight seen: {in_flight_seen:?}"
     );
-    let code = {
-        ackd.sigterm();
-        ackd.wait_exit(WAIT)
-    };
-    assert_eq!(code, 0, "{}", ackd.lines().join("\n"));
     assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
-    eprintln!(
-        "health backlog: live_polls={polls} not_live={}",
-        not_live.len()
+    eprintln!("health backlog: live_polls={polls} not_live=0");
+}
+
+/// Issue 19.4 under partition ordering (the default): 16 partitions share one exec
+/// child (0.5 s a message, a 1 s exec timeout: stuck after 6 s), so each partition's
+/// one call waits about 7.5 s for it. That wait is no stuck call: `/live` stays 200
+/// throughout the run (32 messages), and in flight is the one call the child has.
+#[test]
+fn partitions_waiting_for_one_exec_child_are_live_while_every_call_ends_in_time() {
+    let topic = unique_name("health-partition-backlog");
+    let group = unique_name("g-health-partition-backlog");
+    create_topic(&topic, 16);
+    let command = slow_exec_handler("health-partition-backlog", 0.5);
+    let port = free_port();
+    let values: Vec<(i32, String)> = (0..16)
+        .flat_map(|p| (0..2).map(move |i| (p, format!("p{p}-{i}"))))
+        .collect();
+    let records: Vec<Record<'_>> = values
+        .iter()
+        .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&topic, &records);
+    let ackd = on_one_exec_child(&topic, &group, &command, port)
+        .env("ACKD_ORDERING", "partition")
+        .spawn();
+    let (polls, in_flight_seen) = live_through_backlog(&ackd, port, 32);
+    assert!(
+        in_flight_seen.iter().all(|n| *n <= 1),
+        "ackd_in_flight seen: {in_flight_seen:?}"
     );
+    let committed = committed(&group, &topic, 16);
+    assert!(committed.values().all(|c| *c == Some(2)), "{committed:?}");
+    eprintln!("health partition backlog: live_polls={polls} not_live=0");
 }

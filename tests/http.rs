@@ -1011,6 +1011,54 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
     assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
 }
 
+/// An endpoint that takes 1 s a request until `fast` is set.
+fn slow_until_fast(fast: &Arc<std::sync::atomic::AtomicBool>) -> Endpoint {
+    let fast = fast.clone();
+    Endpoint::start(move |_, _| Response {
+        delay: if fast.load(std::sync::atomic::Ordering::SeqCst) {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        },
+        ..ok()
+    })
+}
+
+/// One permit for all calls, a 5 s drain.
+fn one_permit(topic: &str, group: &str, url: &str) -> AckdBuilder {
+    http_ackd(topic, group, url)
+        .env("ACKD_HTTP_CONCURRENCY", "1")
+        .env("ACKD_HTTP_TIMEOUT_MS", "3000")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+}
+
+/// Starts `ackd`, and once 2 messages are processed (the rest waiting for the permit)
+/// stops it: the drain completes (exit 0) and only the request under way is finished.
+/// Returns its lines, the requests posted before SIGTERM, and all posted by then.
+fn stop_with_requests_queued(
+    ackd: AckdBuilder,
+    endpoint: &Endpoint,
+) -> (Vec<String>, usize, Vec<(i32, i64)>) {
+    let first = ackd.spawn();
+    first.wait_for_count(is_processed, 2, WAIT);
+    let posted_before = endpoint.requests().len();
+    let lines = stop(&first, 0);
+    assert!(
+        lines
+            .iter()
+            .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true")),
+        "{}",
+        lines.join("\n")
+    );
+    let posted: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
+    assert!(
+        posted.len() <= posted_before + 1,
+        "only the request under way was finished: {posted_before} before SIGTERM, {} after",
+        posted.len()
+    );
+    (lines, posted_before, posted)
+}
+
 /// Issue 19.3: key ordering with 16 calls a partition and `ACKD_HTTP_CONCURRENCY=1`
 /// against an endpoint that takes 1 s: on SIGTERM the drain (5 s) waits only for the
 /// request under way, the ones waiting for the permit are dropped (exit 0, complete),
@@ -1022,17 +1070,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     let group = unique_name("g-http-queued-stop");
     create_topic(&topic, 1);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let endpoint = {
-        let fast = fast.clone();
-        Endpoint::start(move |_, _| Response {
-            delay: if fast.load(std::sync::atomic::Ordering::SeqCst) {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(1)
-            },
-            ..ok()
-        })
-    };
+    let endpoint = slow_until_fast(&fast);
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
     let records: Vec<Record<'_>> = keys
         .iter()
@@ -1040,30 +1078,12 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
         .collect();
     produce_values(&topic, &records);
     let queued = || {
-        http_ackd(&topic, &group, &endpoint.url())
+        one_permit(&topic, &group, &endpoint.url())
             .env("ACKD_ORDERING", "key")
             .env("ACKD_CONCURRENCY", "16")
-            .env("ACKD_HTTP_CONCURRENCY", "1")
-            .env("ACKD_HTTP_TIMEOUT_MS", "3000")
-            .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
     };
-    let first = queued().spawn();
-    first.wait_for_count(is_processed, 2, WAIT);
-    let posted_before = endpoint.requests().len();
-    let lines = stop(&first, 0);
-    assert!(
-        lines
-            .iter()
-            .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true")),
-        "{}",
-        lines.join("\n")
-    );
-    let posted: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
-    assert!(
-        posted.len() <= posted_before + 1,
-        "only the request under way was finished: {posted_before} before SIGTERM, {} after",
-        posted.len()
-    );
+    let (lines, posted_before, posted) = stop_with_requests_queued(queued(), &endpoint);
+    let posted: Vec<i64> = posted.iter().map(|p| p.1).collect();
     let mut acked: Vec<i64> = processed(&lines).iter().map(|p| p.1).collect();
     acked.sort_unstable();
     assert_eq!(acked, (0..acked.len() as i64).collect::<Vec<_>>());
@@ -1085,6 +1105,55 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
     eprintln!(
         "http queued stop: posted_before_sigterm={posted_before} posted_by_first={} acked_first={}",
+        posted.len(),
+        acked.len()
+    );
+}
+
+/// Issue 19.3 under partition ordering (the default): 6 partitions share
+/// `ACKD_HTTP_CONCURRENCY=1` against an endpoint that takes 1 s. On SIGTERM the drain
+/// waits only for the request under way, not for one waiting request per partition in
+/// turn (exit 0, complete); each partition's commit is what it acknowledged, and a
+/// restart posts the rest: each message posted once.
+#[test]
+fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_other_partitions() {
+    let topic = unique_name("http-partition-queued-stop");
+    let group = unique_name("g-http-partition-queued-stop");
+    create_topic(&topic, 6);
+    let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let endpoint = slow_until_fast(&fast);
+    let values: Vec<(i32, String)> = (0..6)
+        .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
+        .collect();
+    let records: Vec<common::Record<'_>> = values
+        .iter()
+        .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&topic, &records);
+    let queued = || one_permit(&topic, &group, &endpoint.url()).env("ACKD_ORDERING", "partition");
+    let (lines, posted_before, mut posted) = stop_with_requests_queued(queued(), &endpoint);
+    let mut acked = processed(&lines);
+    acked.sort_unstable();
+    posted.sort_unstable();
+    assert_eq!(posted, acked, "every request posted was acknowledged");
+    let committed_first = committed(&group, &topic, 6);
+    for p in 0..6 {
+        let n = acked.iter().filter(|a| a.0 == p).count() as i64;
+        assert_eq!(committed_first[&p], (n > 0).then_some(n), "partition {p}");
+    }
+
+    fast.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = queued().spawn();
+    second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
+    stop(&second, 0);
+    let mut all: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
+    all.sort_unstable();
+    let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();
+    assert_eq!(all, expected, "each posted exactly once");
+    let committed = committed(&group, &topic, 6);
+    assert!(committed.values().all(|c| *c == Some(5)), "{committed:?}");
+    eprintln!(
+        "http partition queued stop: posted_before_sigterm={posted_before} posted_by_first={} acked_first={}",
         posted.len(),
         acked.len()
     );

@@ -87,6 +87,11 @@ impl Processor for Builtin {
         }
     }
 
+    /// Exec calls wait for a free child, http calls for a permit; the rest never wait.
+    fn calls_may_wait(&self) -> bool {
+        matches!(self, Builtin::Exec(_) | Builtin::Http(_))
+    }
+
     async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
         match self {
             Builtin::Log | Builtin::Noop => Ok(()),

@@ -340,8 +340,10 @@ impl Queued {
 /// What that changes (with `ACKD_ORDERING=key` or `none`, where a partition has up to
 /// `ACKD_CONCURRENCY` calls at once): a stop or a revoke waits only for the calls
 /// started, and drops the others (unacknowledged, so redelivered); the health endpoint
-/// counts a call's time from its start. Outside such a call (partition ordering, a
-/// direct call) it does nothing and `take` says true.
+/// counts a call's time from its start. With `ACKD_ORDERING=partition` the same holds
+/// for a processor whose [`Processor::calls_may_wait`] says true. Outside such a call
+/// (partition ordering with a processor that does not say so, a direct call) it does
+/// nothing and `take` says true.
 pub fn queued() -> Queued {
     Queued(crate::worker::admission::CallStart::queue_current())
 }
@@ -356,7 +358,8 @@ pub fn queued() -> Queued {
 ///
 /// A call counts as started (a stop or a revoke waits for it, `/live` times it) once
 /// its future was first polled, or, for a processor that queues calls before it serves
-/// them (a pool, a limit on requests), from [`Queued::take`] (see [`queued`]). A call
+/// them (a pool, a limit on requests), from [`Queued::take`] (see [`queued`]; under
+/// `ACKD_ORDERING=partition` only if [`Processor::calls_may_wait`] says true). A call
 /// not started when a stop or a revoke begins is dropped: its future is dropped, its
 /// message stays unacknowledged and goes to the partition's next reader.
 ///
@@ -397,6 +400,21 @@ pub trait Processor: Send + Sync + 'static {
         messages: &[Message<'_>],
     ) -> impl Future<Output = Result<(), BatchError>> + Send {
         each(self, messages)
+    }
+
+    /// Whether this processor's calls may wait for capacity of its own (a pool of
+    /// children or connections, a limit on requests) before it serves them, saying so
+    /// with [`queued`]. The default, false: calls are served as soon as they are made.
+    ///
+    /// With `ACKD_ORDERING=partition` (the default) ackd tracks when such a call starts
+    /// only for a processor that says true: a stop or a revoke then drops a partition's
+    /// call still waiting in the queue (its message is redelivered) instead of waiting
+    /// for it, and `/live` times it from [`Queued::take`]. Saying true costs an
+    /// allocation and a few atomic operations per call; false costs nothing, and
+    /// [`queued`] then does nothing under partition ordering. With `key` or `none` every
+    /// call is tracked, whatever this says.
+    fn calls_may_wait(&self) -> bool {
+        false
     }
 
     /// Called once on a graceful stop, after the final commit (no `process` call is in

@@ -3,8 +3,11 @@
 //!
 //! With `ACKD_ORDERING=key` or `none` a partition hands the processor up to
 //! `ACKD_CONCURRENCY` calls at once, more than a pool of `ACKD_EXEC_CONCURRENCY` children
-//! or `ACKD_HTTP_CONCURRENCY` requests serves: the rest wait in the processor. A call
-//! that waits has not started: a stop or a revoke drops it (its message stays
+//! or `ACKD_HTTP_CONCURRENCY` requests serves: the rest wait in the processor. With
+//! `partition` ordering each partition has one call, but many partitions share the
+//! pool the same way; there the worker tracks calls only for a processor whose
+//! `calls_may_wait` says so (the others' calls start when made, and cost nothing
+//! here). A call that waits has not started: a stop or a revoke drops it (its message stays
 //! unacknowledged, for the next owner), and the health endpoint does not count its
 //! wait as time in the call.
 //!
@@ -50,7 +53,8 @@ pub(crate) struct CallStart {
 
 impl CallStart {
     /// The current call, if the worker is polling one: the processor queues it.
-    /// `None` outside a concurrent call (partition ordering, a direct call, a test),
+    /// `None` outside a tracked call (partition ordering with a processor whose calls
+    /// never wait, a direct call, a test),
     /// or when the call started already (a batch's second message, a retry's queue).
     pub(crate) fn queue_current() -> Option<Arc<CallStart>> {
         let call = CALL.try_with(Arc::clone).ok()?;

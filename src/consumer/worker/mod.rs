@@ -74,10 +74,15 @@ pub struct WorkerShared {
     /// Messages read and not handed to the processor: waiting for their key or a free
     /// call (concurrent ordering), or `usize::MAX` (partition ordering, where none wait).
     waiting: AtomicUsize,
-    /// The concurrent calls the processor took, oldest first (concurrent ordering).
+    /// The concurrent calls the processor took, oldest first (concurrent ordering, or
+    /// partition ordering with a processor whose calls may wait: see `admits_calls`).
     calls: Arc<admission::CallClock>,
     /// Held while the group membership is in doubt: nothing new starts.
     pub hold: hold::Hold,
+    /// Partition ordering with a processor whose calls may wait for capacity
+    /// (`Processor::calls_may_wait`): its call is tracked in `calls`, like a concurrent
+    /// one. Set once, when the worker starts.
+    admits_calls: AtomicBool,
 }
 
 impl WorkerShared {
@@ -97,11 +102,12 @@ impl WorkerShared {
             waiting: AtomicUsize::new(usize::MAX),
             calls: Arc::default(),
             hold: hold::Hold::default(),
+            admits_calls: AtomicBool::new(false),
         }
     }
 
     /// When the processor call under way began (see `output::health`), if one is: with
-    /// concurrent calls, the oldest one the processor took (not one waiting for it).
+    /// tracked calls (`calls`), the oldest one the processor took (not one waiting for it).
     pub fn call_started_ms(&self) -> Option<u64> {
         Some(self.call_started_ms.load(Ordering::Relaxed))
             .filter(|t| *t != 0)
@@ -109,7 +115,7 @@ impl WorkerShared {
     }
 
     /// The offset of the call `call_started_ms` times: the oldest call the processor
-    /// took with concurrent calls, else the one in hand.
+    /// took with tracked calls, else the one in hand.
     pub fn oldest_call_offset(&self) -> Option<i64> {
         self.calls
             .oldest()
@@ -135,12 +141,13 @@ impl WorkerShared {
         some(self.in_flight.load(Ordering::Acquire))
     }
 
-    /// Processor calls under way now (messages, or batches): with concurrent ordering
-    /// the ones the processor took, not those waiting in it.
+    /// Processor calls under way now (messages, or batches): the ones the processor
+    /// took, not those waiting in it for a child or a permit.
     pub fn in_flight_count(&self) -> usize {
-        match self.waiting() {
-            Some(_) => self.calls.running(),
-            None => usize::from(self.in_flight().is_some()),
+        if self.waiting().is_some() || self.admits_calls.load(Ordering::Relaxed) {
+            self.calls.running()
+        } else {
+            usize::from(self.in_flight().is_some())
         }
     }
 
@@ -562,6 +569,10 @@ async fn consume<C, P>(
     // commits must not name fewer acknowledged offsets than it knows of.
     worker.progress.publish_acked_above(&mut Vec::new());
     let concurrent = config.concurrency.ordering != crate::settings::Ordering::Partition;
+    shared.admits_calls.store(
+        !concurrent && config.processor.calls_may_wait(),
+        Ordering::Relaxed,
+    );
     let mut step = Step::Read;
     loop {
         step = match step {
@@ -1352,17 +1363,25 @@ impl<P: Processor> Handler<'_, P> {
         BatchEnd::Done
     }
 
-    /// One attempt of the processor call. The partition's only call times itself;
-    /// a concurrent one starts when the processor takes it, and a stop before that
-    /// drops it (`None`: its messages stay unacknowledged, for the next reader).
+    /// One attempt of the processor call. A concurrent one, or the partition's only
+    /// one when the processor's calls may wait for capacity, starts when the processor
+    /// takes it, and a stop before that drops it (`None`: its messages stay
+    /// unacknowledged, for the next reader). Otherwise the partition's only call times
+    /// itself: no allocation, atomic or lock more per message (noop, log).
     async fn attempt<F: std::future::Future>(
         &mut self,
         (offset, messages): (i64, usize),
         call: F,
     ) -> Option<F::Output> {
+        let clock = &self.shared.calls;
         if !self.sequential {
-            return admission::admitted(call, &self.shared.calls, (offset, messages), self.stop)
-                .await;
+            return admission::admitted(call, clock, (offset, messages), self.stop).await;
+        }
+        if self.config.processor.calls_may_wait() {
+            // A copy: `admitted` marks the stop seen, and the partition's read loop
+            // (`Worker::next`) must still see it.
+            let mut stop = self.stop.clone();
+            return admission::admitted(call, clock, (offset, messages), &mut stop).await;
         }
         self.shared.call_begins();
         let outcome = call.await;
