@@ -402,19 +402,32 @@ impl FieldWriter<'_> {
             self.line.push(' ');
         }
         let name = field.name();
-        match name.split_once('#') {
-            Some((kind @ ("count" | "measure" | "sample"), metric)) => {
+        match metric_split(name) {
+            Some((kind, metric)) => {
                 // Pieces pushed, not `write!`: this runs for every field of every line.
-                for piece in [kind, "#", self.prefix, ".", metric, "="] {
+                for piece in [kind, self.prefix, ".", metric, "="] {
                     self.line.push_str(piece);
                 }
             }
-            _ => {
+            None => {
                 self.line.push_str(name);
                 self.line.push('=');
             }
         }
     }
+}
+
+/// `count#x`, `measure#x`, `sample#x` → (`count#`, `x`); any other name → `None`. By
+/// prefix, not by searching the name for `#`: that search was most of what a line's
+/// keys cost (every field of every per-message line comes here).
+fn metric_split(name: &str) -> Option<(&str, &str)> {
+    let kind = match name.as_bytes().first()? {
+        b'c' => "count#",
+        b'm' => "measure#",
+        b's' => "sample#",
+        _ => return None,
+    };
+    name.strip_prefix(kind).map(|metric| (kind, metric))
 }
 
 impl Visit for FieldWriter<'_> {
@@ -670,6 +683,25 @@ mod tests {
         assert_eq!(
             out,
             "count#myapp.messages.processed=1 source=orders topic=orders partition=3 offset=42 key=\"k 1\"\n"
+        );
+    }
+
+    #[test]
+    fn only_the_three_metric_kinds_before_the_first_hash_get_the_prefix() {
+        let out = capture(|| {
+            tracing::info!(
+                "measure#commit.ms" = 3,
+                "sample#lag" = 4,
+                "counter#x" = 5,
+                "count" = 6,
+                "s#y" = 7,
+                "count#a#b" = 8,
+                "count#" = 9
+            )
+        });
+        assert_eq!(
+            out,
+            "measure#myapp.commit.ms=3 sample#myapp.lag=4 counter#x=5 count=6 s#y=7 count#myapp.a#b=8 count#myapp.=9\n"
         );
     }
 

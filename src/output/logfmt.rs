@@ -61,12 +61,47 @@ pub fn escaped(value: &str) -> String {
     out
 }
 
+/// Whether `value` is empty or holds a space, `=`, `"`, `\` or a control character
+/// (`char::is_control`: U+0000-U+001F, U+007F-U+009F). By bytes, through a table, rather
+/// than by chars: every per-message line checks its topic, source and key here. The
+/// controls above ASCII, U+0080-U+009F, are 0xC2 followed by 0x80-0x9F in UTF-8.
 fn needs_quotes(value: &str) -> bool {
-    value.is_empty()
-        || value
-            .chars()
-            .any(|c| c == ' ' || c == '=' || c == '"' || c == '\\' || c.is_control())
+    let bytes = value.as_bytes();
+    bytes.is_empty()
+        || bytes
+            .iter()
+            .enumerate()
+            .any(|(i, &b)| match QUOTED[usize::from(b)] {
+                Quoted::No => false,
+                Quoted::Yes => true,
+                Quoted::IfC1 => matches!(bytes.get(i + 1), Some(0x80..=0x9f)),
+            })
 }
+
+#[derive(Clone, Copy)]
+enum Quoted {
+    No,
+    Yes,
+    /// 0xC2: the first byte of U+0080-U+00BF, of which U+0080-U+009F are controls.
+    IfC1,
+}
+
+/// What each byte of a value means for [`needs_quotes`].
+const QUOTED: [Quoted; 256] = {
+    let mut table = [Quoted::No; 256];
+    let mut b = 0;
+    while b < 256 {
+        if b <= b' ' as usize || b == 0x7f {
+            table[b] = Quoted::Yes;
+        }
+        b += 1;
+    }
+    table[b'=' as usize] = Quoted::Yes;
+    table[b'"' as usize] = Quoted::Yes;
+    table[b'\\' as usize] = Quoted::Yes;
+    table[0xc2] = Quoted::IfC1;
+    table
+};
 
 fn escape_into(out: &mut String, value: &str) {
     for c in value.chars() {
@@ -121,6 +156,12 @@ mod tests {
         assert_eq!(s("tab\there"), r#""tab\there""#);
         assert_eq!(s("back\\slash"), r#""back\\slash""#);
         assert_eq!(s("\u{1b}[31m"), r#""\u{001b}[31m""#);
+        assert_eq!(s("del\u{7f}"), r#""del\u{007f}""#);
+        // C1 controls (two bytes in UTF-8) are controls too; the letters beside them not.
+        assert_eq!(s("nel\u{85}"), r#""nel\u{0085}""#);
+        assert_eq!(s("\u{9f}"), r#""\u{009f}""#);
+        assert_eq!(s("\u{a0}\u{c0}x"), "\u{a0}\u{c0}x"); // 0xC2 0xA0, 0xC3 0x80
+        assert_eq!(s("\u{80}"), r#""\u{0080}""#);
     }
 
     #[test]
