@@ -42,9 +42,10 @@ pub use processor::{
 pub use settings::{SettingError, Settings};
 
 /// Runs ackd with settings from the environment and the processor `make` builds from
-/// them; returns the exit code for `main` to return. Arguments (`--help`, `--version`,
-/// usage errors: exit 64), logging, the panic hook and configuration errors (exit 78,
-/// also for an `Err` from `make`) are handled here.
+/// them. Arguments (`--help`, `--version`, usage errors: exit 64) return the exit code
+/// for `main` to return; once the settings are read the process ends here, with every
+/// line written (see [`end_process`]). Logging, the panic hook and configuration errors
+/// (exit 78, also for an `Err` from `make`) are handled here.
 pub fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
@@ -121,8 +122,7 @@ pub fn main_with<P: Processor>(
                 duration_ms = started.elapsed().as_millis() as u64
             );
         }
-        drop(guard);
-        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        end_process(guard, code);
     }
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => daemon::run(settings, processor),
@@ -132,9 +132,23 @@ pub fn main_with<P: Processor>(
             exit::CONFIG
         }
     };
-    // Flushes every queued line before the process ends.
-    drop(guard);
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
+    end_process(guard, code)
+}
+
+/// Writes every queued line, then ends the process at once with `_exit`, without the C
+/// library's exit handlers. A client ackd gave up on (a deadline passed, a forced stop, a
+/// metadata request still under way when authentication failed) leaves librdkafka's
+/// threads running; OpenSSL's exit handler would free what they still use, and with
+/// them alive the process can die of SIGSEGV after its `at=exit` line (seen with
+/// jemalloc). Nothing is left for those handlers to do: lines are flushed here, the
+/// group was left and offsets committed (or given up on) before `at=exit`.
+fn end_process(lines: output::lines::OutputGuard, code: i32) -> ! {
+    use std::io::Write;
+    drop(lines); // waits for the writer thread to write every line
+    let _ = std::io::stdout().lock().flush();
+    let _ = std::io::stderr().lock().flush();
+    // SAFETY: _exit only ends the process; nothing runs after it.
+    unsafe { libc::_exit(code) }
 }
 
 /// Writes `text` to stdout for `--help`/`--version`; a closed pipe (`ackd --help | head`)
