@@ -142,11 +142,11 @@ pub fn main_with<P: Processor>(
 /// them alive the process can die of SIGSEGV after its `at=exit` line (seen with
 /// jemalloc). Nothing is left for those handlers to do: lines are flushed here, the
 /// group was left and offsets committed (or given up on) before `at=exit`.
+/// stdout is not flushed here: only the line writer writes to it (and flushes each
+/// batch), and a stuck stdout must not hold the exit (the writer holds its lock).
 fn end_process(lines: output::lines::OutputGuard, code: i32) -> ! {
-    use std::io::Write;
-    drop(lines); // waits for the writer thread to write every line
-    let _ = std::io::stdout().lock().flush();
-    let _ = std::io::stderr().lock().flush();
+    // Waits for the writer thread to write every line (at most 1 s for a stuck stdout).
+    drop(lines);
     // SAFETY: _exit only ends the process; nothing runs after it.
     unsafe { libc::_exit(code) }
 }
