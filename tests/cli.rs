@@ -62,13 +62,13 @@ fn version_with_the_environment_set_consumes_nothing() {
     );
 }
 
-/// The README's settings table: every variable named in its first column, and the
-/// default column as written.
+/// The settings table of docs/settings.md: every variable named in its first column, and
+/// the default column as written.
 fn readme_settings() -> Vec<(String, String)> {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../docs/settings.md");
     let start = readme
-        .find("\n## Settings")
-        .expect("README has ## Settings");
+        .find("# Settings\n")
+        .expect("docs/settings.md has # Settings");
     let table = readme[start..]
         .lines()
         .skip_while(|l| !l.starts_with("| Variable |"))
@@ -116,14 +116,14 @@ fn help_lists_every_setting_of_the_readme_with_its_default() {
         assert_eq!(
             in_help.difference(&in_readme).collect::<Vec<_>>(),
             Vec::<&String>::new(),
-            "in --help, not in the README's settings table"
+            "in --help, not in the settings table of docs/settings.md"
         );
         assert_eq!(
             in_readme.difference(&in_help).collect::<Vec<_>>(),
             Vec::<&String>::new(),
-            "in the README's settings table, not in --help:\n{help}"
+            "in the settings table of docs/settings.md, not in --help:\n{help}"
         );
-        // Each default the README gives as a value is the one --help shows.
+        // Each default docs/settings.md gives as a value is the one --help shows.
         for (name, default) in &readme {
             let line = help
                 .lines()
@@ -139,7 +139,7 @@ fn help_lists_every_setting_of_the_readme_with_its_default() {
             };
             assert!(
                 shown.trim_matches(['[', ']']).starts_with(expected),
-                "{name}: README says {default:?}, --help says {line:?}"
+                "{name}: docs/settings.md says {default:?}, --help says {line:?}"
             );
         }
         // The librdkafka properties ackd sets by default are listed too.

@@ -1,10 +1,10 @@
 //! The container image (issue 13, item 15). No container engine runs here, so this
 //! checks what the Dockerfile says: PID 1 is an init that reaps orphans (the exec
 //! processor's handlers may leave some) and forwards SIGTERM to ackd, in exec form;
-//! the runtime image can take a handler's runtime (EXTRA_PACKAGES), as the README shows.
+//! the runtime image can take a handler's runtime (EXTRA_PACKAGES), as docs/deploying.md shows.
 
 const DOCKERFILE: &str = include_str!("../Dockerfile");
-const README: &str = include_str!("../README.md");
+const README: &str = include_str!("../docs/deploying.md");
 
 /// The instructions after the last `FROM` (the runtime stage), comments dropped and
 /// continuation lines joined.

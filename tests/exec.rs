@@ -34,15 +34,16 @@ fn work_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The `n`th (from 1) Python block of the README's "exec processor" section, exactly as
+/// The `n`th (from 1) Python block of docs/exec.md ("exec processor"), exactly as
 /// written there: 1 is the handler, 2 the batched handler.
 fn readme_handler(n: usize) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("read README.md");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/exec.md"))
+            .expect("read docs/exec.md");
     let section = readme
-        .split("## exec processor")
+        .split("# exec processor")
         .nth(1)
-        .expect("README has an exec processor section");
+        .expect("docs/exec.md has an exec processor section");
     let code = section
         .split("```python\n")
         .nth(n)
@@ -51,7 +52,7 @@ fn readme_handler(n: usize) -> String {
     code.to_string()
 }
 
-/// What every test handler starts with: SIGTERM ignored (as in the README's), `DIR`,
+/// What every test handler starts with: SIGTERM ignored (as in docs/exec.md's), `DIR`,
 /// `once(name)`, and the `handled` file.
 const HANDLER_PREAMBLE: &str = r#"import json, os, signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -90,7 +91,7 @@ fn write_handler(dir: &Path, body: &str) -> String {
 /// offset, value or None), `reply` (preset to ack) and `once(name)` in scope. Its reply
 /// names the message by its offset alone (the form handlers written before ackd required
 /// it keep working with). It records each handled message in `handled` and each request line in `requests`,
-/// and writes `eof-<pid>` when stdin ends. Like the README's, it ignores SIGTERM.
+/// and writes `eof-<pid>` when stdin ends. Like docs/exec.md's, it ignores SIGTERM.
 fn test_handler(dir: &Path, case: &str) -> String {
     test_handler_with(dir, case, "")
 }
@@ -185,7 +186,7 @@ fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
     lines
 }
 
-/// 1: the README's handler, 2 partitions: every message acknowledged once, in order per
+/// 1: docs/exec.md's handler, 2 partitions: every message acknowledged once, in order per
 /// partition, committed to the log end; the child's stderr is in ackd's log, tagged.
 #[test]
 fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
@@ -836,7 +837,7 @@ fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
 
 /// A batch handler: `case` is Python run per message of a batch with `p`, `o`, `v`,
 /// `reply` (preset to ack) and `once(name)` in scope; it may set `reply` (with the
-/// failing `"offset"`) and `break`, as the README's batched handler does; the reply then
+/// failing `"offset"`) and `break`, as docs/exec.md's batched handler does; the reply then
 /// gets the batch's `"first"` and `"last"`. Each message
 /// it went past is recorded in `handled`, each batch as `partition first count` in
 /// `batches`.
@@ -921,7 +922,7 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
     }
 }
 
-/// The README's batched handler, exactly as written there, acknowledges everything.
+/// docs/exec.md's batched handler, exactly as written there, acknowledges everything.
 #[test]
 fn the_readme_batch_handler_acks_everything_once() {
     let topic = unique_name("exec-readme-batch");
@@ -1260,7 +1261,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
 /// Batches of 5 over 15 messages. The first batch is answered the way a handler that
 /// works on its messages in parallel might: the last message's own answer first (naming
 /// its offset), then it dies; the second is answered once per message with the
-/// README's bare `{"ack": true}`, and it dies at the third. A batch is acknowledged only
+/// docs/exec.md's bare `{"ack": true}`, and it dies at the third. A batch is acknowledged only
 /// by a reply naming its first and last offsets: nothing of either is acknowledged, both
 /// come again, and every acknowledged message was handled.
 #[test]

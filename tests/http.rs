@@ -607,16 +607,16 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
     assert!(!lines.iter().any(|l| l.contains("s3cr3t")), "{line}");
 }
 
-/// The Python endpoint of the README's "http processor" section, exactly as written
-/// there.
+/// The Python endpoint of docs/http.md ("http processor"), exactly as written there.
 fn readme_endpoint() -> String {
-    let readme =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-            .expect("read README.md");
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/http.md"),
+    )
+    .expect("read docs/http.md");
     let section = readme
-        .split("## http processor")
+        .split("# http processor")
         .nth(1)
-        .expect("README has an http processor section");
+        .expect("docs/http.md has an http processor section");
     section
         .split("```python\n")
         .nth(1)
@@ -625,7 +625,7 @@ fn readme_endpoint() -> String {
         .to_string()
 }
 
-/// The README's endpoint: text values are acked, a binary value gets its 400 (skipped
+/// docs/http.md's endpoint: text values are acked, a binary value gets its 400 (skipped
 /// here), and a restart of nothing is needed: everything is committed.
 #[test]
 fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
