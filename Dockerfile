@@ -55,8 +55,8 @@ FROM debian:bookworm-slim
 
 # Debian packages the exec processor's handler needs (its runtime), e.g.
 #   docker build --build-arg EXTRA_PACKAGES=python3 -t ackd-py .
-# for ACKD_PROCESSOR=exec ACKD_EXEC_COMMAND="python3 /app/handler.py". README
-# "Deploying" shows how to add the handler itself. Empty: ackd alone.
+# for ACKD_PROCESSOR=exec ACKD_EXEC_COMMAND="python3 /app/handler.py".
+# docs/deploying.md shows how to add the handler itself. Empty: ackd alone.
 ARG EXTRA_PACKAGES=""
 
 # What the binary links dynamically (`ldd target/release/ackd`): libssl.so.3 and
