@@ -6,11 +6,11 @@
 //! its built-in processors. See `examples/custom_processor.rs`.
 //!
 //! The pieces, one folder per concern:
-//! - [`config`]: every setting, validated ([`settings`]), and settings → librdkafka;
+//! - [`config`]: every setting, validated ([`config::settings`]), and settings → librdkafka;
 //! - [`consumer`]: the daemon (signals, exit code), the supervisor thread that owns the
-//!   consumer and the group, one worker task per partition, the offset [`tracker`], the
+//!   consumer and the group, one worker task per partition, the offset [`consumer::tracker`], the
 //!   committer, the memory budget;
-//! - [`output`]: every line written, [`logfmt`], the l2met metrics, the health endpoint;
+//! - [`output`]: every line written, [`output::logfmt`], the l2met metrics, the health endpoint;
 //! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`, `http`);
 //! - [`commands`]: `ackd check` and `ackd status`, which read the group without joining it;
 //! - [`cli`]: the arguments, answered before any setting is read.
@@ -23,23 +23,12 @@ pub mod exit;
 pub mod output;
 pub mod processors;
 
-// Short paths for what embedders and the modules themselves use most.
-pub(crate) use config::client_config;
-pub use config::{kafka_url, rdkafka_env, secret, security, settings};
-pub(crate) use consumer::{
-    acked_ranges, auth, committer, daemon, dead_letter, group, memory, supervisor, topics, worker,
-};
-pub use consumer::{failure, tracker};
-pub use output::logfmt;
-pub(crate) use output::metrics;
-pub use processors::processor;
-
 use std::process::ExitCode;
 
-pub use processor::{
-    BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor,
+pub use config::settings::{SettingError, Settings};
+pub use processors::processor::{
+    queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor, Queued,
 };
-pub use settings::{SettingError, Settings};
 
 /// Runs ackd with settings from the environment and the processor `make` builds from
 /// them. Arguments (`--help`, `--version`, usage errors: exit 64) return the exit code
@@ -65,11 +54,11 @@ pub fn main_with<P: Processor>(
     let settings = Settings::from_env();
     // From here on no line carries a secret value, whatever path it takes: what the
     // variables hold is known even when they are refused (a refusal is a line too).
-    let mut never_shown = settings::never_shown_in_vars(utf8_vars());
+    let mut never_shown = config::settings::never_shown_in_vars(utf8_vars());
     if let Ok(s) = &settings {
         never_shown.extend(s.never_shown());
     }
-    secret::register(never_shown);
+    config::secret::register(never_shown);
     let (mut level, prefix) = match &settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
@@ -125,7 +114,7 @@ pub fn main_with<P: Processor>(
         end_process(guard, code);
     }
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
-        Ok((settings, processor)) => daemon::run(settings, processor),
+        Ok((settings, processor)) => consumer::daemon::run(settings, processor),
         Err(e) => {
             report_setting_error(&e);
             tracing::info!(at = "exit", code = exit::CONFIG);

@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
+use crate::config::settings::Settings;
 use crate::exit;
-use crate::settings::Settings;
 
 use super::{connect, create, describe_group, partitions, Unreached};
 
@@ -81,7 +81,7 @@ pub fn run(settings: &Settings) -> i32 {
             }
             if !missing.is_empty() {
                 // The daemon's own line for it, word for word: the same contract.
-                crate::topics::report_missing(settings, &missing.join(","));
+                crate::consumer::topics::report_missing(settings, &missing.join(","));
                 code = exit::CONFIG;
             }
         }
@@ -133,7 +133,7 @@ fn metadata_ok(
         check = "auth",
         ok = true,
         security = settings.brokers.security.protocol(),
-        tls = crate::security::tls_summary(settings.tls.as_ref()),
-        sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
+        tls = crate::config::security::tls_summary(settings.tls.as_ref()),
+        sasl = crate::config::security::sasl_summary(settings.sasl.as_ref()),
     );
 }

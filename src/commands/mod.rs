@@ -18,10 +18,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
 use rdkafka::ClientConfig;
 
-use crate::auth::AuthFailures;
-use crate::client_config::base_config;
+use crate::config::client_config::base_config;
+use crate::config::settings::Settings;
+use crate::consumer::auth::AuthFailures;
 use crate::exit;
-use crate::settings::Settings;
 
 /// How long the brokers may stay unreachable before a command gives up (exit 69).
 pub const CONNECT_BOUND: Duration = Duration::from_secs(12);
@@ -79,7 +79,7 @@ pub fn create(settings: &Settings, name: &str) -> Result<Probe, i32> {
     };
     probe_config(settings, name)
         .create_with_context(context)
-        .map_err(|e| crate::daemon::report_client_error(settings, e))
+        .map_err(|e| crate::consumer::daemon::report_client_error(settings, e))
 }
 
 /// Why the brokers could not be asked.

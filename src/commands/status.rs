@@ -11,9 +11,9 @@ use std::io::Write as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::committer::committed_with_metadata;
+use crate::config::settings::{Settings, StartFrom};
+use crate::consumer::committer::committed_with_metadata;
 use crate::exit;
-use crate::settings::{Settings, StartFrom};
 
 use super::{connect, create, describe_group, partitions, GroupView, Unreached, REQUEST};
 
@@ -87,7 +87,7 @@ fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
         .map(|(t, _)| t.as_str())
         .collect();
     if !missing.is_empty() {
-        crate::topics::report_missing(settings, &missing.join(","));
+        crate::consumer::topics::report_missing(settings, &missing.join(","));
         return Err(exit::CONFIG);
     }
     let group =
@@ -131,7 +131,7 @@ fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
             lag,
             acked_above: committed
                 .zip(previous.as_ref())
-                .map(|(c, p)| crate::acked_ranges::count(&p.acked_above(c)))
+                .map(|(c, p)| crate::consumer::acked_ranges::count(&p.acked_above(c)))
                 .filter(|n| *n > 0),
             processed: previous.map(|p| p.processed),
             member,
@@ -184,11 +184,11 @@ pub fn terminal_safe(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = 0; // where the text not yet written starts
     for (i, c) in text.char_indices().filter(|(_, c)| is_bidi(*c)) {
-        out.push_str(&crate::logfmt::escaped(&text[rest..i]));
+        out.push_str(&crate::output::logfmt::escaped(&text[rest..i]));
         let _ = write!(out, "\\u{{{:04x}}}", c as u32);
         rest = i + c.len_utf8();
     }
-    out.push_str(&crate::logfmt::escaped(&text[rest..]));
+    out.push_str(&crate::output::logfmt::escaped(&text[rest..]));
     out
 }
 

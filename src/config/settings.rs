@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 
-use crate::failure::{OnFailure, Retry};
-use crate::kafka_url::{self, Brokers};
+use crate::config::kafka_url::{self, Brokers};
+use crate::config::rdkafka_env;
+use crate::config::secret::Secret;
+use crate::config::security::{self, Sasl, Tls};
+use crate::consumer::failure::{OnFailure, Retry};
 use crate::processors::http::{HttpBody, HttpUrl};
-use crate::rdkafka_env;
-use crate::secret::Secret;
-use crate::security::{self, Sasl, Tls};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -283,7 +283,7 @@ pub fn variable_name(name: &str) -> String {
 }
 
 /// Every value no line may show that `vars` hold, whether or not they make valid
-/// settings: [`crate::secret::register`] gets them before validation, so that not even
+/// settings: [`crate::config::secret::register`] gets them before validation, so that not even
 /// a configuration error can show one. Values from a file (`ACKD_CONFIG_FILE`) count
 /// when the file can be read.
 pub fn never_shown_in_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
@@ -540,7 +540,7 @@ impl Settings {
         with_prefix(self.kafka_prefix.as_deref(), name)
     }
 
-    /// Every value no line may show, for [`crate::secret::register`]: credentials, the
+    /// Every value no line may show, for [`crate::config::secret::register`]: credentials, the
     /// private key, and the PEMs (public, but never printed).
     pub fn never_shown(&self) -> Vec<String> {
         let mut values: Vec<String> = Vec::new();
@@ -1353,7 +1353,7 @@ impl RawSettings {
         if settings.memory_mb > 0 {
             let defaults = rdkafka_defaults();
             if let Some((property, pass)) = settings.rdkafka.iter().find(|(p, pass)| {
-                crate::memory::PROPERTIES.contains(&p.as_str())
+                crate::consumer::memory::PROPERTIES.contains(&p.as_str())
                     && !defaults.iter().any(|(d, v)| d == *p && *v == pass.value)
             }) {
                 return Err(SettingError::new(
@@ -1904,11 +1904,11 @@ mod tests {
             ("DYNO", "consumer.2"),
         ]))
         .unwrap();
-        let config = crate::client_config::consumer_config(&s);
+        let config = crate::config::client_config::consumer_config(&s);
         assert_eq!(config.get("group.instance.id"), Some("consumer.2"));
         let dynamic = Settings::from_vars(vars(&[("DYNO", "consumer.2")])).unwrap();
         assert_eq!(
-            crate::client_config::consumer_config(&dynamic).get("group.instance.id"),
+            crate::config::client_config::consumer_config(&dynamic).get("group.instance.id"),
             None
         );
 
@@ -2253,7 +2253,7 @@ mod tests {
 
     #[test]
     fn heroku_variables_configure_mutual_tls_without_showing_a_pem() {
-        use crate::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
+        use crate::config::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
         let s = Settings::from_vars(vars(&[
             ("KAFKA_URL", "kafka+ssl://ec2-1.compute.amazonaws.com:9096,kafka+ssl://ec2-2.compute.amazonaws.com:9096"),
             ("KAFKA_TRUSTED_CERT", CA),
@@ -2309,7 +2309,7 @@ mod tests {
 
     #[test]
     fn pass_through_properties_cannot_contradict_the_security_settings() {
-        use crate::security::tests::CA;
+        use crate::config::security::tests::CA;
         let e = err(&[
             ("KAFKA_URL", "kafka+ssl://b:1"),
             ("KAFKA_TRUSTED_CERT", CA),

@@ -32,7 +32,7 @@
 //! releasing it) it cannot, because what was processed after that commit left no trace.
 //!
 //! With concurrent ordering, the metadata also lists the offsets acknowledged above the
-//! committed one (`;a=2-4,7`, relative to it: see [`crate::acked_ranges`]), which
+//! committed one (`;a=2-4,7`, relative to it: see [`crate::consumer::acked_ranges`]), which
 //! the next owner skips, only beside the offset `o=` names ([`read_metadata`]). A broker that refuses the metadata as too large
 //! (`offset.metadata.max.bytes`) gets that partition's commit again at once without the
 //! ranges (`at=commit_metadata_dropped`): the offset is committed and those messages are
@@ -52,10 +52,10 @@ use rdkafka::error::{IsError, KafkaError};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::acked_ranges;
+use crate::consumer::acked_ranges;
+use crate::consumer::group::{Group, Tp};
 use crate::consumer::membership;
-use crate::group::{Group, Tp};
-use crate::metrics::CommitMetrics;
+use crate::output::metrics::CommitMetrics;
 
 /// What to commit for one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,18 +20,18 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::client_config::{base_config, consumer_config};
-use crate::committer::Committer;
-use crate::dead_letter::DeadLetter;
+use crate::config::client_config::{base_config, consumer_config};
+use crate::config::settings::{SettingError, Settings};
+use crate::consumer::committer::Committer;
+use crate::consumer::dead_letter::DeadLetter;
+use crate::consumer::failure::OnFailure;
+use crate::consumer::group::{AckdConsumer, Group, GroupContext, StopClock};
+use crate::consumer::supervisor::{self, Control};
+use crate::consumer::worker::{Batching, WorkerConfig};
 use crate::exit;
-use crate::failure::OnFailure;
-use crate::group::{AckdConsumer, Group, GroupContext, StopClock};
-use crate::metrics::{self, CommitMetrics};
 use crate::output::health::{self, Health, Phase};
-use crate::processor::Processor;
-use crate::settings::{SettingError, Settings};
-use crate::supervisor::{self, Control};
-use crate::worker::{Batching, WorkerConfig};
+use crate::output::metrics::{self, CommitMetrics};
+use crate::processors::processor::Processor;
 
 /// Runs ackd until it is stopped; returns the process exit code.
 pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
@@ -72,8 +72,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         group_protocol = settings.group_protocol.as_str(),
         // TLS, SASL and KAFKA_PREFIX (none of them shows a secret).
         kafka_prefix = settings.kafka_prefix.as_deref(),
-        tls = crate::security::tls_summary(settings.tls.as_ref()),
-        sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
+        tls = crate::config::security::tls_summary(settings.tls.as_ref()),
+        sasl = crate::config::security::sasl_summary(settings.sasl.as_ref()),
         group_instance_id = settings.group_instance_id.as_deref(),
         processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
@@ -83,9 +83,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         on_failure = settings.on_failure.as_str(),
         retry_max_attempts = settings.retry.max_attempts,
         ordering = settings.ordering.as_str(),
-        concurrency = (settings.ordering != crate::settings::Ordering::Partition)
+        concurrency = (settings.ordering != crate::config::settings::Ordering::Partition)
             .then_some(settings.concurrency),
-        max_pending = (settings.ordering != crate::settings::Ordering::Partition)
+        max_pending = (settings.ordering != crate::config::settings::Ordering::Partition)
             .then_some(settings.max_pending),
         batch_max_messages = settings.batch_max_messages,
         batch_max_wait_ms =
@@ -126,13 +126,13 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let memory = if settings.memory_mb > 0 {
         let s = settings.clone();
         let count = tokio::task::spawn_blocking(move || {
-            crate::memory::count_partitions(&s, Duration::from_secs(10))
+            crate::consumer::memory::count_partitions(&s, Duration::from_secs(10))
         });
         let partitions = tokio::select! {
             c = count => c.ok().flatten(),
-            s = signals.next() => return crate::topics::stopped_while_waiting(s),
+            s = signals.next() => return crate::consumer::topics::stopped_while_waiting(s),
         };
-        match crate::memory::Budget::plan(settings.memory_mb, partitions) {
+        match crate::consumer::memory::Budget::plan(settings.memory_mb, partitions) {
             Ok(budget) => {
                 budget.log(None);
                 Some(budget)
@@ -205,8 +205,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 max_bytes: settings.batch_max_bytes,
             },
             concurrency: match settings.ordering {
-                crate::settings::Ordering::Partition => crate::worker::Concurrency::SEQUENTIAL,
-                ordering => crate::worker::Concurrency {
+                crate::config::settings::Ordering::Partition => {
+                    crate::consumer::worker::Concurrency::SEQUENTIAL
+                }
+                ordering => crate::consumer::worker::Concurrency {
                     ordering,
                     max_in_flight: settings.concurrency,
                     max_pending: settings.max_pending,
@@ -216,7 +218,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
         memory: memory.clone(),
-        auth: crate::auth::AuthFailures::new(
+        auth: crate::consumer::auth::AuthFailures::new(
             settings.tls.as_ref().is_some_and(|t| t.client.is_some()),
         ),
     };
@@ -240,9 +242,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     }
     // A missing topic would leave ackd idle forever: stop, or wait for it, first. An
     // authentication failure meanwhile stops ackd at once: nothing is consumed yet.
-    let auth_failed = crate::auth::failed_before_subscribing(&consumer, &consumer.context().auth);
+    let auth_failed =
+        crate::consumer::auth::failed_before_subscribing(&consumer, &consumer.context().auth);
     let checked = tokio::select! {
-        checked = crate::topics::wait_until_present(&consumer, &settings, &mut signals) => checked,
+        checked = crate::consumer::topics::wait_until_present(&consumer, &settings, &mut signals) => checked,
         () = auth_failed => Err(exit::NOPERM),
     };
     if let Err(code) = checked {
@@ -467,7 +470,7 @@ pub(crate) fn report_client_error(settings: &Settings, error: KafkaError) -> i32
     }
     // A PEM librdkafka refused (e.g. a key that is not the certificate's): name its variable.
     if let KafkaError::ClientCreation(message) = &error {
-        if let Some(e) = crate::security::creation_error(message) {
+        if let Some(e) = crate::config::security::creation_error(message) {
             crate::report_setting_error(&e);
             return exit::CONFIG;
         }

@@ -27,13 +27,13 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::committer::{self, CommitOffset, Committer, Reason};
+use crate::config::settings::StartFrom;
+use crate::consumer::committer::{self, CommitOffset, Committer, Reason};
 use crate::consumer::membership;
-use crate::metrics::{self, CommitMetrics, Interval};
+use crate::consumer::worker::{self, WorkerConfig, WorkerHandle};
 use crate::output::health::{Busy, Health};
-use crate::processor::Processor;
-use crate::settings::StartFrom;
-use crate::worker::{self, WorkerConfig, WorkerHandle};
+use crate::output::metrics::{self, CommitMetrics, Interval};
+use crate::processors::processor::Processor;
 
 /// A topic and partition.
 pub type Tp = (Arc<str>, i32);
@@ -188,8 +188,8 @@ pub struct GroupContext<P: Processor> {
     pub metrics_interval: Duration,
     /// Set once the last summary is written: statistics during the close write none.
     pub summaries_done: AtomicBool,
-    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/auth.rs).
-    pub auth: crate::auth::AuthFailures,
+    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/consumer/auth.rs).
+    pub auth: crate::consumer::auth::AuthFailures,
     /// Whether the brokers are reachable, as far as librdkafka's errors tell.
     pub connectivity: Connectivity,
     /// Set when the shutdown begins: partitions assigned after that get no worker.
@@ -201,7 +201,7 @@ pub struct GroupContext<P: Processor> {
     /// then incomplete, as if the final commit had failed.
     pub released_incomplete: AtomicBool,
     /// `ACKD_MEMORY_MB`: the prefetch budget, logged with each assignment change.
-    pub memory: Option<crate::memory::Budget>,
+    pub memory: Option<crate::consumer::memory::Budget>,
     /// The graceful stop's clock, set by the daemon on the signal (see [`StopClock`]).
     pub stop_clock: Arc<StopClock>,
     /// Set once a revoke cut short by the stop has told every worker to stop.
@@ -222,7 +222,7 @@ pub struct StopTimes {
     /// When the process must have committed (it exits then at the latest).
     pub deadline: Instant,
     /// When draining in-flight messages must end: the deadline less
-    /// [`crate::settings::commit_reserve`], kept for the commits and the close.
+    /// [`crate::config::settings::commit_reserve`], kept for the commits and the close.
     pub drain_until: Instant,
     /// When a revoke's commit under way at the stop must end: half the reserve is left
     /// for the final commit of the other partitions.
@@ -236,7 +236,7 @@ impl StopClock {
         let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
         *times.get_or_insert_with(|| {
             let reserve =
-                crate::settings::commit_reserve(deadline.saturating_duration_since(begun));
+                crate::config::settings::commit_reserve(deadline.saturating_duration_since(begun));
             StopTimes {
                 deadline,
                 drain_until: deadline - reserve,
@@ -886,7 +886,7 @@ impl<P: Processor> GroupContext<P> {
     /// that were still owned (a revoke served during the shutdown's commit may have
     /// released some already).
     fn forget(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> Vec<(Tp, Owned)> {
-        // From here no commit for these partitions is sent (src/committer.rs): one that
+        // From here no commit for these partitions is sent (src/consumer/committer.rs): one that
         // timed out but is still queued is dropped, one inside librdkafka is waited for.
         if let Some(c) = self.committer.get() {
             c.release(tps);
@@ -1060,7 +1060,7 @@ fn resume_from_commit(
 ) -> Vec<(i64, i64)> {
     let previous = read.previous.as_ref();
     let acked_above = previous.map_or_else(Vec::new, |p| p.acked_above(o));
-    let skipped = crate::acked_ranges::count(&acked_above);
+    let skipped = crate::consumer::acked_ranges::count(&acked_above);
     // Redelivery is visible: a previous owner that released the partition had processed
     // through `processed` and nothing after, so exactly the offsets from the resume
     // offset to it come again, but those it acknowledged above its commit. One that did

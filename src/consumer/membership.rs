@@ -40,8 +40,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::Notify;
 
-use crate::committer::{millis, CommitOffset};
-use crate::group::Group;
+use crate::consumer::committer::{millis, CommitOffset};
+use crate::consumer::group::Group;
 
 /// How often the stall watch ticks.
 const TICK: Duration = Duration::from_millis(100);

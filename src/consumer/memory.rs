@@ -22,7 +22,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
-use crate::settings::Settings;
+use crate::config::settings::Settings;
 
 /// The least share per partition: below it a partition fetches a few messages at a time.
 pub const MIN_SHARE: u64 = 64 * 1024;
@@ -140,7 +140,9 @@ impl Budget {
 /// The partitions of `settings.topics`, from the brokers; `None` when they cannot be
 /// asked (or a topic does not exist yet) within `timeout`.
 pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
-    let consumer: BaseConsumer = crate::client_config::base_config(settings).create().ok()?;
+    let consumer: BaseConsumer = crate::config::client_config::base_config(settings)
+        .create()
+        .ok()?;
     let mut total = 0;
     for topic in &settings.topics {
         let metadata = consumer.fetch_metadata(Some(topic), timeout).ok()?;

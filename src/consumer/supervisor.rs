@@ -20,11 +20,11 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::committer::millis;
+use crate::consumer::committer::millis;
+use crate::consumer::group::{AckdConsumer, Outcome, Tp};
 use crate::exit;
-use crate::group::{AckdConsumer, Outcome, Tp};
 use crate::output::health::{Busy, Phase};
-use crate::processor::Processor;
+use crate::processors::processor::Processor;
 
 /// What the daemon tells the supervisor.
 pub struct Control {
@@ -53,8 +53,8 @@ enum Stop {
 }
 
 /// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
-/// ended: start the [`crate::group::StopClock`] (unless the signal did) → stop fetching →
-/// release every partition ([`crate::group::GroupContext::shutdown`]: drain, final
+/// ended: start the [`crate::consumer::group::StopClock`] (unless the signal did) → stop fetching →
+/// release every partition ([`crate::consumer::group::GroupContext::shutdown`]: drain, final
 /// commit, forget) → report per partition → tell the daemon the code → close.
 pub fn run<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,

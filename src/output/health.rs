@@ -26,9 +26,9 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::Notify;
 
-use crate::group::Tp;
-use crate::metrics::{BucketCounts, CommitMetrics, Counts, BUCKET_BOUNDS_MICROS};
-use crate::worker::WorkerShared;
+use crate::consumer::group::Tp;
+use crate::consumer::worker::WorkerShared;
+use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, BUCKET_BOUNDS_MICROS};
 
 /// How often the coarse clock ticks: the precision of "stuck for N ms".
 const TICK: Duration = Duration::from_millis(50);

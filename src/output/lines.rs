@@ -26,7 +26,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
-use crate::logfmt;
+use crate::output::logfmt;
 
 /// Keeps the writer thread alive; dropping it flushes every line still queued (waiting
 /// at most a second for a stuck stdout).
@@ -375,7 +375,7 @@ where
             let (line, scratch) = &mut *b;
             line.clear();
             self.render(event, line, scratch);
-            crate::secret::scrub(line); // no registered secret reaches a line (src/secret.rs)
+            crate::config::secret::scrub(line); // no registered secret reaches a line (src/config/secret.rs)
             line.push('\n');
             let written = writer.write_str(line);
             for buf in [line, scratch] {

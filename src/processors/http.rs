@@ -9,7 +9,7 @@
 //!   `Content-Type: application/octet-stream`, metadata in `Ackd-*` headers (see
 //!   [`raw_headers`]).
 //! - `ACKD_HTTP_HEADERS` are added to every request; their values are secrets (marked
-//!   sensitive, registered with [`crate::secret`], redacted from failure reasons).
+//!   sensitive, registered with [`crate::config::secret`], redacted from failure reasons).
 //! - 2xx acks. 408, 429, 5xx, timeouts and connection errors are retryable, with the
 //!   response's `Retry-After` (seconds or an HTTP-date) as the least wait. Any other
 //!   status (other 4xx, and 3xx: redirects are not followed) fails permanently. A
@@ -24,9 +24,9 @@ use base64::Engine as _;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use tokio::sync::Semaphore;
 
-use crate::processor::{queued, BatchError, Message, ProcessError};
-use crate::secret::{Secret, REDACTED};
-use crate::settings::{SettingError, Settings};
+use crate::config::secret::{Secret, REDACTED};
+use crate::config::settings::{SettingError, Settings};
+use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 
 /// Bytes of a response body a failure's reason shows at most.
 const BODY_EXCERPT: usize = 200;

@@ -10,8 +10,8 @@ pub mod processor;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::processor::{BatchError, Message, ProcessError, Processor};
-use crate::settings::{SettingError, Settings};
+use crate::config::settings::{SettingError, Settings};
+use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
@@ -154,7 +154,7 @@ impl Processor for Builtin {
         match self {
             Builtin::Exec(exec) => exec.process_batch(messages).await,
             Builtin::Http(http) => http.process_batch(messages).await,
-            _ => crate::processor::each(self, messages).await,
+            _ => crate::processors::processor::each(self, messages).await,
         }
     }
 

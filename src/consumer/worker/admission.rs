@@ -17,7 +17,7 @@
 //!     └─[`queued`]──▶ Queued ──[`Queued::take`]
 //!   Fresh, Queued ──stop──▶ Dropped (the call's future is dropped; `take` says false)
 //! ```
-//! A processor says it queues a call with [`crate::processor::queued`] while its
+//! A processor says it queues a call with [`crate::processors::processor::queued`] while its
 //! future is polled; one that does not counts as started once its future was first
 //! polled.
 

@@ -36,9 +36,9 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
 
 use super::{weight, Acks, BatchEnd, Handled, Handler, Step, Worker, NONE};
+use crate::config::settings::Ordering as KeyOrdering;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
-use crate::processor::{Kafka, Message, Processor};
-use crate::settings::Ordering as KeyOrdering;
+use crate::processors::processor::{Kafka, Message, Processor};
 
 /// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).
 enum Unit<'q> {

@@ -25,13 +25,13 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
-use crate::dead_letter::DeadLetter;
-use crate::failure::{OnFailure, Retry};
-use crate::metrics::{self, PartitionMetrics, Took};
-use crate::processor::{
+use crate::consumer::dead_letter::DeadLetter;
+use crate::consumer::failure::{OnFailure, Retry};
+use crate::consumer::tracker::OffsetTracker;
+use crate::output::metrics::{self, PartitionMetrics, Took};
+use crate::processors::processor::{
     panicked, BatchError, FailureKind, Kafka, Message, ProcessError, Processor,
 };
-use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
 
@@ -301,7 +301,7 @@ pub struct WorkerConfig<P> {
 /// How many processor calls of one partition run at once, and in what order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Concurrency {
-    pub ordering: crate::settings::Ordering,
+    pub ordering: crate::config::settings::Ordering,
     /// Calls in flight at most (1 with `Ordering::Partition`).
     pub max_in_flight: usize,
     /// Messages held at most, in flight or waiting for their key.
@@ -311,7 +311,7 @@ pub struct Concurrency {
 impl Concurrency {
     /// One call at a time, in offset order: `ACKD_ORDERING=partition`.
     pub const SEQUENTIAL: Concurrency = Concurrency {
-        ordering: crate::settings::Ordering::Partition,
+        ordering: crate::config::settings::Ordering::Partition,
         max_in_flight: 1,
         max_pending: 1,
     };
@@ -362,8 +362,8 @@ pub struct Predecessor<C: ConsumerContext + 'static> {
 }
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
-/// of its [`crate::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
-const PUBLISHED_RANGES_MAX: usize = crate::acked_ranges::MAX_BYTES / 2 + 1;
+/// of its [`crate::consumer::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
+const PUBLISHED_RANGES_MAX: usize = crate::consumer::acked_ranges::MAX_BYTES / 2 + 1;
 
 /// The union of `a` and `b` (inclusive ranges, ascending, disjoint each), ascending,
 /// overlapping and adjacent ones merged, into `out` (cleared first): the lowest `max`.
@@ -568,7 +568,7 @@ async fn consume<C, P>(
     // The previous owner's ranges are this owner's to name until it passes them: its
     // commits must not name fewer acknowledged offsets than it knows of.
     worker.progress.publish_acked_above(&mut Vec::new());
-    let concurrent = config.concurrency.ordering != crate::settings::Ordering::Partition;
+    let concurrent = config.concurrency.ordering != crate::config::settings::Ordering::Partition;
     shared.admits_calls.store(
         !concurrent && config.processor.calls_may_wait(),
         Ordering::Relaxed,
