@@ -16,16 +16,19 @@
 //! - [`cli`]: the arguments, answered before any setting is read.
 
 pub mod cli;
+pub(crate) mod clock;
 pub mod commands;
 pub mod config;
 pub mod consumer;
 pub mod exit;
 pub mod output;
 pub mod processors;
+pub(crate) mod topic_partition;
 
 use std::process::ExitCode;
 
-pub use config::settings::{SettingError, Settings};
+pub use config::error::SettingError;
+pub use config::settings::Settings;
 pub use processors::processor::{
     queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor, Queued,
 };
@@ -92,7 +95,7 @@ pub fn main_with<P: Processor>(
             Ok(s) if command == cli::Command::Check => commands::check::run(s),
             Ok(s) => commands::status::run(s),
             Err(e) => {
-                report_setting_error(e);
+                config::error::report_setting_error(e);
                 if command == cli::Command::Check {
                     tracing::error!(
                         at = "check",
@@ -116,7 +119,7 @@ pub fn main_with<P: Processor>(
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => consumer::daemon::run(settings, processor),
         Err(e) => {
-            report_setting_error(&e);
+            config::error::report_setting_error(&e);
             tracing::info!(at = "exit", code = exit::CONFIG);
             exit::CONFIG
         }
@@ -152,17 +155,6 @@ fn print_out(text: &str) -> ExitCode {
 /// The environment's variables that are UTF-8 (`std::env::vars` panics on others).
 fn utf8_vars() -> impl Iterator<Item = (String, String)> {
     std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-}
-
-/// The one line a configuration error gets.
-pub(crate) fn report_setting_error(e: &SettingError) {
-    tracing::error!(
-        at = "config_error",
-        setting = &e.setting,
-        value = e.value.as_deref(),
-        problem = &e.problem,
-        "invalid configuration; fix the setting and start again"
-    );
 }
 
 /// Panics become one logfmt line (no backtrace on the log drain). A processor's panic is

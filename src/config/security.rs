@@ -13,9 +13,9 @@
 //! PEMs go to librdkafka in memory, never to a file. They are checked here first, so that
 //! a malformed one is an error naming its variable; no error ever shows a PEM's content.
 
+use crate::config::error::SettingError;
 use crate::config::kafka_url::{Brokers, Security};
 use crate::config::secret::Secret;
-use crate::config::settings::SettingError;
 
 /// TLS for `kafka+ssl://` and `kafka+sasl-ssl://`.
 #[derive(Debug, Clone)]

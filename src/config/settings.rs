@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 
+use crate::config::error::SettingError;
+use crate::config::failure::{OnFailure, Retry};
+use crate::config::http_settings::{HttpBody, HttpUrl};
 use crate::config::kafka_url::{self, Brokers};
 use crate::config::rdkafka_env;
 use crate::config::secret::Secret;
 use crate::config::security::{self, Sasl, Tls};
-use crate::consumer::failure::{OnFailure, Retry};
-use crate::processors::http::{HttpBody, HttpUrl};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -50,6 +51,17 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "group.protocol",
         "ACKD_GROUP_PROTOCOL (classic or consumer)",
     ),
+];
+
+/// The librdkafka properties the memory budget (`ACKD_MEMORY_MB`, src/consumer/memory.rs)
+/// sets (setting one as well is an error).
+pub const MEMORY_BUDGET_PROPERTIES: &[&str] = &[
+    "queued.max.messages.kbytes",
+    "queued.min.messages",
+    "fetch.max.bytes",
+    "max.partition.fetch.bytes",
+    "fetch.message.max.bytes",
+    "message.max.bytes",
 ];
 
 /// librdkafka properties of the classic protocol only: with `group.protocol=consumer`
@@ -458,40 +470,8 @@ pub struct Settings {
     pub exec_pass_secrets: Vec<String>,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
-    pub test_delay: crate::processors::delay::Delay,
+    pub test_delay: crate::config::delay::Delay,
 }
-
-/// A setting that is missing or invalid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingError {
-    /// The environment variable (or file key) to fix.
-    pub setting: String,
-    /// The value given, when it may be shown; `None` when missing or secret.
-    pub value: Option<String>,
-    /// What is wrong and what is allowed.
-    pub problem: String,
-}
-
-impl SettingError {
-    fn new(setting: impl Into<String>, value: Option<&str>, problem: impl Into<String>) -> Self {
-        SettingError {
-            setting: setting.into(),
-            value: value.map(str::to_string),
-            problem: problem.into(),
-        }
-    }
-}
-
-impl fmt::Display for SettingError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.value {
-            Some(v) => write!(f, "{}={:?}: {}", self.setting, v, self.problem),
-            None => write!(f, "{}: {}", self.setting, self.problem),
-        }
-    }
-}
-
-impl std::error::Error for SettingError {}
 
 /// The environment variable for a configuration key.
 fn env_name(key: &str) -> String {
@@ -1318,7 +1298,7 @@ impl RawSettings {
             exec_pass_secrets: self.exec_pass_secrets()?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
-                crate::processors::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
+                crate::config::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
                     .map_err(|problem| self.error("test_delay_ms", problem))?
             } else {
                 Default::default()
@@ -1353,7 +1333,7 @@ impl RawSettings {
         if settings.memory_mb > 0 {
             let defaults = rdkafka_defaults();
             if let Some((property, pass)) = settings.rdkafka.iter().find(|(p, pass)| {
-                crate::consumer::memory::PROPERTIES.contains(&p.as_str())
+                MEMORY_BUDGET_PROPERTIES.contains(&p.as_str())
                     && !defaults.iter().any(|(d, v)| d == *p && *v == pass.value)
             }) {
                 return Err(SettingError::new(
@@ -1829,7 +1809,7 @@ mod tests {
     #[cfg(feature = "testkit")]
     #[test]
     fn test_delay_is_a_number_or_a_random_range() {
-        use crate::processors::delay::Delay;
+        use crate::config::delay::Delay;
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.test_delay, Delay::default());
         let s = Settings::from_vars(vars(&[("ACKD_TEST_DELAY_MS", "400")])).unwrap();

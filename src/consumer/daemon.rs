@@ -21,10 +21,11 @@ use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::client_config::{base_config, consumer_config};
-use crate::config::settings::{SettingError, Settings};
+use crate::config::error::SettingError;
+use crate::config::failure::OnFailure;
+use crate::config::settings::Settings;
 use crate::consumer::committer::Committer;
 use crate::consumer::dead_letter::DeadLetter;
-use crate::consumer::failure::OnFailure;
 use crate::consumer::group::{AckdConsumer, Group, GroupContext, StopClock};
 use crate::consumer::supervisor::{self, Control};
 use crate::consumer::worker::{Batching, WorkerConfig};
@@ -138,7 +139,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 Some(budget)
             }
             Err(problem) => {
-                crate::report_setting_error(&SettingError {
+                crate::config::error::report_setting_error(&SettingError {
                     setting: "ACKD_MEMORY_MB".into(),
                     value: Some(settings.memory_mb.to_string()),
                     problem,
@@ -171,7 +172,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 "GET /live, /ready, /metrics"
             ),
             Err(e) => {
-                crate::report_setting_error(&health_listen_error(addr, &e));
+                crate::config::error::report_setting_error(&health_listen_error(addr, &e));
                 return exit::CONFIG;
             }
         }
@@ -465,13 +466,13 @@ pub(crate) fn report_client_error(settings: &Settings, error: KafkaError) -> i32
                 .map(|p| p.shown(property).to_string()),
             problem: format!("librdkafka refused `{property}`: {description}"),
         };
-        crate::report_setting_error(&e);
+        crate::config::error::report_setting_error(&e);
         return exit::CONFIG;
     }
     // A PEM librdkafka refused (e.g. a key that is not the certificate's): name its variable.
     if let KafkaError::ClientCreation(message) = &error {
         if let Some(e) = crate::config::security::creation_error(message) {
-            crate::report_setting_error(&e);
+            crate::config::error::report_setting_error(&e);
             return exit::CONFIG;
         }
     }

@@ -28,15 +28,13 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::settings::StartFrom;
-use crate::consumer::committer::{self, CommitOffset, Committer, Reason};
+use crate::consumer::committer::{self, CommitLedger, CommitOffset, Committer, Reason};
 use crate::consumer::membership;
 use crate::consumer::worker::{self, WorkerConfig, WorkerHandle};
 use crate::output::health::{Busy, Health};
 use crate::output::metrics::{self, CommitMetrics, Interval};
 use crate::processors::processor::Processor;
-
-/// A topic and partition.
-pub type Tp = (Arc<str>, i32);
+use crate::topic_partition::TopicPartition;
 
 /// The consumer type ackd runs.
 pub type AckdConsumer<P> = StreamConsumer<GroupContext<P>>;
@@ -65,7 +63,7 @@ impl Owned {
     /// release (`releasing`), also the same offset again when this process's last commit
     /// of it was periodic, so that the metadata says it was released (the next owner then
     /// knows it redelivers nothing).
-    fn to_commit(&self, tp: &Tp, releasing: bool) -> Option<CommitOffset> {
+    fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let acked = self.worker.shared.committable()?;
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -119,13 +117,13 @@ impl Owned {
 /// The partitions this process owns.
 #[derive(Default)]
 pub struct Group {
-    pub owned: BTreeMap<Tp, Owned>,
+    pub owned: BTreeMap<TopicPartition, Owned>,
     /// Counts of workers that ended during the current metrics interval.
     retired: Interval,
     /// Workers released with their partition that had not ended (aborted while their
     /// processor would not return): if the partition comes back, its next worker waits
     /// for them ([`worker::Predecessor`]).
-    lingering: HashMap<Tp, Arc<worker::WorkerShared>>,
+    lingering: HashMap<TopicPartition, Arc<worker::WorkerShared>>,
     /// Set while this process may no longer be a member (src/consumer/membership.rs):
     /// its partitions are held.
     pub doubt: Option<membership::Doubt>,
@@ -133,13 +131,13 @@ pub struct Group {
 
 impl Group {
     /// Acknowledged offsets not yet committed, for `only` (all owned if `None`).
-    pub fn uncommitted(&self, only: Option<&[Tp]>) -> Vec<CommitOffset> {
+    pub fn uncommitted(&self, only: Option<&[TopicPartition]>) -> Vec<CommitOffset> {
         self.pending(only, false)
     }
 
     /// What releasing `only` commits: [`Group::uncommitted`], and the offsets last
     /// committed periodically again, as released.
-    pub fn to_release(&self, only: &[Tp]) -> Vec<CommitOffset> {
+    pub fn to_release(&self, only: &[TopicPartition]) -> Vec<CommitOffset> {
         self.pending(Some(only), true)
     }
 
@@ -162,12 +160,70 @@ impl Group {
             .collect()
     }
 
-    fn pending(&self, only: Option<&[Tp]>, releasing: bool) -> Vec<CommitOffset> {
+    fn pending(&self, only: Option<&[TopicPartition]>, releasing: bool) -> Vec<CommitOffset> {
         self.owned
             .iter()
             .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
             .filter_map(|(tp, p)| p.to_commit(tp, releasing))
             .collect()
+    }
+}
+
+impl membership::Members for Group {
+    fn doubt_slot(&mut self) -> &mut Option<membership::Doubt> {
+        &mut self.doubt
+    }
+
+    fn owns_nothing(&self) -> bool {
+        self.owned.is_empty()
+    }
+
+    fn owned_partitions(&self) -> Vec<&TopicPartition> {
+        self.owned.keys().collect()
+    }
+
+    fn hold_owned(&self, hold: bool) {
+        for p in self.owned.values() {
+            if hold {
+                p.worker.shared.hold.hold();
+            } else {
+                p.worker.shared.hold.lift();
+            }
+        }
+    }
+
+    fn confirming(&self) -> Vec<CommitOffset> {
+        Group::confirming(self)
+    }
+}
+
+impl CommitLedger for Group {
+    fn watch_stalls(group: Weak<Mutex<Group>>) -> std::io::Result<()> {
+        membership::watch_stalls(group)
+    }
+
+    fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>> {
+        membership::confirmation_due(self)
+    }
+
+    fn accepted(&mut self, c: &CommitOffset, released: bool, with_ranges: bool) {
+        if let Some(p) = self.owned.get_mut(&c.tp) {
+            p.committed = Some(c.offset);
+            p.released = released;
+            p.committed_acked = if with_ranges {
+                c.acked.clone()
+            } else {
+                Vec::new()
+            };
+        }
+    }
+
+    fn confirmed_by_commit(&mut self, sent_at: Instant) {
+        membership::confirmed_by_commit(self, sent_at);
+    }
+
+    fn doubted(&mut self, error: &KafkaError) {
+        membership::doubt(self, membership::Cause::Refused(error));
     }
 }
 
@@ -560,7 +616,7 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
-        let mut resume: HashMap<Tp, (Offset, committer::ReadMetadata)> = committed
+        let mut resume: HashMap<TopicPartition, (Offset, committer::ReadMetadata)> = committed
             .iter()
             .flat_map(committer::committed_with_metadata)
             .map(|(tp, offset, read)| (tp, (offset, read)))
@@ -568,9 +624,9 @@ impl<P: Processor> GroupContext<P> {
         let generation = generation(base);
         let mut group = self.lock();
         // The group assigned to this member: it is one.
-        membership::confirmed(&mut group, "rebalance");
+        membership::confirmed(&mut *group, "rebalance");
         for e in tpl.elements() {
-            let tp: Tp = (Arc::from(e.topic()), e.partition());
+            let tp: TopicPartition = (Arc::from(e.topic()), e.partition());
             let (topic, partition) = (&*tp.0, tp.1);
             let mut acked_above = Vec::new();
             let committed_offset = match resume.remove(&tp) {
@@ -673,7 +729,7 @@ impl<P: Processor> GroupContext<P> {
         // After a fatal error (fenced) librdkafka unassigns everything: nothing of it is
         // ours to commit any more, however the revoke is flagged.
         let lost = base.assignment_lost() || base.client().fatal_error().is_some();
-        let tps: Vec<Tp> = tpl
+        let tps: Vec<TopicPartition> = tpl
             .elements()
             .iter()
             .map(|e| (Arc::from(e.topic()), e.partition()))
@@ -682,7 +738,7 @@ impl<P: Processor> GroupContext<P> {
         let started = Instant::now();
         // A revoke that is not lost comes from the group: this process is a member.
         if !lost {
-            membership::confirmed(&mut self.lock(), "rebalance");
+            membership::confirmed(&mut *self.lock(), "rebalance");
         }
         // The supervisor is blocked from here until the revoke returns: say so. (The
         // close's final revoke, after the stop released everything, has nothing to do.)
@@ -718,9 +774,9 @@ impl<P: Processor> GroupContext<P> {
             }),
         );
         if lost {
-            membership::ended(&mut self.lock());
+            membership::ended(&mut *self.lock());
         }
-        let duration_ms = committer::millis(started.elapsed());
+        let duration_ms = crate::clock::millis(started.elapsed());
         let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
         if stopping && (!outcome.complete || outcome.left_uncommitted().next().is_some()) {
             self.released_incomplete.store(true, Ordering::Release);
@@ -759,7 +815,7 @@ impl<P: Processor> GroupContext<P> {
     /// then goes on with what it still owns, and its outcome leaves those out.
     pub fn shutdown(
         &self,
-        tps: &[Tp],
+        tps: &[TopicPartition],
         times: StopTimes,
         commit: bool,
         serve: &dyn Fn(Instant),
@@ -801,7 +857,12 @@ impl<P: Processor> GroupContext<P> {
     /// 3. [`GroupContext::forget`]: no commit for them is sent after this; drop them from
     ///    the group, abort their workers.
     /// 4. Say per partition what happened ([`Outcome`]).
-    fn release(&self, tps: &[Tp], deadlines: Deadlines<'_>, commit: Option<Commit<'_>>) -> Outcome {
+    fn release(
+        &self,
+        tps: &[TopicPartition],
+        deadlines: Deadlines<'_>,
+        commit: Option<Commit<'_>>,
+    ) -> Outcome {
         let drained = self.drain(tps, deadlines.drain);
         // A consumer librdkafka declared dead (fenced, e.g. while it drained) commits
         // nothing: its partitions are another process's now.
@@ -854,9 +915,9 @@ impl<P: Processor> GroupContext<P> {
     /// Step 1 of a release: stops the workers of `tps` and waits until they returned or
     /// `deadline()` passed (a stop may bring it forward). True if all returned; each
     /// one that did not is logged `at=drain_timeout`.
-    fn drain(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> bool {
+    fn drain(&self, tps: &[TopicPartition], deadline: &dyn Fn() -> Instant) -> bool {
         // Wait without holding the lock: the committer needs it meanwhile.
-        let shared: Vec<(Tp, Arc<worker::WorkerShared>)> = {
+        let shared: Vec<(TopicPartition, Arc<worker::WorkerShared>)> = {
             let group = self.lock();
             tps.iter()
                 .filter_map(|tp| group.owned.get(tp).map(|p| (tp.clone(), p)))
@@ -885,15 +946,19 @@ impl<P: Processor> GroupContext<P> {
     /// Step 3 of a release: after the commit, `tps` are no longer ours. Returns those
     /// that were still owned (a revoke served during the shutdown's commit may have
     /// released some already).
-    fn forget(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> Vec<(Tp, Owned)> {
+    fn forget(
+        &self,
+        tps: &[TopicPartition],
+        deadline: &dyn Fn() -> Instant,
+    ) -> Vec<(TopicPartition, Owned)> {
         // From here no commit for these partitions is sent (src/consumer/committer.rs): one that
         // timed out but is still queued is dropped, one inside librdkafka is waited for.
         if let Some(c) = self.committer.get() {
             c.release(tps);
         }
-        let removed: Vec<(Tp, Owned)> = {
+        let removed: Vec<(TopicPartition, Owned)> = {
             let mut group = self.lock();
-            let removed: Vec<(Tp, Owned)> = tps
+            let removed: Vec<(TopicPartition, Owned)> = tps
                 .iter()
                 .filter_map(|tp| group.owned.remove(tp).map(|p| (tp.clone(), p)))
                 .collect();
@@ -947,7 +1012,7 @@ impl<P: Processor> GroupContext<P> {
     /// fetches the epoch or finds the coordinator.
     fn commit_owned(
         &self,
-        tps: &[Tp],
+        tps: &[TopicPartition],
         reason: Reason,
         deadline: &dyn Fn() -> Instant,
         retry: Retry<'_>,
@@ -1236,7 +1301,7 @@ pub struct Released {
 /// What a release achieved.
 pub struct Outcome {
     /// Each released partition, in the order asked.
-    pub partitions: Vec<(Tp, Released)>,
+    pub partitions: Vec<(TopicPartition, Released)>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
     /// librdkafka declared the consumer dead (fenced) before or during the commit:
@@ -1246,14 +1311,14 @@ pub struct Outcome {
 
 impl Outcome {
     /// Partitions and the offset committed for them.
-    pub fn committed(&self) -> impl Iterator<Item = (&Tp, i64)> {
+    pub fn committed(&self) -> impl Iterator<Item = (&TopicPartition, i64)> {
         self.partitions
             .iter()
             .filter_map(|(tp, r)| r.committed.map(|o| (tp, o)))
     }
 
     /// Partitions with nothing committed.
-    pub fn without_commit(&self) -> impl Iterator<Item = &Tp> {
+    pub fn without_commit(&self) -> impl Iterator<Item = &TopicPartition> {
         self.partitions
             .iter()
             .filter(|(_, r)| r.committed.is_none())

@@ -35,16 +35,6 @@ const MAX_FETCH_BYTES: u64 = 1024 * 1024;
 /// librdkafka's least `message.max.bytes`.
 const MIN_FETCH_BYTES: u64 = 8 * 1024;
 
-/// The librdkafka properties a budget sets (setting one as well is an error).
-pub const PROPERTIES: &[&str] = &[
-    "queued.max.messages.kbytes",
-    "queued.min.messages",
-    "fetch.max.bytes",
-    "max.partition.fetch.bytes",
-    "fetch.message.max.bytes",
-    "message.max.bytes",
-];
-
 /// The budget and what it gives each partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budget {

@@ -42,7 +42,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::config::settings::{SettingError, Settings};
+use crate::config::error::SettingError;
+use crate::config::settings::Settings;
 use crate::processors::processor::{
     queued, BatchError, FailureKind, Message, ProcessError, Queued,
 };

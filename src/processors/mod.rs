@@ -1,7 +1,8 @@
 //! The built-in processors, chosen with `ACKD_PROCESSOR` by people who deploy ackd
-//! without writing Rust.
+//! without writing Rust; the [`processor::Processor`] trait they and embedders implement;
+//! and when a call counts as started (`call_start`, which [`processor::queued`] tells).
 
-pub mod delay;
+pub(crate) mod call_start;
 pub mod exec;
 pub mod http;
 pub mod json;
@@ -10,7 +11,8 @@ pub mod processor;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::settings::{SettingError, Settings};
+use crate::config::error::SettingError;
+use crate::config::settings::Settings;
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
 
 /// Names `ACKD_PROCESSOR` accepts.
@@ -39,7 +41,7 @@ pub enum Builtin {
     /// at random), then acknowledges, so tests can have messages in flight when a signal
     /// arrives, or finishing out of order.
     #[cfg(feature = "testkit")]
-    Slow(delay::Delay),
+    Slow(crate::config::delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
     /// panics, `retry:N` fails retryably N times before it succeeds, `block:PATH` blocks
     /// its thread (never yielding, like a processor stuck in a blocking call) until the

@@ -17,7 +17,7 @@
 //! had not started stay unacknowledged (the committed offset stops before the first of
 //! them; the acknowledged ones above it are named in the commit's metadata). A call
 //! waiting in the processor (for a child, an http permit) has not started: a stop drops
-//! it (see [`super::admission`]).
+//! it (see [`crate::processors::call_start`]).
 //!
 //! The partition hands the processor calls beyond what it can serve at once: its pool
 //! is shared by every partition, so no cap of one partition's calls fits it (a

@@ -7,7 +7,6 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
-pub(crate) mod admission;
 mod concurrent;
 pub(crate) mod hold;
 mod skip;
@@ -25,10 +24,11 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
+use crate::config::failure::{OnFailure, Retry};
 use crate::consumer::dead_letter::DeadLetter;
-use crate::consumer::failure::{OnFailure, Retry};
 use crate::consumer::tracker::OffsetTracker;
 use crate::output::metrics::{self, PartitionMetrics, Took};
+use crate::processors::call_start;
 use crate::processors::processor::{
     panicked, BatchError, FailureKind, Kafka, Message, ProcessError, Processor,
 };
@@ -63,7 +63,7 @@ pub struct WorkerShared {
     /// Set when the partition reached the end of its log (with `ACKD_STOP_AT_END`).
     at_end: AtomicBool,
     /// When the processor call under way began, on the health endpoint's coarse clock
-    /// (`output::health::now_ms`), or 0: no call, or the endpoint is off.
+    /// (`crate::clock::now_ms`), or 0: no call, or the endpoint is off.
     call_started_ms: AtomicU64,
     /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
     /// (only with concurrent ordering: in order, nothing is acknowledged past it).
@@ -76,13 +76,35 @@ pub struct WorkerShared {
     waiting: AtomicUsize,
     /// The concurrent calls the processor took, oldest first (concurrent ordering, or
     /// partition ordering with a processor whose calls may wait: see `admits_calls`).
-    calls: Arc<admission::CallClock>,
+    calls: Arc<call_start::CallClock>,
     /// Held while the group membership is in doubt: nothing new starts.
     pub hold: hold::Hold,
     /// Partition ordering with a processor whose calls may wait for capacity
     /// (`Processor::calls_may_wait`): its call is tracked in `calls`, like a concurrent
     /// one. Set once, when the worker starts.
     admits_calls: AtomicBool,
+}
+
+impl crate::output::health::PartitionProbe for WorkerShared {
+    fn call_started_ms(&self) -> Option<u64> {
+        WorkerShared::call_started_ms(self)
+    }
+
+    fn oldest_call_offset(&self) -> Option<i64> {
+        WorkerShared::oldest_call_offset(self)
+    }
+
+    fn in_flight_count(&self) -> usize {
+        WorkerShared::in_flight_count(self)
+    }
+
+    fn halted(&self) -> bool {
+        self.halted_at().is_some()
+    }
+
+    fn metrics(&self) -> &PartitionMetrics {
+        &self.metrics
+    }
 }
 
 impl WorkerShared {
@@ -126,7 +148,7 @@ impl WorkerShared {
     /// A processor call begins: a load and a store, no clock read (the hot path).
     pub(crate) fn call_begins(&self) {
         self.call_started_ms
-            .store(crate::output::health::now_ms(), Ordering::Relaxed);
+            .store(crate::clock::now_ms(), Ordering::Relaxed);
     }
 
     pub(crate) fn call_ended(&self) {
@@ -1375,13 +1397,13 @@ impl<P: Processor> Handler<'_, P> {
     ) -> Option<F::Output> {
         let clock = &self.shared.calls;
         if !self.sequential {
-            return admission::admitted(call, clock, (offset, messages), self.stop).await;
+            return call_start::admitted(call, clock, (offset, messages), self.stop).await;
         }
         if self.config.processor.calls_may_wait() {
             // A copy: `admitted` marks the stop seen, and the partition's read loop
             // (`Worker::next`) must still see it.
             let mut stop = self.stop.clone();
-            return admission::admitted(call, clock, (offset, messages), &mut stop).await;
+            return call_start::admitted(call, clock, (offset, messages), &mut stop).await;
         }
         self.shared.call_begins();
         let outcome = call.await;
