@@ -2,14 +2,15 @@
 //! line per check (settings, brokers, auth, one per topic, group), each with what it
 //! found; the exit code is the daemon's for the same problem: 78 a setting (a missing
 //! topic included), 77 authentication, 69 brokers unreachable within
-//! [`super::CONNECT_BOUND`]. It never joins the group and never commits.
+//! [`super::connect::CONNECT_BOUND`]. It never joins the group and never commits.
 
 use std::time::Instant;
 
 use crate::config::settings::Settings;
 use crate::exit;
 
-use super::{connect, create, describe_group, partitions, Unreached};
+use super::connect::{connect, create, partitions, Unreached};
+use super::describe::describe_group;
 
 /// Runs every check that can run; returns the exit code.
 pub fn run(settings: &Settings) -> i32 {
