@@ -12,7 +12,7 @@ use std::time::Duration;
 use config::{Config, Environment, File, FileFormat};
 
 use crate::config::error::SettingError;
-use crate::config::failure::{OnFailure, Retry};
+use crate::config::failure::{OnFailure, RetryPolicy};
 use crate::config::http_settings::{HttpBody, HttpUrl};
 use crate::config::kafka_url::{self, Brokers};
 use crate::config::rdkafka_env;
@@ -158,7 +158,7 @@ pub const MAX_PENDING: usize = 1_000_000;
 
 /// In what order one partition's messages are processed (`ACKD_ORDERING`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ordering {
+pub enum ProcessingOrder {
     /// One message (or batch) of a partition at a time, in offset order.
     Partition,
     /// Messages with the same key in offset order, one at a time; different keys (and
@@ -168,12 +168,12 @@ pub enum Ordering {
     None,
 }
 
-impl Ordering {
+impl ProcessingOrder {
     pub fn as_str(self) -> &'static str {
         match self {
-            Ordering::Partition => "partition",
-            Ordering::Key => "key",
-            Ordering::None => "none",
+            ProcessingOrder::Partition => "partition",
+            ProcessingOrder::Key => "key",
+            ProcessingOrder::None => "none",
         }
     }
 }
@@ -403,7 +403,7 @@ pub struct Settings {
     pub log_level: String,
     /// Stop (commit, leave, exit 0) once every assigned partition reached its end.
     pub stop_at_end: bool,
-    pub retry: Retry,
+    pub retry: RetryPolicy,
     pub on_failure: OnFailure,
     /// Where `ACKD_ON_FAILURE=dead-letter` sends messages.
     pub dead_letter_topic: Option<String>,
@@ -419,7 +419,7 @@ pub struct Settings {
     /// (`Processor::process`), above 1: batches (`Processor::process_batch`).
     pub batch_max_messages: usize,
     /// `ACKD_ORDERING`: what order a partition's messages are processed in.
-    pub ordering: Ordering,
+    pub ordering: ProcessingOrder,
     /// `ACKD_CONCURRENCY`: processor calls in flight per partition at most (with
     /// `key` or `none` ordering; `partition` ordering is one at a time).
     pub concurrency: usize,
@@ -1147,7 +1147,7 @@ impl RawSettings {
             }
         };
 
-        let retry = Retry {
+        let retry = RetryPolicy {
             initial: self.millis("retry_initial_ms", 1, 3_600_000)?,
             max: self.millis("retry_max_ms", 1, 3_600_000)?,
             max_attempts: match self.get("retry_max_attempts").parse::<u32>() {
@@ -1234,9 +1234,9 @@ impl RawSettings {
             )?,
             batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
             ordering: match self.get("ordering").to_ascii_lowercase().as_str() {
-                "partition" => Ordering::Partition,
-                "key" => Ordering::Key,
-                "none" => Ordering::None,
+                "partition" => ProcessingOrder::Partition,
+                "key" => ProcessingOrder::Key,
+                "none" => ProcessingOrder::None,
                 _ => {
                     return Err(self.error(
                         "ordering",
@@ -1353,7 +1353,7 @@ impl RawSettings {
             .build()
             .ok()
             .and_then(|c| c.get_int("concurrency").ok());
-        if settings.ordering == Ordering::Partition
+        if settings.ordering == ProcessingOrder::Partition
             && default_concurrency != Some(settings.concurrency as i64)
         {
             return Err(SettingError::new(
@@ -1362,7 +1362,9 @@ impl RawSettings {
                 "needs ACKD_ORDERING=key or none: with ACKD_ORDERING=partition (the default) a partition processes one message at a time".to_string(),
             ));
         }
-        if settings.ordering != Ordering::Partition && settings.max_pending < settings.concurrency {
+        if settings.ordering != ProcessingOrder::Partition
+            && settings.max_pending < settings.concurrency
+        {
             return Err(SettingError::new(
                 env_name("max_pending"),
                 Some(&settings.max_pending.to_string()),
@@ -1928,7 +1930,7 @@ mod tests {
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(
             (s.ordering, s.concurrency, s.max_pending),
-            (Ordering::Partition, 16, 1000)
+            (ProcessingOrder::Partition, 16, 1000)
         );
         let s = Settings::from_vars(vars(&[
             ("ACKD_ORDERING", "KEY"),
@@ -1938,7 +1940,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (s.ordering, s.concurrency, s.max_pending),
-            (Ordering::Key, 100, 100)
+            (ProcessingOrder::Key, 100, 100)
         );
         assert_eq!(err(&[("ACKD_ORDERING", "random")]).setting, "ACKD_ORDERING");
         for bad in ["0", "10001", "many"] {

@@ -84,9 +84,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         on_failure = settings.on_failure.as_str(),
         retry_max_attempts = settings.retry.max_attempts,
         ordering = settings.ordering.as_str(),
-        concurrency = (settings.ordering != crate::config::settings::Ordering::Partition)
+        concurrency = (settings.ordering != crate::config::settings::ProcessingOrder::Partition)
             .then_some(settings.concurrency),
-        max_pending = (settings.ordering != crate::config::settings::Ordering::Partition)
+        max_pending = (settings.ordering != crate::config::settings::ProcessingOrder::Partition)
             .then_some(settings.max_pending),
         batch_max_messages = settings.batch_max_messages,
         batch_max_wait_ms =
@@ -206,7 +206,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 max_bytes: settings.batch_max_bytes,
             },
             concurrency: match settings.ordering {
-                crate::config::settings::Ordering::Partition => {
+                crate::config::settings::ProcessingOrder::Partition => {
                     crate::consumer::worker::Concurrency::SEQUENTIAL
                 }
                 ordering => crate::consumer::worker::Concurrency {

@@ -770,7 +770,7 @@ impl<P: Processor> GroupContext<P> {
             },
             (!lost).then_some(Commit {
                 reason: Reason::Revoke,
-                retry: Retry::Wait,
+                retry: CommitRetry::Wait,
             }),
         );
         if lost {
@@ -828,7 +828,7 @@ impl<P: Processor> GroupContext<P> {
             },
             commit.then_some(Commit {
                 reason: Reason::Shutdown,
-                retry: Retry::Serve(serve),
+                retry: CommitRetry::Serve(serve),
             }),
         )
     }
@@ -1004,9 +1004,9 @@ impl<P: Processor> GroupContext<P> {
     ///
     /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
     /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
-    /// again). With [`Retry::Serve`] (the shutdown, which owns the poll loop) that is what
-    /// happens: the partitions stay owned meanwhile, so a revoke that arrives while
-    /// serving commits them itself, under the new generation. A commit refused for a
+    /// again). With [`CommitRetry::Serve`] (the shutdown, which owns the poll loop) that
+    /// is what happens: the partitions stay owned meanwhile, so a revoke that arrives
+    /// while serving commits them itself, under the new generation. A commit refused for a
     /// stale member epoch ([`Refusal::StaleEpoch`]) or while the coordinator moves
     /// ([`Refusal::CoordinatorMoving`]) is sent again either way: librdkafka's own thread
     /// fetches the epoch or finds the coordinator.
@@ -1015,7 +1015,7 @@ impl<P: Processor> GroupContext<P> {
         tps: &[TopicPartition],
         reason: Reason,
         deadline: &dyn Fn() -> Instant,
-        retry: Retry<'_>,
+        retry: CommitRetry<'_>,
     ) -> (Vec<CommitOffset>, bool) {
         let Some(committer) = self.committer.get() else {
             let pending = self.lock().to_release(tps);
@@ -1023,8 +1023,8 @@ impl<P: Processor> GroupContext<P> {
             return (pending, ok);
         };
         let mut wait = match retry {
-            Retry::Serve(_) => REBALANCE_WAIT_FIRST,
-            Retry::Wait => REVOKE_WAIT_FIRST,
+            CommitRetry::Serve(_) => REBALANCE_WAIT_FIRST,
+            CommitRetry::Wait => REVOKE_WAIT_FIRST,
         };
         loop {
             // Recomputed each time: a revoke served meanwhile commits and forgets its own.
@@ -1039,7 +1039,7 @@ impl<P: Processor> GroupContext<P> {
                 _ => Refusal::Final,
             };
             match (refusal, retry) {
-                (Refusal::Rebalancing, Retry::Serve(serve)) if until < deadline() => {
+                (Refusal::Rebalancing, CommitRetry::Serve(serve)) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -1063,8 +1063,8 @@ impl<P: Processor> GroupContext<P> {
                     // this error): a revoke, which runs inside the rebalance callback, can
                     // wait for it; the shutdown serves the group meanwhile.
                     match retry {
-                        Retry::Serve(serve) => serve(until),
-                        Retry::Wait => sleep_until(until, deadline),
+                        CommitRetry::Serve(serve) => serve(until),
+                        CommitRetry::Wait => sleep_until(until, deadline),
                     }
                 }
                 // librdkafka finds the new coordinator on its own thread: waiting is enough,
@@ -1079,8 +1079,8 @@ impl<P: Processor> GroupContext<P> {
                         "commit refused while the group's coordinator moves or loads: committing again"
                     );
                     match retry {
-                        Retry::Serve(serve) => serve(until),
-                        Retry::Wait => sleep_until(until, deadline),
+                        CommitRetry::Serve(serve) => serve(until),
+                        CommitRetry::Wait => sleep_until(until, deadline),
                     }
                 }
                 _ => {
@@ -1272,12 +1272,12 @@ struct Deadlines<'a> {
 /// A release's commit: why, and how a refusal is retried.
 struct Commit<'a> {
     reason: Reason,
-    retry: Retry<'a>,
+    retry: CommitRetry<'a>,
 }
 
 /// How a commit refused for a passing reason is tried again (see [`Refusal`]).
 #[derive(Clone, Copy)]
-enum Retry<'a> {
+enum CommitRetry<'a> {
     /// The shutdown owns the poll loop: it serves the group (this function, until the
     /// instant given) so that a rebalance in progress completes, then commits again.
     Serve(&'a dyn Fn(Instant)),

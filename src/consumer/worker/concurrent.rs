@@ -36,7 +36,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
 
 use super::{weight, Acks, BatchEnd, Handled, Handler, Step, Worker, NONE};
-use crate::config::settings::Ordering as KeyOrdering;
+use crate::config::settings::ProcessingOrder;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
 use crate::processors::processor::{Kafka, Message, Processor};
 
@@ -280,13 +280,13 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     /// Queues a unit behind the earlier units that share its keys.
     fn add(&self, order: &mut KeyOrder<Unit<'q>>, unit: Unit<'q>) {
         let keys = match self.config.concurrency.ordering {
-            KeyOrdering::Key => unit
+            ProcessingOrder::Key => unit
                 .messages()
                 .iter()
                 .filter_map(|m| m.key().map(key_hash))
                 .collect(),
             // Partition ordering never gets here; `none` holds no keys.
-            KeyOrdering::None | KeyOrdering::Partition => Vec::new(),
+            ProcessingOrder::None | ProcessingOrder::Partition => Vec::new(),
         };
         order.add(keys, unit);
     }
