@@ -491,10 +491,10 @@ pub trait CommitLedger: Send + 'static {
     fn doubted(&mut self, error: &KafkaError);
 }
 
-/// A handle on the committer thread; clones share it.
-/// How often [`Committer::commit_by`] reads its deadline again while it waits.
+/// How often [`Committer::commit`] reads its deadline again while it waits.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
 
+/// A handle on the committer thread; clones share it.
 #[derive(Clone)]
 pub struct Committer {
     jobs: mpsc::Sender<Job>,
