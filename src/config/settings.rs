@@ -1353,18 +1353,15 @@ impl RawSettings {
             .build()
             .ok()
             .and_then(|c| c.get_int("concurrency").ok());
-        if settings.ordering == ProcessingOrder::Partition
-            && default_concurrency != Some(settings.concurrency as i64)
-        {
+        let by_partition = settings.ordering == ProcessingOrder::Partition;
+        if by_partition && default_concurrency != Some(settings.concurrency as i64) {
             return Err(SettingError::new(
                 env_name("concurrency"),
                 Some(&settings.concurrency.to_string()),
                 "needs ACKD_ORDERING=key or none: with ACKD_ORDERING=partition (the default) a partition processes one message at a time".to_string(),
             ));
         }
-        if settings.ordering != ProcessingOrder::Partition
-            && settings.max_pending < settings.concurrency
-        {
+        if !by_partition && settings.max_pending < settings.concurrency {
             return Err(SettingError::new(
                 env_name("max_pending"),
                 Some(&settings.max_pending.to_string()),

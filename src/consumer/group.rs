@@ -951,8 +951,9 @@ impl<P: Processor> GroupContext<P> {
         tps: &[TopicPartition],
         deadline: &dyn Fn() -> Instant,
     ) -> Vec<(TopicPartition, Owned)> {
-        // From here no commit for these partitions is sent (src/consumer/committer.rs): one that
-        // timed out but is still queued is dropped, one inside librdkafka is waited for.
+        // From here no commit for these partitions is sent (src/consumer/committer.rs):
+        // one that timed out but is still queued is dropped, one inside librdkafka is
+        // waited for.
         if let Some(c) = self.committer.get() {
             c.release(tps);
         }

@@ -54,9 +54,9 @@ enum Stop {
 }
 
 /// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
-/// ended: start the [`crate::consumer::group::StopClock`] (unless the signal did) → stop fetching →
-/// release every partition ([`crate::consumer::group::GroupContext::shutdown`]: drain, final
-/// commit, forget) → report per partition → tell the daemon the code → close.
+/// ended: start the [`crate::consumer::group::StopClock`] (unless the signal did) → stop
+/// fetching → release every partition ([`crate::consumer::group::GroupContext::shutdown`]:
+/// drain, final commit, forget) → report per partition → tell the daemon the code → close.
 pub fn run<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     mut control: Control,

@@ -25,6 +25,7 @@ use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
 use crate::config::failure::{OnFailure, RetryPolicy};
+use crate::config::settings::ProcessingOrder;
 use crate::consumer::dead_letter::DeadLetter;
 use crate::consumer::tracker::OffsetTracker;
 use crate::output::metrics::{self, PartitionMetrics, Took};
@@ -323,7 +324,7 @@ pub struct WorkerConfig<P> {
 /// How many processor calls of one partition run at once, and in what order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Concurrency {
-    pub ordering: crate::config::settings::ProcessingOrder,
+    pub ordering: ProcessingOrder,
     /// Calls in flight at most (1 with `Ordering::Partition`).
     pub max_in_flight: usize,
     /// Messages held at most, in flight or waiting for their key.
@@ -333,7 +334,7 @@ pub struct Concurrency {
 impl Concurrency {
     /// One call at a time, in offset order: `ACKD_ORDERING=partition`.
     pub const SEQUENTIAL: Concurrency = Concurrency {
-        ordering: crate::config::settings::ProcessingOrder::Partition,
+        ordering: ProcessingOrder::Partition,
         max_in_flight: 1,
         max_pending: 1,
     };
@@ -590,8 +591,7 @@ async fn consume<C, P>(
     // The previous owner's ranges are this owner's to name until it passes them: its
     // commits must not name fewer acknowledged offsets than it knows of.
     worker.progress.publish_acked_above(&mut Vec::new());
-    let concurrent =
-        config.concurrency.ordering != crate::config::settings::ProcessingOrder::Partition;
+    let concurrent = config.concurrency.ordering != ProcessingOrder::Partition;
     shared.admits_calls.store(
         !concurrent && config.processor.calls_may_wait(),
         Ordering::Relaxed,
