@@ -185,7 +185,7 @@ fn run(args: &Args) -> Result<(), String> {
                     key.clear();
                     if let Some(k) = m.key() {
                         key.push_str(" key=");
-                        ackd::output::logfmt::write_bytes(&mut key, k);
+                        ackd::logfmt::write_bytes(&mut key, k);
                     }
                     writeln!(
                         out,

@@ -10,8 +10,7 @@
 //!   librdkafka;
 //! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`,
 //!   `http`);
-//! - [`output`]: every line written, [`output::logfmt`], the l2met metrics, the health
-//!   endpoint;
+//! - [`output`]: every line written, the l2met metrics, the health endpoint;
 //! - [`consumer`]: the daemon (signals, exit code), the supervisor thread that owns the
 //!   consumer and the group, one worker task per partition, the offset
 //!   [`consumer::tracker`], the committer, the memory budget;
@@ -21,8 +20,9 @@
 //!   process from its arguments to its exit, behind [`main_with`].
 //!
 //! Folders import in one direction: config ← processors, output ← consumer ← commands ←
-//! app. Two leaves at the root serve all of them: `clock` (durations for lines, the
-//! coarse clock) and `topic_partition`.
+//! app. Leaves at the root serve all of them: [`logfmt`] (the escaping of every line,
+//! which the redaction of secrets in config knows too), `clock` (durations for lines,
+//! the coarse clock) and `topic_partition`.
 
 mod app;
 pub mod cli;
@@ -31,6 +31,7 @@ pub mod commands;
 pub mod config;
 pub mod consumer;
 pub mod exit;
+pub mod logfmt;
 pub mod output;
 pub mod processors;
 pub(crate) mod topic_partition;

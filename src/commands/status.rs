@@ -185,11 +185,11 @@ pub fn terminal_safe(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = 0; // where the text not yet written starts
     for (i, c) in text.char_indices().filter(|(_, c)| is_bidi(*c)) {
-        out.push_str(&crate::output::logfmt::escaped(&text[rest..i]));
+        out.push_str(&crate::logfmt::escaped(&text[rest..i]));
         let _ = write!(out, "\\u{{{:04x}}}", c as u32);
         rest = i + c.len_utf8();
     }
-    out.push_str(&crate::output::logfmt::escaped(&text[rest..]));
+    out.push_str(&crate::logfmt::escaped(&text[rest..]));
     out
 }
 

@@ -104,7 +104,7 @@ impl Needles {
                 }
             } else if !value.is_empty() && !value.bytes().all(|b| b.is_ascii_digit()) {
                 let mut shown = String::from("=");
-                crate::output::logfmt::write_str(&mut shown, &value);
+                crate::logfmt::write_str(&mut shown, &value);
                 if !needles.whole_values.contains(&shown) {
                     needles.whole_values.push(shown);
                 }
@@ -149,7 +149,7 @@ fn forms(value: &str) -> Vec<String> {
         }
     }
     for form in forms.clone() {
-        let escaped = crate::output::logfmt::escaped(&form);
+        let escaped = crate::logfmt::escaped(&form);
         if !forms.contains(&escaped) {
             forms.push(escaped);
         }
@@ -228,8 +228,8 @@ mod tests {
     /// A line as ackd renders it: `at=x` and `key=value`, logfmt-escaped.
     fn rendered(key: &str, value: &str) -> String {
         let mut line = String::new();
-        crate::output::logfmt::write_pair(&mut line, "at", "x");
-        crate::output::logfmt::write_pair(&mut line, key, value);
+        crate::logfmt::write_pair(&mut line, "at", "x");
+        crate::logfmt::write_pair(&mut line, key, value);
         line
     }
 

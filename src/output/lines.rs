@@ -26,7 +26,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
-use crate::output::logfmt;
+use crate::logfmt;
 
 /// Keeps the writer thread alive; dropping it flushes every line still queued (waiting
 /// at most a second for a stuck stdout).

@@ -12,8 +12,8 @@ use std::fmt::Write;
 ///
 /// ```
 /// let mut line = String::new();
-/// ackd::output::logfmt::write_pair(&mut line, "key", "k-1");
-/// ackd::output::logfmt::write_pair(&mut line, "error", "said \"no\"");
+/// ackd::logfmt::write_pair(&mut line, "key", "k-1");
+/// ackd::logfmt::write_pair(&mut line, "error", "said \"no\"");
 /// assert_eq!(line, r#"key=k-1 error="said \"no\"""#);
 /// ```
 pub fn write_str(out: &mut String, value: &str) {
