@@ -14,7 +14,7 @@ pub const SOFTWARE: i32 = 70;
 /// librdkafka reported a fatal error (EX_UNAVAILABLE), e.g. this member was fenced.
 pub const UNAVAILABLE: i32 = 69;
 /// A broker refused ackd's credentials or ackd refused the broker's certificate
-/// (EX_NOPERM): TLS or SASL authentication failed (see src/auth.rs).
+/// (EX_NOPERM): TLS or SASL authentication failed (see src/consumer/auth.rs).
 pub const NOPERM: i32 = 77;
 /// A setting is missing or invalid (EX_CONFIG).
 pub const CONFIG: i32 = 78;

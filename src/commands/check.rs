@@ -2,14 +2,15 @@
 //! line per check (settings, brokers, auth, one per topic, group), each with what it
 //! found; the exit code is the daemon's for the same problem: 78 a setting (a missing
 //! topic included), 77 authentication, 69 brokers unreachable within
-//! [`super::CONNECT_BOUND`]. It never joins the group and never commits.
+//! [`super::connect::CONNECT_BOUND`]. It never joins the group and never commits.
 
 use std::time::Instant;
 
+use crate::config::settings::Settings;
 use crate::exit;
-use crate::settings::Settings;
 
-use super::{connect, create, describe_group, partitions, Unreached};
+use super::connect::{connect, create, partitions, Unreached};
+use super::describe::describe_group;
 
 /// Runs every check that can run; returns the exit code.
 pub fn run(settings: &Settings) -> i32 {
@@ -81,7 +82,7 @@ pub fn run(settings: &Settings) -> i32 {
             }
             if !missing.is_empty() {
                 // The daemon's own line for it, word for word: the same contract.
-                crate::topics::report_missing(settings, &missing.join(","));
+                crate::consumer::topics::report_missing(settings, &missing.join(","));
                 code = exit::CONFIG;
             }
         }
@@ -133,7 +134,7 @@ fn metadata_ok(
         check = "auth",
         ok = true,
         security = settings.brokers.security.protocol(),
-        tls = crate::security::tls_summary(settings.tls.as_ref()),
-        sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
+        tls = crate::config::security::tls_summary(settings.tls.as_ref()),
+        sasl = crate::config::security::sasl_summary(settings.sasl.as_ref()),
     );
 }

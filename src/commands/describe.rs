@@ -5,6 +5,9 @@
 //! rust-rdkafka's `fetch_group_list` reports as a group that does not exist.
 //! rust-rdkafka 0.39 has no safe wrapper for it, hence the FFI here, kept to copying
 //! the answer out before the event that owns it is destroyed.
+//!
+//! [`describe_group`] falls back to the classic DescribeGroups when the admin API fails;
+//! either way the answer is a [`GroupDescription`].
 
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
@@ -14,7 +17,10 @@ use rdkafka::bindings as rd;
 use rdkafka::consumer::Consumer;
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::{GroupView, Member, Probe};
+use rdkafka::error::KafkaError;
+
+use super::assignment;
+use super::connect::{Probe, REQUEST};
 
 /// Copies a C string librdkafka owns; `""` for null.
 ///
@@ -29,7 +35,7 @@ unsafe fn text(p: *const c_char) -> String {
 }
 
 /// Describes `group`; `Err` carries librdkafka's reason.
-pub fn describe(probe: &Probe, group: &str, timeout: Duration) -> Result<GroupView, String> {
+pub fn describe(probe: &Probe, group: &str, timeout: Duration) -> Result<GroupDescription, String> {
     let group_c = CString::new(group).map_err(|_| "the group id holds a NUL byte".to_string())?;
     let rk = probe.client().native_ptr();
     let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
@@ -67,7 +73,7 @@ pub fn describe(probe: &Probe, group: &str, timeout: Duration) -> Result<GroupVi
 
 /// # Safety
 /// `event` is a live DescribeConsumerGroups result event.
-unsafe fn read(event: *mut rd::rd_kafka_event_t) -> Result<GroupView, String> {
+unsafe fn read(event: *mut rd::rd_kafka_event_t) -> Result<GroupDescription, String> {
     if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
         return Err(text(rd::rd_kafka_event_error_string(event)));
     }
@@ -85,9 +91,9 @@ unsafe fn read(event: *mut rd::rd_kafka_event_t) -> Result<GroupView, String> {
     if !error.is_null() {
         let code = RDKafkaErrorCode::from(rd::rd_kafka_error_code(error));
         if code == RDKafkaErrorCode::GroupIdNotFound {
-            return Ok(GroupView {
+            return Ok(GroupDescription {
                 state: "Dead".to_string(),
-                ..GroupView::default()
+                ..GroupDescription::default()
             });
         }
         return Err(text(rd::rd_kafka_error_string(error)));
@@ -132,10 +138,89 @@ unsafe fn read(event: *mut rd::rd_kafka_event_t) -> Result<GroupView, String> {
             assignment: assigned,
         });
     }
-    Ok(GroupView {
+    Ok(GroupDescription {
         state,
         protocol: text(rd::rd_kafka_ConsumerGroupDescription_partition_assignor(g)),
         kind,
         members,
     })
+}
+
+/// The group as the coordinator describes it: through librdkafka's admin API, which
+/// knows classic and KIP-848 groups; if that fails, through the classic DescribeGroups
+/// (members' assignments decoded here).
+pub fn describe_group(probe: &Probe, group: &str) -> Result<GroupDescription, KafkaError> {
+    match describe(probe, group, REQUEST) {
+        Ok(view) => return Ok(view),
+        Err(reason) => {
+            tracing::debug!(
+                at = "describe_fallback",
+                reason,
+                "DescribeConsumerGroups failed; trying DescribeGroups"
+            )
+        }
+    }
+    let list = probe.fetch_group_list(Some(group), REQUEST)?;
+    // A group the coordinator does not know is not described at all: Kafka calls that Dead.
+    let Some(info) = list
+        .groups()
+        .iter()
+        .find(|g| g.name() == group && !g.state().is_empty())
+    else {
+        return Ok(GroupDescription {
+            state: "Dead".to_string(),
+            ..GroupDescription::default()
+        });
+    };
+    let members = info
+        .members()
+        .iter()
+        .map(|m| Member {
+            id: m.id().to_string(),
+            client_id: m.client_id().to_string(),
+            host: m.client_host().trim_start_matches('/').to_string(),
+            assignment: m.assignment().and_then(assignment::decode),
+        })
+        .collect();
+    Ok(GroupDescription {
+        state: info.state().to_string(),
+        protocol: info.protocol().to_string(),
+        kind: "Classic".to_string(),
+        members,
+    })
+}
+
+/// A consumer group's description.
+#[derive(Debug, Default)]
+pub struct GroupDescription {
+    /// Stable, PreparingRebalance, CompletingRebalance, Empty, Dead (no such group);
+    /// KIP-848 groups also Assigning, Reconciling.
+    pub state: String,
+    /// The assignor the members agreed on (e.g. cooperative-sticky; uniform or range for
+    /// KIP-848 groups).
+    pub protocol: String,
+    /// Classic, or Consumer (KIP-848); empty when the group does not exist.
+    pub kind: String,
+    pub members: Vec<Member>,
+}
+
+#[derive(Debug)]
+pub struct Member {
+    pub id: String,
+    pub client_id: String,
+    pub host: String,
+    /// topic → partitions; `None` when the bytes are no consumer-protocol assignment.
+    pub assignment: Option<Vec<(String, Vec<i32>)>>,
+}
+
+impl GroupDescription {
+    /// The member holding `topic`/`partition`.
+    pub fn holder(&self, topic: &str, partition: i32) -> Option<&Member> {
+        self.members.iter().find(|m| {
+            m.assignment.as_ref().is_some_and(|a| {
+                a.iter()
+                    .any(|(t, ps)| t == topic && ps.contains(&partition))
+            })
+        })
+    }
 }

@@ -11,11 +11,12 @@ use std::io::Write as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::committer::committed_with_metadata;
+use crate::config::settings::{Settings, StartFrom};
+use crate::consumer::committer::committed_with_metadata;
 use crate::exit;
-use crate::settings::{Settings, StartFrom};
 
-use super::{connect, create, describe_group, partitions, GroupView, Unreached, REQUEST};
+use super::connect::{connect, create, partitions, Unreached, REQUEST};
+use super::describe::{describe_group, GroupDescription};
 
 /// One partition's line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +59,7 @@ pub fn run(settings: &Settings) -> i32 {
 }
 
 /// Asks the brokers; `Err` is the exit code, its line written.
-fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
+fn gather(settings: &Settings) -> Result<(GroupDescription, Vec<Row>), i32> {
     let probe = create(settings, "status")?;
     match connect(&probe, settings.topics.first().map(String::as_str)) {
         Ok(_) => {}
@@ -87,7 +88,7 @@ fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
         .map(|(t, _)| t.as_str())
         .collect();
     if !missing.is_empty() {
-        crate::topics::report_missing(settings, &missing.join(","));
+        crate::consumer::topics::report_missing(settings, &missing.join(","));
         return Err(exit::CONFIG);
     }
     let group =
@@ -131,7 +132,7 @@ fn gather(settings: &Settings) -> Result<(GroupView, Vec<Row>), i32> {
             lag,
             acked_above: committed
                 .zip(previous.as_ref())
-                .map(|(c, p)| crate::acked_ranges::count(&p.acked_above(c)))
+                .map(|(c, p)| crate::consumer::acked_ranges::count(&p.acked_above(c)))
                 .filter(|n| *n > 0),
             processed: previous.map(|p| p.processed),
             member,
@@ -145,7 +146,7 @@ fn shown(v: Option<i64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
-fn log_lines(settings: &Settings, group: &GroupView, rows: &[Row]) {
+fn log_lines(settings: &Settings, group: &GroupDescription, rows: &[Row]) {
     for r in rows {
         let (member, client_id, host) = match &r.member {
             Some((m, c, h)) => (m.as_str(), Some(c.as_str()), Some(h.as_str())),
@@ -193,7 +194,7 @@ pub fn terminal_safe(text: &str) -> String {
 }
 
 /// The table for a terminal.
-pub fn table(settings: &Settings, group: &GroupView, rows: &[Row]) -> String {
+pub fn table(settings: &Settings, group: &GroupDescription, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -268,9 +269,9 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string())),
         )
         .unwrap();
-        let group = GroupView {
+        let group = GroupDescription {
             state: "Stable\u{7}".into(),
-            ..GroupView::default()
+            ..GroupDescription::default()
         };
         let row = Row {
             topic: "orders".into(),

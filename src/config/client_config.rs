@@ -4,8 +4,8 @@
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::ClientConfig;
 
-use crate::security;
-use crate::settings::Settings;
+use crate::config::security;
+use crate::config::settings::Settings;
 
 /// What every client of ackd shares: brokers, security, logging.
 pub fn base_config(settings: &Settings) -> ClientConfig {
@@ -52,7 +52,7 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
     config
         .set("group.id", &settings.group_id)
         .set("auto.offset.reset", settings.start_from.as_str())
-        // ackd commits only acknowledged, contiguous offsets, itself (src/committer.rs).
+        // ackd commits only acknowledged, contiguous offsets, itself (src/consumer/committer.rs).
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", settings.stop_at_end.to_string())
@@ -77,7 +77,7 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::security::tests::{CA, CLIENT, CLIENT_KEY_PEM, OTHER_CA, OTHER_KEY};
+    use crate::config::security::tests::{CA, CLIENT, CLIENT_KEY_PEM, OTHER_CA, OTHER_KEY};
     use rdkafka::consumer::BaseConsumer;
 
     fn settings(vars: &[(&str, &str)]) -> Settings {
@@ -229,6 +229,6 @@ mod tests {
         let mapped = security::creation_error(&message)
             .unwrap_or_else(|| panic!("not mapped to a setting: {message}"));
         assert_eq!(mapped.setting, "KAFKA_CLIENT_CERT_KEY", "{message}");
-        crate::security::tests::assert_no_content(&message);
+        crate::config::security::tests::assert_no_content(&message);
     }
 }

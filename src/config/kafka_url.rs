@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::secret::Secret;
+use crate::config::secret::Secret;
 
 /// How ackd talks to the brokers, decided by the URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,9 +13,9 @@
 //! PEMs go to librdkafka in memory, never to a file. They are checked here first, so that
 //! a malformed one is an error naming its variable; no error ever shows a PEM's content.
 
-use crate::kafka_url::{Brokers, Security};
-use crate::secret::Secret;
-use crate::settings::SettingError;
+use crate::config::error::SettingError;
+use crate::config::kafka_url::{Brokers, Security};
+use crate::config::secret::Secret;
 
 /// TLS for `kafka+ssl://` and `kafka+sasl-ssl://`.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ impl std::fmt::Debug for ClientCert {
 }
 
 /// Every PEM in `tls` (CAs, client certificate, private key), for
-/// [`crate::secret::register`].
+/// [`crate::config::secret::register`].
 pub fn pems(tls: &Tls) -> Vec<&str> {
     let mut out = Vec::new();
     if let Some(t) = &tls.trusted {
@@ -516,7 +516,7 @@ pub fn creation_error(message: &str) -> Option<SettingError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::kafka_url;
+    use crate::config::kafka_url;
 
     /// Test-only certificates (tests/fixtures/tls, see its README).
     pub const CA: &str = include_str!("../../tests/fixtures/tls/ca.pem");

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 
-use crate::failure::{OnFailure, Retry};
-use crate::kafka_url::{self, Brokers};
-use crate::processors::http::{HttpBody, HttpUrl};
-use crate::rdkafka_env;
-use crate::secret::Secret;
-use crate::security::{self, Sasl, Tls};
+use crate::config::error::SettingError;
+use crate::config::failure::{OnFailure, RetryPolicy};
+use crate::config::http_settings::{HttpBody, HttpUrl};
+use crate::config::kafka_url::{self, Brokers};
+use crate::config::rdkafka_env;
+use crate::config::secret::Secret;
+use crate::config::security::{self, Sasl, Tls};
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -50,6 +51,17 @@ pub const OWNED_PROPERTIES: &[(&str, &str)] = &[
         "group.protocol",
         "ACKD_GROUP_PROTOCOL (classic or consumer)",
     ),
+];
+
+/// The librdkafka properties the memory budget (`ACKD_MEMORY_MB`, src/consumer/memory.rs)
+/// sets (setting one as well is an error).
+pub const MEMORY_BUDGET_PROPERTIES: &[&str] = &[
+    "queued.max.messages.kbytes",
+    "queued.min.messages",
+    "fetch.max.bytes",
+    "max.partition.fetch.bytes",
+    "fetch.message.max.bytes",
+    "message.max.bytes",
 ];
 
 /// librdkafka properties of the classic protocol only: with `group.protocol=consumer`
@@ -146,7 +158,7 @@ pub const MAX_PENDING: usize = 1_000_000;
 
 /// In what order one partition's messages are processed (`ACKD_ORDERING`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ordering {
+pub enum ProcessingOrder {
     /// One message (or batch) of a partition at a time, in offset order.
     Partition,
     /// Messages with the same key in offset order, one at a time; different keys (and
@@ -156,12 +168,12 @@ pub enum Ordering {
     None,
 }
 
-impl Ordering {
+impl ProcessingOrder {
     pub fn as_str(self) -> &'static str {
         match self {
-            Ordering::Partition => "partition",
-            Ordering::Key => "key",
-            Ordering::None => "none",
+            ProcessingOrder::Partition => "partition",
+            ProcessingOrder::Key => "key",
+            ProcessingOrder::None => "none",
         }
     }
 }
@@ -283,7 +295,7 @@ pub fn variable_name(name: &str) -> String {
 }
 
 /// Every value no line may show that `vars` hold, whether or not they make valid
-/// settings: [`crate::secret::register`] gets them before validation, so that not even
+/// settings: [`crate::config::secret::register`] gets them before validation, so that not even
 /// a configuration error can show one. Values from a file (`ACKD_CONFIG_FILE`) count
 /// when the file can be read.
 pub fn never_shown_in_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
@@ -391,7 +403,7 @@ pub struct Settings {
     pub log_level: String,
     /// Stop (commit, leave, exit 0) once every assigned partition reached its end.
     pub stop_at_end: bool,
-    pub retry: Retry,
+    pub retry: RetryPolicy,
     pub on_failure: OnFailure,
     /// Where `ACKD_ON_FAILURE=dead-letter` sends messages.
     pub dead_letter_topic: Option<String>,
@@ -407,7 +419,7 @@ pub struct Settings {
     /// (`Processor::process`), above 1: batches (`Processor::process_batch`).
     pub batch_max_messages: usize,
     /// `ACKD_ORDERING`: what order a partition's messages are processed in.
-    pub ordering: Ordering,
+    pub ordering: ProcessingOrder,
     /// `ACKD_CONCURRENCY`: processor calls in flight per partition at most (with
     /// `key` or `none` ordering; `partition` ordering is one at a time).
     pub concurrency: usize,
@@ -458,40 +470,8 @@ pub struct Settings {
     pub exec_pass_secrets: Vec<String>,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
-    pub test_delay: crate::processors::delay::Delay,
+    pub test_delay: crate::config::delay::Delay,
 }
-
-/// A setting that is missing or invalid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingError {
-    /// The environment variable (or file key) to fix.
-    pub setting: String,
-    /// The value given, when it may be shown; `None` when missing or secret.
-    pub value: Option<String>,
-    /// What is wrong and what is allowed.
-    pub problem: String,
-}
-
-impl SettingError {
-    fn new(setting: impl Into<String>, value: Option<&str>, problem: impl Into<String>) -> Self {
-        SettingError {
-            setting: setting.into(),
-            value: value.map(str::to_string),
-            problem: problem.into(),
-        }
-    }
-}
-
-impl fmt::Display for SettingError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.value {
-            Some(v) => write!(f, "{}={:?}: {}", self.setting, v, self.problem),
-            None => write!(f, "{}: {}", self.setting, self.problem),
-        }
-    }
-}
-
-impl std::error::Error for SettingError {}
 
 /// The environment variable for a configuration key.
 fn env_name(key: &str) -> String {
@@ -540,7 +520,7 @@ impl Settings {
         with_prefix(self.kafka_prefix.as_deref(), name)
     }
 
-    /// Every value no line may show, for [`crate::secret::register`]: credentials, the
+    /// Every value no line may show, for [`crate::config::secret::register`]: credentials, the
     /// private key, and the PEMs (public, but never printed).
     pub fn never_shown(&self) -> Vec<String> {
         let mut values: Vec<String> = Vec::new();
@@ -1167,7 +1147,7 @@ impl RawSettings {
             }
         };
 
-        let retry = Retry {
+        let retry = RetryPolicy {
             initial: self.millis("retry_initial_ms", 1, 3_600_000)?,
             max: self.millis("retry_max_ms", 1, 3_600_000)?,
             max_attempts: match self.get("retry_max_attempts").parse::<u32>() {
@@ -1254,9 +1234,9 @@ impl RawSettings {
             )?,
             batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
             ordering: match self.get("ordering").to_ascii_lowercase().as_str() {
-                "partition" => Ordering::Partition,
-                "key" => Ordering::Key,
-                "none" => Ordering::None,
+                "partition" => ProcessingOrder::Partition,
+                "key" => ProcessingOrder::Key,
+                "none" => ProcessingOrder::None,
                 _ => {
                     return Err(self.error(
                         "ordering",
@@ -1318,7 +1298,7 @@ impl RawSettings {
             exec_pass_secrets: self.exec_pass_secrets()?,
             #[cfg(feature = "testkit")]
             test_delay: if self.values.contains_key("test_delay_ms") {
-                crate::processors::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
+                crate::config::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
                     .map_err(|problem| self.error("test_delay_ms", problem))?
             } else {
                 Default::default()
@@ -1353,7 +1333,7 @@ impl RawSettings {
         if settings.memory_mb > 0 {
             let defaults = rdkafka_defaults();
             if let Some((property, pass)) = settings.rdkafka.iter().find(|(p, pass)| {
-                crate::memory::PROPERTIES.contains(&p.as_str())
+                MEMORY_BUDGET_PROPERTIES.contains(&p.as_str())
                     && !defaults.iter().any(|(d, v)| d == *p && *v == pass.value)
             }) {
                 return Err(SettingError::new(
@@ -1373,16 +1353,15 @@ impl RawSettings {
             .build()
             .ok()
             .and_then(|c| c.get_int("concurrency").ok());
-        if settings.ordering == Ordering::Partition
-            && default_concurrency != Some(settings.concurrency as i64)
-        {
+        let by_partition = settings.ordering == ProcessingOrder::Partition;
+        if by_partition && default_concurrency != Some(settings.concurrency as i64) {
             return Err(SettingError::new(
                 env_name("concurrency"),
                 Some(&settings.concurrency.to_string()),
                 "needs ACKD_ORDERING=key or none: with ACKD_ORDERING=partition (the default) a partition processes one message at a time".to_string(),
             ));
         }
-        if settings.ordering != Ordering::Partition && settings.max_pending < settings.concurrency {
+        if !by_partition && settings.max_pending < settings.concurrency {
             return Err(SettingError::new(
                 env_name("max_pending"),
                 Some(&settings.max_pending.to_string()),
@@ -1829,7 +1808,7 @@ mod tests {
     #[cfg(feature = "testkit")]
     #[test]
     fn test_delay_is_a_number_or_a_random_range() {
-        use crate::processors::delay::Delay;
+        use crate::config::delay::Delay;
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.test_delay, Delay::default());
         let s = Settings::from_vars(vars(&[("ACKD_TEST_DELAY_MS", "400")])).unwrap();
@@ -1904,11 +1883,11 @@ mod tests {
             ("DYNO", "consumer.2"),
         ]))
         .unwrap();
-        let config = crate::client_config::consumer_config(&s);
+        let config = crate::config::client_config::consumer_config(&s);
         assert_eq!(config.get("group.instance.id"), Some("consumer.2"));
         let dynamic = Settings::from_vars(vars(&[("DYNO", "consumer.2")])).unwrap();
         assert_eq!(
-            crate::client_config::consumer_config(&dynamic).get("group.instance.id"),
+            crate::config::client_config::consumer_config(&dynamic).get("group.instance.id"),
             None
         );
 
@@ -1948,7 +1927,7 @@ mod tests {
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(
             (s.ordering, s.concurrency, s.max_pending),
-            (Ordering::Partition, 16, 1000)
+            (ProcessingOrder::Partition, 16, 1000)
         );
         let s = Settings::from_vars(vars(&[
             ("ACKD_ORDERING", "KEY"),
@@ -1958,7 +1937,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (s.ordering, s.concurrency, s.max_pending),
-            (Ordering::Key, 100, 100)
+            (ProcessingOrder::Key, 100, 100)
         );
         assert_eq!(err(&[("ACKD_ORDERING", "random")]).setting, "ACKD_ORDERING");
         for bad in ["0", "10001", "many"] {
@@ -2253,7 +2232,7 @@ mod tests {
 
     #[test]
     fn heroku_variables_configure_mutual_tls_without_showing_a_pem() {
-        use crate::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
+        use crate::config::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
         let s = Settings::from_vars(vars(&[
             ("KAFKA_URL", "kafka+ssl://ec2-1.compute.amazonaws.com:9096,kafka+ssl://ec2-2.compute.amazonaws.com:9096"),
             ("KAFKA_TRUSTED_CERT", CA),
@@ -2309,7 +2288,7 @@ mod tests {
 
     #[test]
     fn pass_through_properties_cannot_contradict_the_security_settings() {
-        use crate::security::tests::CA;
+        use crate::config::security::tests::CA;
         let e = err(&[
             ("KAFKA_URL", "kafka+ssl://b:1"),
             ("KAFKA_TRUSTED_CERT", CA),

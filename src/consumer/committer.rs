@@ -32,7 +32,7 @@
 //! releasing it) it cannot, because what was processed after that commit left no trace.
 //!
 //! With concurrent ordering, the metadata also lists the offsets acknowledged above the
-//! committed one (`;a=2-4,7`, relative to it: see [`crate::acked_ranges`]), which
+//! committed one (`;a=2-4,7`, relative to it: see [`crate::consumer::acked_ranges`]), which
 //! the next owner skips, only beside the offset `o=` names ([`read_metadata`]). A broker that refuses the metadata as too large
 //! (`offset.metadata.max.bytes`) gets that partition's commit again at once without the
 //! ranges (`at=commit_metadata_dropped`): the offset is committed and those messages are
@@ -52,15 +52,15 @@ use rdkafka::error::{IsError, KafkaError};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::acked_ranges;
-use crate::consumer::membership;
-use crate::group::{Group, Tp};
-use crate::metrics::CommitMetrics;
+use crate::clock::millis;
+use crate::consumer::acked_ranges;
+use crate::output::metrics::CommitMetrics;
+use crate::topic_partition::TopicPartition;
 
 /// What to commit for one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitOffset {
-    pub tp: Tp,
+    pub tp: TopicPartition,
     /// The next offset to read.
     pub offset: i64,
     /// The highest offset acknowledged, for the metadata.
@@ -137,10 +137,10 @@ struct Job {
 #[derive(Default)]
 struct Ownership {
     /// Owned partitions and the epoch of their current assignment.
-    owned: HashMap<Tp, u64>,
+    owned: HashMap<TopicPartition, u64>,
     last_epoch: u64,
     /// The partitions of the commit being sent right now (inside librdkafka).
-    sending: Vec<Tp>,
+    sending: Vec<TopicPartition>,
 }
 
 struct Shared {
@@ -404,7 +404,9 @@ fn canonical_number(s: &str) -> bool {
 /// Each partition of `tpl` (committed offsets, as librdkafka returned them) with its
 /// offset and what its metadata says beside it. Reads the metadata as the bytes it is:
 /// rust-rdkafka's `metadata()` panics when they are not UTF-8.
-pub fn committed_with_metadata(tpl: &TopicPartitionList) -> Vec<(Tp, Offset, ReadMetadata)> {
+pub fn committed_with_metadata(
+    tpl: &TopicPartitionList,
+) -> Vec<(TopicPartition, Offset, ReadMetadata)> {
     tpl.elements()
         .iter()
         .zip(raw_metadata(tpl))
@@ -450,10 +452,49 @@ fn tag(shared: &Shared, offsets: Vec<CommitOffset>) -> Vec<(CommitOffset, u64)> 
         .collect()
 }
 
-/// A handle on the committer thread; clones share it.
-/// How often [`Committer::commit_by`] reads its deadline again while it waits.
+/// How often a confirming commit is sent while the membership is in doubt
+/// (src/consumer/membership.rs).
+pub const CONFIRM_EVERY: Duration = Duration::from_millis(500);
+
+/// Whether a commit refused with `error` means the member may no longer own its
+/// partitions: the broker does not know it (its session expired), fenced it, or knows
+/// a newer epoch or generation of the group than it does.
+pub fn doubted_by(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::FencedMemberEpoch
+                | RDKafkaErrorCode::StaleMemberEpoch
+                | RDKafkaErrorCode::IllegalGeneration
+        )
+    )
+}
+
+/// What the committer reads from and records in the group it commits for (the
+/// consumer's `Group`, which keeps the membership: src/consumer/membership.rs).
+pub trait CommitLedger: Send + 'static {
+    /// Starts the thread that watches for stalls of the whole process; it ends with the
+    /// ledger.
+    fn watch_stalls(ledger: Weak<Mutex<Self>>) -> std::io::Result<()>
+    where
+        Self: Sized;
+    /// In doubt, when a confirming commit is due: what it sends.
+    fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>>;
+    /// The broker accepted `c` (`released`: by a release; `with_ranges`: its `a=` ranges
+    /// were committed with it): what the group has for its partition, if still owned.
+    fn accepted(&mut self, c: &CommitOffset, released: bool, with_ranges: bool);
+    /// A commit sent at `sent_at` was accepted: it may prove the membership.
+    fn confirmed_by_commit(&mut self, sent_at: Instant);
+    /// A periodic or confirming commit was refused with `error`, [`doubted_by`] it: the
+    /// membership is in doubt.
+    fn doubted(&mut self, error: &KafkaError);
+}
+
+/// How often [`Committer::commit`] reads its deadline again while it waits.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
 
+/// A handle on the committer thread; clones share it.
 #[derive(Clone)]
 pub struct Committer {
     jobs: mpsc::Sender<Job>,
@@ -464,9 +505,9 @@ pub struct Committer {
 impl Committer {
     /// Starts the thread. It holds the consumer weakly: the consumer (and with it the
     /// context holding a handle) can always be dropped.
-    pub fn start<X, C>(
+    pub fn start<X, C, G: CommitLedger>(
         consumer: Weak<X>,
-        group: Arc<Mutex<Group>>,
+        group: Arc<Mutex<G>>,
         metrics: Arc<CommitMetrics>,
     ) -> std::io::Result<Committer>
     where
@@ -478,13 +519,13 @@ impl Committer {
         let queued = periodic_queued.clone();
         let shared = Arc::new(Shared::default());
         let on_thread = shared.clone();
-        membership::watch_stalls(Arc::downgrade(&group))?;
+        G::watch_stalls(Arc::downgrade(&group))?;
         std::thread::Builder::new()
             .name("ackd-committer".into())
             .spawn(move || loop {
                 // Woken at least every CONFIRM_EVERY: while the membership is in doubt,
                 // this thread sends the commits that can prove it.
-                match rx.recv_timeout(membership::CONFIRM_EVERY) {
+                match rx.recv_timeout(CONFIRM_EVERY) {
                     Ok(job) => {
                         if job.reason == Reason::Periodic {
                             queued.store(false, Ordering::Release);
@@ -511,7 +552,7 @@ impl Committer {
 
     /// Registers `tp` as owned under a new assignment: commits queued for it before (a
     /// previous assignment of it) are not sent.
-    pub fn acquire(&self, tp: &Tp) {
+    pub fn acquire(&self, tp: &TopicPartition) {
         let mut o = self.shared.lock();
         o.last_epoch += 1;
         let epoch = o.last_epoch;
@@ -520,7 +561,7 @@ impl Committer {
 
     /// Unregisters `tps`, once no commit holding one of them is inside librdkafka. When
     /// this returns, no commit for them will be sent, queued or not.
-    pub fn release(&self, tps: &[Tp]) {
+    pub fn release(&self, tps: &[TopicPartition]) {
         let o = self.shared.lock();
         let mut o = self
             .shared
@@ -589,16 +630,19 @@ impl Committer {
 }
 
 /// While the membership is in doubt, a confirming commit when one is due
-/// ([`membership::confirmation_due`]), sent and accounted for as any other. The
+/// ([`CommitLedger::confirmation_due`]), sent and accounted for as any other. The
 /// consumer is upgraded only then: this thread must not hold it past the supervisor's
 /// close.
-fn confirm_if_due<X: Consumer<C>, C: ConsumerContext>(
+fn confirm_if_due<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
     consumer: &Weak<X>,
     shared: &Shared,
-    group: &Mutex<Group>,
+    group: &Mutex<G>,
     metrics: &CommitMetrics,
 ) {
-    let due = membership::confirmation_due(&mut group.lock().unwrap_or_else(|e| e.into_inner()));
+    let due = group
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .confirmation_due();
     let (Some(offsets), Some(consumer)) = (due, consumer.upgrade()) else {
         return;
     };
@@ -613,11 +657,11 @@ fn confirm_if_due<X: Consumer<C>, C: ConsumerContext>(
 
 /// One job on the committer thread: drop what may no longer be sent, send the rest,
 /// account for each partition's answer.
-fn run<X: Consumer<C>, C: ConsumerContext>(
+fn run<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
     consumer: &X,
     job: &Job,
     shared: &Shared,
-    group: &Mutex<Group>,
+    group: &Mutex<G>,
     metrics: &CommitMetrics,
 ) -> Result<(), CommitError> {
     let reason = job.reason.as_str();
@@ -691,7 +735,7 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
             sent_at: started,
             duration_ms,
         };
-        account(&mut group, &answered, &to_send, &ranges, answers)
+        account(&mut *group, &answered, &to_send, &ranges, answers)
     };
     // The send is over: a release waiting for these partitions may go on.
     shared.lock().sending.clear();
@@ -714,8 +758,8 @@ struct Answered {
 /// Accounts for each partition's answer (`ranges`: the `acked=` ranges each carried);
 /// returns the first refusal. An acceptance proves the membership; a refusal for the
 /// member (of a periodic or confirming commit) puts it in doubt (src/consumer/membership.rs).
-fn account(
-    group: &mut Group,
+fn account<G: CommitLedger>(
+    group: &mut G,
     answered: &Answered,
     sent: &[&CommitOffset],
     ranges: &[Option<String>],
@@ -736,16 +780,8 @@ fn account(
                     reason,
                     duration_ms = answered.duration_ms
                 );
-                if let Some(p) = group.owned.get_mut(&c.tp) {
-                    // FIFO: the last commit accepted is what the group has.
-                    p.committed = Some(c.offset);
-                    p.released = answered.reason.releases();
-                    p.committed_acked = if ranges[i].is_some() {
-                        c.acked.clone()
-                    } else {
-                        Vec::new()
-                    };
-                }
+                // FIFO: the last commit accepted is what the group has.
+                group.accepted(c, answered.reason.releases(), ranges[i].is_some());
             }
             Err(e) => {
                 log_refused(answered.reason, c, &e);
@@ -754,7 +790,7 @@ fn account(
         }
     }
     if accepted {
-        membership::confirmed_by_commit(group, answered.sent_at);
+        group.confirmed_by_commit(answered.sent_at);
     }
     if let Some(e) = first_error.as_ref() {
         if answered.reason == Reason::Confirm {
@@ -763,8 +799,8 @@ fn account(
         }
         // A release's refusal is the release's to retry or give up (GroupContext::
         // commit_owned): the partitions go either way.
-        if membership::doubted_by(e) && !answered.reason.releases() {
-            membership::doubt(group, membership::Cause::Refused(e));
+        if doubted_by(e) && !answered.reason.releases() {
+            group.doubted(e);
         }
     }
     first_error
@@ -778,7 +814,7 @@ fn log_refused(reason: Reason, c: &CommitOffset, e: &KafkaError) {
     if reason == Reason::Confirm {
         return;
     }
-    if !membership::doubted_by(e) || reason.releases() {
+    if !doubted_by(e) || reason.releases() {
         tracing::error!(at = "commit_failed", topic, partition, offset, reason = reason_str, error = %e,
             "not committed: retried at the next commit; if the partition moves or the process stops first, messages from the last committed offset are redelivered");
     } else {
@@ -985,21 +1021,17 @@ unsafe extern "C" fn per_partition(
     }
 }
 
-/// Milliseconds with a fraction, for duration fields.
-pub fn millis(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::group::Group;
     use rdkafka::consumer::{BaseConsumer, CommitMode, DefaultConsumerContext};
     use rdkafka::mocking::MockCluster;
     use rdkafka::ClientConfig;
 
     const TOPIC: &str = "t";
 
-    fn tp(partition: i32) -> Tp {
+    fn tp(partition: i32) -> TopicPartition {
         (Arc::from(TOPIC), partition)
     }
 
@@ -1047,7 +1079,7 @@ mod tests {
         mock.create_topic(TOPIC, 2, 1).unwrap();
         let c = consumer(&mock.bootstrap_servers());
         let metrics = Arc::new(CommitMetrics::default());
-        let committer = Committer::start::<BaseConsumer, DefaultConsumerContext>(
+        let committer = Committer::start::<BaseConsumer, DefaultConsumerContext, Group>(
             Arc::downgrade(&c),
             Arc::new(Mutex::new(Group::default())),
             metrics.clone(),

@@ -20,18 +20,21 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::client_config::{base_config, consumer_config};
-use crate::committer::Committer;
-use crate::dead_letter::DeadLetter;
+use crate::config::client_config::{base_config, consumer_config};
+use crate::config::error::{report_setting_error, SettingError};
+use crate::config::failure::OnFailure;
+use crate::config::security;
+use crate::config::settings::{ProcessingOrder, Settings};
+use crate::consumer::committer::Committer;
+use crate::consumer::dead_letter::DeadLetter;
+use crate::consumer::group::{AckdConsumer, Group, GroupContext, StopClock};
+use crate::consumer::supervisor::{self, Control};
+use crate::consumer::worker::{Batching, Concurrency, WorkerConfig};
+use crate::consumer::{auth, memory, topics};
 use crate::exit;
-use crate::failure::OnFailure;
-use crate::group::{AckdConsumer, Group, GroupContext, StopClock};
-use crate::metrics::{self, CommitMetrics};
 use crate::output::health::{self, Health, Phase};
-use crate::processor::Processor;
-use crate::settings::{SettingError, Settings};
-use crate::supervisor::{self, Control};
-use crate::worker::{Batching, WorkerConfig};
+use crate::output::metrics::{self, CommitMetrics};
+use crate::processors::processor::Processor;
 
 /// Runs ackd until it is stopped; returns the process exit code.
 pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
@@ -72,8 +75,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         group_protocol = settings.group_protocol.as_str(),
         // TLS, SASL and KAFKA_PREFIX (none of them shows a secret).
         kafka_prefix = settings.kafka_prefix.as_deref(),
-        tls = crate::security::tls_summary(settings.tls.as_ref()),
-        sasl = crate::security::sasl_summary(settings.sasl.as_ref()),
+        tls = security::tls_summary(settings.tls.as_ref()),
+        sasl = security::sasl_summary(settings.sasl.as_ref()),
         group_instance_id = settings.group_instance_id.as_deref(),
         processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
@@ -83,10 +86,10 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         on_failure = settings.on_failure.as_str(),
         retry_max_attempts = settings.retry.max_attempts,
         ordering = settings.ordering.as_str(),
-        concurrency = (settings.ordering != crate::settings::Ordering::Partition)
-            .then_some(settings.concurrency),
-        max_pending = (settings.ordering != crate::settings::Ordering::Partition)
-            .then_some(settings.max_pending),
+        concurrency =
+            (settings.ordering != ProcessingOrder::Partition).then_some(settings.concurrency),
+        max_pending =
+            (settings.ordering != ProcessingOrder::Partition).then_some(settings.max_pending),
         batch_max_messages = settings.batch_max_messages,
         batch_max_wait_ms =
             (settings.batch_max_messages > 1).then_some(settings.batch_max_wait.as_millis() as u64),
@@ -126,19 +129,19 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     let memory = if settings.memory_mb > 0 {
         let s = settings.clone();
         let count = tokio::task::spawn_blocking(move || {
-            crate::memory::count_partitions(&s, Duration::from_secs(10))
+            memory::count_partitions(&s, Duration::from_secs(10))
         });
         let partitions = tokio::select! {
             c = count => c.ok().flatten(),
-            s = signals.next() => return crate::topics::stopped_while_waiting(s),
+            s = signals.next() => return topics::stopped_while_waiting(s),
         };
-        match crate::memory::Budget::plan(settings.memory_mb, partitions) {
+        match memory::Budget::plan(settings.memory_mb, partitions) {
             Ok(budget) => {
                 budget.log(None);
                 Some(budget)
             }
             Err(problem) => {
-                crate::report_setting_error(&SettingError {
+                report_setting_error(&SettingError {
                     setting: "ACKD_MEMORY_MB".into(),
                     value: Some(settings.memory_mb.to_string()),
                     problem,
@@ -171,7 +174,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 "GET /live, /ready, /metrics"
             ),
             Err(e) => {
-                crate::report_setting_error(&health_listen_error(addr, &e));
+                report_setting_error(&health_listen_error(addr, &e));
                 return exit::CONFIG;
             }
         }
@@ -205,8 +208,8 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
                 max_bytes: settings.batch_max_bytes,
             },
             concurrency: match settings.ordering {
-                crate::settings::Ordering::Partition => crate::worker::Concurrency::SEQUENTIAL,
-                ordering => crate::worker::Concurrency {
+                ProcessingOrder::Partition => Concurrency::SEQUENTIAL,
+                ordering => Concurrency {
                     ordering,
                     max_in_flight: settings.concurrency,
                     max_pending: settings.max_pending,
@@ -216,9 +219,7 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
         drain_timeout: settings.shutdown_timeout,
         start_from: settings.start_from,
         memory: memory.clone(),
-        auth: crate::auth::AuthFailures::new(
-            settings.tls.as_ref().is_some_and(|t| t.client.is_some()),
-        ),
+        auth: auth::AuthFailures::new(settings.tls.as_ref().is_some_and(|t| t.client.is_some())),
     };
     let mut config = consumer_config(&settings);
     if let Some(budget) = &memory {
@@ -240,9 +241,9 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
     }
     // A missing topic would leave ackd idle forever: stop, or wait for it, first. An
     // authentication failure meanwhile stops ackd at once: nothing is consumed yet.
-    let auth_failed = crate::auth::failed_before_subscribing(&consumer, &consumer.context().auth);
+    let auth_failed = auth::failed_before_subscribing(&consumer, &consumer.context().auth);
     let checked = tokio::select! {
-        checked = crate::topics::wait_until_present(&consumer, &settings, &mut signals) => checked,
+        checked = topics::wait_until_present(&consumer, &settings, &mut signals) => checked,
         () = auth_failed => Err(exit::NOPERM),
     };
     if let Err(code) = checked {
@@ -462,13 +463,13 @@ pub(crate) fn report_client_error(settings: &Settings, error: KafkaError) -> i32
                 .map(|p| p.shown(property).to_string()),
             problem: format!("librdkafka refused `{property}`: {description}"),
         };
-        crate::report_setting_error(&e);
+        report_setting_error(&e);
         return exit::CONFIG;
     }
     // A PEM librdkafka refused (e.g. a key that is not the certificate's): name its variable.
     if let KafkaError::ClientCreation(message) = &error {
-        if let Some(e) = crate::security::creation_error(message) {
-            crate::report_setting_error(&e);
+        if let Some(e) = crate::config::security::creation_error(message) {
+            report_setting_error(&e);
             return exit::CONFIG;
         }
     }

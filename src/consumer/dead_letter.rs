@@ -12,7 +12,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
-use crate::processor::{Message, ProcessError};
+use crate::processors::processor::{Message, ProcessError};
 
 /// Header names added to a dead-lettered copy.
 pub const SOURCE_TOPIC: &str = "ackd.source.topic";

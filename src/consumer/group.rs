@@ -27,16 +27,14 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::committer::{self, CommitOffset, Committer, Reason};
+use crate::config::settings::StartFrom;
+use crate::consumer::committer::{self, CommitLedger, CommitOffset, Committer, Reason};
 use crate::consumer::membership;
-use crate::metrics::{self, CommitMetrics, Interval};
+use crate::consumer::worker::{self, WorkerConfig, WorkerHandle};
 use crate::output::health::{Busy, Health};
-use crate::processor::Processor;
-use crate::settings::StartFrom;
-use crate::worker::{self, WorkerConfig, WorkerHandle};
-
-/// A topic and partition.
-pub type Tp = (Arc<str>, i32);
+use crate::output::metrics::{self, CommitMetrics, Interval};
+use crate::processors::processor::Processor;
+use crate::topic_partition::TopicPartition;
 
 /// The consumer type ackd runs.
 pub type AckdConsumer<P> = StreamConsumer<GroupContext<P>>;
@@ -65,7 +63,7 @@ impl Owned {
     /// release (`releasing`), also the same offset again when this process's last commit
     /// of it was periodic, so that the metadata says it was released (the next owner then
     /// knows it redelivers nothing).
-    fn to_commit(&self, tp: &Tp, releasing: bool) -> Option<CommitOffset> {
+    fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let acked = self.worker.shared.committable()?;
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -119,13 +117,13 @@ impl Owned {
 /// The partitions this process owns.
 #[derive(Default)]
 pub struct Group {
-    pub owned: BTreeMap<Tp, Owned>,
+    pub owned: BTreeMap<TopicPartition, Owned>,
     /// Counts of workers that ended during the current metrics interval.
     retired: Interval,
     /// Workers released with their partition that had not ended (aborted while their
     /// processor would not return): if the partition comes back, its next worker waits
     /// for them ([`worker::Predecessor`]).
-    lingering: HashMap<Tp, Arc<worker::WorkerShared>>,
+    lingering: HashMap<TopicPartition, Arc<worker::WorkerShared>>,
     /// Set while this process may no longer be a member (src/consumer/membership.rs):
     /// its partitions are held.
     pub doubt: Option<membership::Doubt>,
@@ -133,13 +131,13 @@ pub struct Group {
 
 impl Group {
     /// Acknowledged offsets not yet committed, for `only` (all owned if `None`).
-    pub fn uncommitted(&self, only: Option<&[Tp]>) -> Vec<CommitOffset> {
+    pub fn uncommitted(&self, only: Option<&[TopicPartition]>) -> Vec<CommitOffset> {
         self.pending(only, false)
     }
 
     /// What releasing `only` commits: [`Group::uncommitted`], and the offsets last
     /// committed periodically again, as released.
-    pub fn to_release(&self, only: &[Tp]) -> Vec<CommitOffset> {
+    pub fn to_release(&self, only: &[TopicPartition]) -> Vec<CommitOffset> {
         self.pending(Some(only), true)
     }
 
@@ -162,12 +160,70 @@ impl Group {
             .collect()
     }
 
-    fn pending(&self, only: Option<&[Tp]>, releasing: bool) -> Vec<CommitOffset> {
+    fn pending(&self, only: Option<&[TopicPartition]>, releasing: bool) -> Vec<CommitOffset> {
         self.owned
             .iter()
             .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
             .filter_map(|(tp, p)| p.to_commit(tp, releasing))
             .collect()
+    }
+}
+
+impl membership::Members for Group {
+    fn doubt_slot(&mut self) -> &mut Option<membership::Doubt> {
+        &mut self.doubt
+    }
+
+    fn owns_nothing(&self) -> bool {
+        self.owned.is_empty()
+    }
+
+    fn owned_partitions(&self) -> Vec<&TopicPartition> {
+        self.owned.keys().collect()
+    }
+
+    fn hold_owned(&self, hold: bool) {
+        for p in self.owned.values() {
+            if hold {
+                p.worker.shared.hold.hold();
+            } else {
+                p.worker.shared.hold.lift();
+            }
+        }
+    }
+
+    fn confirming(&self) -> Vec<CommitOffset> {
+        Group::confirming(self)
+    }
+}
+
+impl CommitLedger for Group {
+    fn watch_stalls(group: Weak<Mutex<Group>>) -> std::io::Result<()> {
+        membership::watch_stalls(group)
+    }
+
+    fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>> {
+        membership::confirmation_due(self)
+    }
+
+    fn accepted(&mut self, c: &CommitOffset, released: bool, with_ranges: bool) {
+        if let Some(p) = self.owned.get_mut(&c.tp) {
+            p.committed = Some(c.offset);
+            p.released = released;
+            p.committed_acked = if with_ranges {
+                c.acked.clone()
+            } else {
+                Vec::new()
+            };
+        }
+    }
+
+    fn confirmed_by_commit(&mut self, sent_at: Instant) {
+        membership::confirmed_by_commit(self, sent_at);
+    }
+
+    fn doubted(&mut self, error: &KafkaError) {
+        membership::doubt(self, membership::Cause::Refused(error));
     }
 }
 
@@ -188,8 +244,8 @@ pub struct GroupContext<P: Processor> {
     pub metrics_interval: Duration,
     /// Set once the last summary is written: statistics during the close write none.
     pub summaries_done: AtomicBool,
-    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/auth.rs).
-    pub auth: crate::auth::AuthFailures,
+    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/consumer/auth.rs).
+    pub auth: crate::consumer::auth::AuthFailures,
     /// Whether the brokers are reachable, as far as librdkafka's errors tell.
     pub connectivity: Connectivity,
     /// Set when the shutdown begins: partitions assigned after that get no worker.
@@ -201,7 +257,7 @@ pub struct GroupContext<P: Processor> {
     /// then incomplete, as if the final commit had failed.
     pub released_incomplete: AtomicBool,
     /// `ACKD_MEMORY_MB`: the prefetch budget, logged with each assignment change.
-    pub memory: Option<crate::memory::Budget>,
+    pub memory: Option<crate::consumer::memory::Budget>,
     /// The graceful stop's clock, set by the daemon on the signal (see [`StopClock`]).
     pub stop_clock: Arc<StopClock>,
     /// Set once a revoke cut short by the stop has told every worker to stop.
@@ -222,7 +278,7 @@ pub struct StopTimes {
     /// When the process must have committed (it exits then at the latest).
     pub deadline: Instant,
     /// When draining in-flight messages must end: the deadline less
-    /// [`crate::settings::commit_reserve`], kept for the commits and the close.
+    /// [`crate::config::settings::commit_reserve`], kept for the commits and the close.
     pub drain_until: Instant,
     /// When a revoke's commit under way at the stop must end: half the reserve is left
     /// for the final commit of the other partitions.
@@ -236,7 +292,7 @@ impl StopClock {
         let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
         *times.get_or_insert_with(|| {
             let reserve =
-                crate::settings::commit_reserve(deadline.saturating_duration_since(begun));
+                crate::config::settings::commit_reserve(deadline.saturating_duration_since(begun));
             StopTimes {
                 deadline,
                 drain_until: deadline - reserve,
@@ -560,7 +616,7 @@ impl<P: Processor> GroupContext<P> {
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
             .map_err(|e| tracing::warn!(at = "committed_unknown", error = %e, "could not read committed offsets"))
             .ok();
-        let mut resume: HashMap<Tp, (Offset, committer::ReadMetadata)> = committed
+        let mut resume: HashMap<TopicPartition, (Offset, committer::ReadMetadata)> = committed
             .iter()
             .flat_map(committer::committed_with_metadata)
             .map(|(tp, offset, read)| (tp, (offset, read)))
@@ -568,9 +624,9 @@ impl<P: Processor> GroupContext<P> {
         let generation = generation(base);
         let mut group = self.lock();
         // The group assigned to this member: it is one.
-        membership::confirmed(&mut group, "rebalance");
+        membership::confirmed(&mut *group, "rebalance");
         for e in tpl.elements() {
-            let tp: Tp = (Arc::from(e.topic()), e.partition());
+            let tp: TopicPartition = (Arc::from(e.topic()), e.partition());
             let (topic, partition) = (&*tp.0, tp.1);
             let mut acked_above = Vec::new();
             let committed_offset = match resume.remove(&tp) {
@@ -673,7 +729,7 @@ impl<P: Processor> GroupContext<P> {
         // After a fatal error (fenced) librdkafka unassigns everything: nothing of it is
         // ours to commit any more, however the revoke is flagged.
         let lost = base.assignment_lost() || base.client().fatal_error().is_some();
-        let tps: Vec<Tp> = tpl
+        let tps: Vec<TopicPartition> = tpl
             .elements()
             .iter()
             .map(|e| (Arc::from(e.topic()), e.partition()))
@@ -682,7 +738,7 @@ impl<P: Processor> GroupContext<P> {
         let started = Instant::now();
         // A revoke that is not lost comes from the group: this process is a member.
         if !lost {
-            membership::confirmed(&mut self.lock(), "rebalance");
+            membership::confirmed(&mut *self.lock(), "rebalance");
         }
         // The supervisor is blocked from here until the revoke returns: say so. (The
         // close's final revoke, after the stop released everything, has nothing to do.)
@@ -714,13 +770,13 @@ impl<P: Processor> GroupContext<P> {
             },
             (!lost).then_some(Commit {
                 reason: Reason::Revoke,
-                retry: Retry::Wait,
+                retry: CommitRetry::Wait,
             }),
         );
         if lost {
-            membership::ended(&mut self.lock());
+            membership::ended(&mut *self.lock());
         }
-        let duration_ms = committer::millis(started.elapsed());
+        let duration_ms = crate::clock::millis(started.elapsed());
         let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
         if stopping && (!outcome.complete || outcome.left_uncommitted().next().is_some()) {
             self.released_incomplete.store(true, Ordering::Release);
@@ -759,7 +815,7 @@ impl<P: Processor> GroupContext<P> {
     /// then goes on with what it still owns, and its outcome leaves those out.
     pub fn shutdown(
         &self,
-        tps: &[Tp],
+        tps: &[TopicPartition],
         times: StopTimes,
         commit: bool,
         serve: &dyn Fn(Instant),
@@ -772,7 +828,7 @@ impl<P: Processor> GroupContext<P> {
             },
             commit.then_some(Commit {
                 reason: Reason::Shutdown,
-                retry: Retry::Serve(serve),
+                retry: CommitRetry::Serve(serve),
             }),
         )
     }
@@ -801,7 +857,12 @@ impl<P: Processor> GroupContext<P> {
     /// 3. [`GroupContext::forget`]: no commit for them is sent after this; drop them from
     ///    the group, abort their workers.
     /// 4. Say per partition what happened ([`Outcome`]).
-    fn release(&self, tps: &[Tp], deadlines: Deadlines<'_>, commit: Option<Commit<'_>>) -> Outcome {
+    fn release(
+        &self,
+        tps: &[TopicPartition],
+        deadlines: Deadlines<'_>,
+        commit: Option<Commit<'_>>,
+    ) -> Outcome {
         let drained = self.drain(tps, deadlines.drain);
         // A consumer librdkafka declared dead (fenced, e.g. while it drained) commits
         // nothing: its partitions are another process's now.
@@ -854,9 +915,9 @@ impl<P: Processor> GroupContext<P> {
     /// Step 1 of a release: stops the workers of `tps` and waits until they returned or
     /// `deadline()` passed (a stop may bring it forward). True if all returned; each
     /// one that did not is logged `at=drain_timeout`.
-    fn drain(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> bool {
+    fn drain(&self, tps: &[TopicPartition], deadline: &dyn Fn() -> Instant) -> bool {
         // Wait without holding the lock: the committer needs it meanwhile.
-        let shared: Vec<(Tp, Arc<worker::WorkerShared>)> = {
+        let shared: Vec<(TopicPartition, Arc<worker::WorkerShared>)> = {
             let group = self.lock();
             tps.iter()
                 .filter_map(|tp| group.owned.get(tp).map(|p| (tp.clone(), p)))
@@ -885,15 +946,20 @@ impl<P: Processor> GroupContext<P> {
     /// Step 3 of a release: after the commit, `tps` are no longer ours. Returns those
     /// that were still owned (a revoke served during the shutdown's commit may have
     /// released some already).
-    fn forget(&self, tps: &[Tp], deadline: &dyn Fn() -> Instant) -> Vec<(Tp, Owned)> {
-        // From here no commit for these partitions is sent (src/committer.rs): one that
-        // timed out but is still queued is dropped, one inside librdkafka is waited for.
+    fn forget(
+        &self,
+        tps: &[TopicPartition],
+        deadline: &dyn Fn() -> Instant,
+    ) -> Vec<(TopicPartition, Owned)> {
+        // From here no commit for these partitions is sent (src/consumer/committer.rs):
+        // one that timed out but is still queued is dropped, one inside librdkafka is
+        // waited for.
         if let Some(c) = self.committer.get() {
             c.release(tps);
         }
-        let removed: Vec<(Tp, Owned)> = {
+        let removed: Vec<(TopicPartition, Owned)> = {
             let mut group = self.lock();
-            let removed: Vec<(Tp, Owned)> = tps
+            let removed: Vec<(TopicPartition, Owned)> = tps
                 .iter()
                 .filter_map(|tp| group.owned.remove(tp).map(|p| (tp.clone(), p)))
                 .collect();
@@ -939,18 +1005,18 @@ impl<P: Processor> GroupContext<P> {
     ///
     /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
     /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
-    /// again). With [`Retry::Serve`] (the shutdown, which owns the poll loop) that is what
-    /// happens: the partitions stay owned meanwhile, so a revoke that arrives while
-    /// serving commits them itself, under the new generation. A commit refused for a
+    /// again). With [`CommitRetry::Serve`] (the shutdown, which owns the poll loop) that
+    /// is what happens: the partitions stay owned meanwhile, so a revoke that arrives
+    /// while serving commits them itself, under the new generation. A commit refused for a
     /// stale member epoch ([`Refusal::StaleEpoch`]) or while the coordinator moves
     /// ([`Refusal::CoordinatorMoving`]) is sent again either way: librdkafka's own thread
     /// fetches the epoch or finds the coordinator.
     fn commit_owned(
         &self,
-        tps: &[Tp],
+        tps: &[TopicPartition],
         reason: Reason,
         deadline: &dyn Fn() -> Instant,
-        retry: Retry<'_>,
+        retry: CommitRetry<'_>,
     ) -> (Vec<CommitOffset>, bool) {
         let Some(committer) = self.committer.get() else {
             let pending = self.lock().to_release(tps);
@@ -958,8 +1024,8 @@ impl<P: Processor> GroupContext<P> {
             return (pending, ok);
         };
         let mut wait = match retry {
-            Retry::Serve(_) => REBALANCE_WAIT_FIRST,
-            Retry::Wait => REVOKE_WAIT_FIRST,
+            CommitRetry::Serve(_) => REBALANCE_WAIT_FIRST,
+            CommitRetry::Wait => REVOKE_WAIT_FIRST,
         };
         loop {
             // Recomputed each time: a revoke served meanwhile commits and forgets its own.
@@ -974,7 +1040,7 @@ impl<P: Processor> GroupContext<P> {
                 _ => Refusal::Final,
             };
             match (refusal, retry) {
-                (Refusal::Rebalancing, Retry::Serve(serve)) if until < deadline() => {
+                (Refusal::Rebalancing, CommitRetry::Serve(serve)) if until < deadline() => {
                     tracing::warn!(
                         at = "commit_retry",
                         reason = reason.as_str(),
@@ -998,8 +1064,8 @@ impl<P: Processor> GroupContext<P> {
                     // this error): a revoke, which runs inside the rebalance callback, can
                     // wait for it; the shutdown serves the group meanwhile.
                     match retry {
-                        Retry::Serve(serve) => serve(until),
-                        Retry::Wait => sleep_until(until, deadline),
+                        CommitRetry::Serve(serve) => serve(until),
+                        CommitRetry::Wait => sleep_until(until, deadline),
                     }
                 }
                 // librdkafka finds the new coordinator on its own thread: waiting is enough,
@@ -1014,8 +1080,8 @@ impl<P: Processor> GroupContext<P> {
                         "commit refused while the group's coordinator moves or loads: committing again"
                     );
                     match retry {
-                        Retry::Serve(serve) => serve(until),
-                        Retry::Wait => sleep_until(until, deadline),
+                        CommitRetry::Serve(serve) => serve(until),
+                        CommitRetry::Wait => sleep_until(until, deadline),
                     }
                 }
                 _ => {
@@ -1060,7 +1126,7 @@ fn resume_from_commit(
 ) -> Vec<(i64, i64)> {
     let previous = read.previous.as_ref();
     let acked_above = previous.map_or_else(Vec::new, |p| p.acked_above(o));
-    let skipped = crate::acked_ranges::count(&acked_above);
+    let skipped = crate::consumer::acked_ranges::count(&acked_above);
     // Redelivery is visible: a previous owner that released the partition had processed
     // through `processed` and nothing after, so exactly the offsets from the resume
     // offset to it come again, but those it acknowledged above its commit. One that did
@@ -1207,12 +1273,12 @@ struct Deadlines<'a> {
 /// A release's commit: why, and how a refusal is retried.
 struct Commit<'a> {
     reason: Reason,
-    retry: Retry<'a>,
+    retry: CommitRetry<'a>,
 }
 
 /// How a commit refused for a passing reason is tried again (see [`Refusal`]).
 #[derive(Clone, Copy)]
-enum Retry<'a> {
+enum CommitRetry<'a> {
     /// The shutdown owns the poll loop: it serves the group (this function, until the
     /// instant given) so that a rebalance in progress completes, then commits again.
     Serve(&'a dyn Fn(Instant)),
@@ -1236,7 +1302,7 @@ pub struct Released {
 /// What a release achieved.
 pub struct Outcome {
     /// Each released partition, in the order asked.
-    pub partitions: Vec<(Tp, Released)>,
+    pub partitions: Vec<(TopicPartition, Released)>,
     /// Whether every worker finished in time and every commit succeeded.
     pub complete: bool,
     /// librdkafka declared the consumer dead (fenced) before or during the commit:
@@ -1246,14 +1312,14 @@ pub struct Outcome {
 
 impl Outcome {
     /// Partitions and the offset committed for them.
-    pub fn committed(&self) -> impl Iterator<Item = (&Tp, i64)> {
+    pub fn committed(&self) -> impl Iterator<Item = (&TopicPartition, i64)> {
         self.partitions
             .iter()
             .filter_map(|(tp, r)| r.committed.map(|o| (tp, o)))
     }
 
     /// Partitions with nothing committed.
-    pub fn without_commit(&self) -> impl Iterator<Item = &Tp> {
+    pub fn without_commit(&self) -> impl Iterator<Item = &TopicPartition> {
         self.partitions
             .iter()
             .filter(|(_, r)| r.committed.is_none())

@@ -12,8 +12,9 @@
 //! gone:
 //! - its own clock: a thread that ticks every [`TICK`] saw a gap of [`STALL`] or more
 //!   (the whole process did not run: it was stopped or paused);
-//! - a periodic commit refused for the member ([`doubted_by`]: UNKNOWN_MEMBER_ID,
-//!   FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH, ILLEGAL_GENERATION). A revoke's or the
+//! - a periodic commit refused for the member
+//!   ([`crate::consumer::committer::doubted_by`]: UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH,
+//!   STALE_MEMBER_EPOCH, ILLEGAL_GENERATION). A revoke's or the
 //!   stop's commit retries or gives up on its own (`GroupContext::commit_owned`): its
 //!   partitions are released either way.
 //!
@@ -37,11 +38,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::Notify;
 
-use crate::committer::{millis, CommitOffset};
-use crate::group::Group;
+use crate::clock::millis;
+use crate::consumer::committer::{CommitOffset, CONFIRM_EVERY};
+use crate::topic_partition::TopicPartition;
 
 /// How often the stall watch ticks.
 const TICK: Duration = Duration::from_millis(100);
@@ -50,8 +51,6 @@ const TICK: Duration = Duration::from_millis(100);
 /// default (6 s) less its heartbeat interval (3 s); a false alarm costs one commit's
 /// round trip of held partitions.
 pub const STALL: Duration = Duration::from_secs(2);
-/// How often a confirming commit is sent while in doubt.
-pub const CONFIRM_EVERY: Duration = Duration::from_millis(500);
 /// With nothing to commit, how long a doubt lasts without a lost revoke.
 const UNCONFIRMABLE_FOR: Duration = Duration::from_secs(10);
 
@@ -71,30 +70,28 @@ pub enum Cause<'a> {
     Refused(&'a KafkaError),
 }
 
-/// Whether a commit refused with `error` means the member may no longer own its
-/// partitions: the broker does not know it (its session expired), fenced it, or knows
-/// a newer epoch or generation of the group than it does.
-pub fn doubted_by(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::UnknownMemberId
-                | RDKafkaErrorCode::FencedMemberEpoch
-                | RDKafkaErrorCode::StaleMemberEpoch
-                | RDKafkaErrorCode::IllegalGeneration
-        )
-    )
+/// What the membership acts on: the partitions owned and the doubt (the consumer's
+/// `Group` holds both).
+pub trait Members {
+    /// The doubt under way, if any.
+    fn doubt_slot(&mut self) -> &mut Option<Doubt>;
+    /// Whether no partition is owned.
+    fn owns_nothing(&self) -> bool;
+    /// The partitions owned, in order.
+    fn owned_partitions(&self) -> Vec<&TopicPartition>;
+    /// Holds every owned partition (nothing new starts), or lifts the hold.
+    fn hold_owned(&self, hold: bool);
+    /// The offsets of every owned partition that has one: what a confirming commit sends.
+    fn confirming(&self) -> Vec<CommitOffset>;
 }
 
 /// Puts the membership in doubt (if it is not already): every owned partition is held.
-pub fn doubt(group: &mut Group, cause: Cause<'_>) {
-    if group.doubt.is_some() || group.owned.is_empty() {
+pub fn doubt<G: Members>(group: &mut G, cause: Cause<'_>) {
+    if group.doubt_slot().is_some() || group.owns_nothing() {
         return;
     }
-    for p in group.owned.values() {
-        p.worker.shared.hold.hold();
-    }
-    group.doubt = Some(Doubt {
+    group.hold_owned(true);
+    *group.doubt_slot() = Some(Doubt {
         since: Instant::now(),
         tried: None,
     });
@@ -118,13 +115,11 @@ pub fn doubt(group: &mut Group, cause: Cause<'_>) {
 }
 
 /// The membership is proven (`how`): the held partitions go on.
-pub fn confirmed(group: &mut Group, how: &str) {
-    let Some(doubt) = group.doubt.take() else {
+pub fn confirmed<G: Members>(group: &mut G, how: &str) {
+    let Some(doubt) = group.doubt_slot().take() else {
         return;
     };
-    for p in group.owned.values() {
-        p.worker.shared.hold.lift();
-    }
+    group.hold_owned(false);
     tracing::info!(
         at = "membership_confirmed",
         how,
@@ -135,25 +130,29 @@ pub fn confirmed(group: &mut Group, how: &str) {
 
 /// A commit sent at `sent_at` was accepted: it proves the membership if it was sent
 /// after the doubt began (one sent before a stall may have been answered before it).
-pub fn confirmed_by_commit(group: &mut Group, sent_at: Instant) {
-    if group.doubt.as_ref().is_some_and(|d| d.since <= sent_at) {
+pub fn confirmed_by_commit<G: Members>(group: &mut G, sent_at: Instant) {
+    if group
+        .doubt_slot()
+        .as_ref()
+        .is_some_and(|d| d.since <= sent_at)
+    {
         confirmed(group, "commit_accepted");
     }
 }
 
 /// The doubt ends without a proof: the partitions were revoked as lost.
-pub fn ended(group: &mut Group) {
-    if group.owned.is_empty() {
-        group.doubt = None;
+pub fn ended<G: Members>(group: &mut G) {
+    if group.owns_nothing() {
+        *group.doubt_slot() = None;
     }
 }
 
 /// In doubt, when a confirming commit is due: what it sends (the offsets of every owned
 /// partition that has one). Ends a doubt that nothing can confirm after
 /// [`UNCONFIRMABLE_FOR`].
-pub fn confirmation_due(group: &mut Group) -> Option<Vec<CommitOffset>> {
+pub fn confirmation_due<G: Members>(group: &mut G) -> Option<Vec<CommitOffset>> {
     let now = Instant::now();
-    let doubt = group.doubt.as_ref()?;
+    let doubt = group.doubt_slot().as_ref()?;
     if doubt.tried.is_some_and(|t| now < t + CONFIRM_EVERY) {
         return None;
     }
@@ -165,7 +164,7 @@ pub fn confirmation_due(group: &mut Group) -> Option<Vec<CommitOffset>> {
         }
         return None;
     }
-    if let Some(d) = group.doubt.as_mut() {
+    if let Some(d) = group.doubt_slot().as_mut() {
         d.tried = Some(now);
     }
     Some(offsets)
@@ -173,7 +172,7 @@ pub fn confirmation_due(group: &mut Group) -> Option<Vec<CommitOffset>> {
 
 /// Starts the thread that watches for stalls of the whole process; it ends with the
 /// group.
-pub fn watch_stalls(group: Weak<Mutex<Group>>) -> std::io::Result<()> {
+pub fn watch_stalls<G: Members + Send + 'static>(group: Weak<Mutex<G>>) -> std::io::Result<()> {
     watched();
     std::thread::Builder::new()
         .name("ackd-stall-watch".into())
@@ -192,7 +191,7 @@ pub fn watch_stalls(group: Weak<Mutex<Group>>) -> std::io::Result<()> {
                     return;
                 };
                 if gap >= STALL {
-                    doubt(&mut lock(&group), Cause::Stalled(gap));
+                    doubt(&mut *lock(&group), Cause::Stalled(gap));
                 }
                 // Only now: a worker that saw the stall first waits for the hold.
                 watched();
@@ -256,15 +255,15 @@ fn coarse_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-fn lock(group: &Mutex<Group>) -> MutexGuard<'_, Group> {
+fn lock<G>(group: &Mutex<G>) -> MutexGuard<'_, G> {
     group.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `topic/partition,...` of the owned partitions.
-fn partitions(group: &Group) -> String {
+fn partitions<G: Members>(group: &G) -> String {
     group
-        .owned
-        .keys()
+        .owned_partitions()
+        .into_iter()
         .map(|(t, p)| format!("{t}/{p}"))
         .collect::<Vec<_>>()
         .join(",")
@@ -273,6 +272,9 @@ fn partitions(group: &Group) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::committer::doubted_by;
+    use crate::consumer::group::Group;
+    use rdkafka::types::RDKafkaErrorCode;
 
     fn in_doubt_since(since: Instant) -> Group {
         let mut group = Group::default();

@@ -22,7 +22,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
-use crate::settings::Settings;
+use crate::config::settings::Settings;
 
 /// The least share per partition: below it a partition fetches a few messages at a time.
 pub const MIN_SHARE: u64 = 64 * 1024;
@@ -34,16 +34,6 @@ const MAX_QUEUE_MESSAGES: u64 = 10_000;
 const MAX_FETCH_BYTES: u64 = 1024 * 1024;
 /// librdkafka's least `message.max.bytes`.
 const MIN_FETCH_BYTES: u64 = 8 * 1024;
-
-/// The librdkafka properties a budget sets (setting one as well is an error).
-pub const PROPERTIES: &[&str] = &[
-    "queued.max.messages.kbytes",
-    "queued.min.messages",
-    "fetch.max.bytes",
-    "max.partition.fetch.bytes",
-    "fetch.message.max.bytes",
-    "message.max.bytes",
-];
 
 /// The budget and what it gives each partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,7 +130,9 @@ impl Budget {
 /// The partitions of `settings.topics`, from the brokers; `None` when they cannot be
 /// asked (or a topic does not exist yet) within `timeout`.
 pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
-    let consumer: BaseConsumer = crate::client_config::base_config(settings).create().ok()?;
+    let consumer: BaseConsumer = crate::config::client_config::base_config(settings)
+        .create()
+        .ok()?;
     let mut total = 0;
     for topic in &settings.topics {
         let metadata = consumer.fetch_metadata(Some(topic), timeout).ok()?;

@@ -8,7 +8,6 @@ pub(crate) mod auth;
 pub(crate) mod committer;
 pub(crate) mod daemon;
 pub(crate) mod dead_letter;
-pub mod failure;
 pub(crate) mod group;
 pub(crate) mod key_order;
 pub(crate) mod membership;

@@ -20,11 +20,12 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::committer::millis;
+use crate::clock::millis;
+use crate::consumer::group::{AckdConsumer, Outcome};
 use crate::exit;
-use crate::group::{AckdConsumer, Outcome, Tp};
 use crate::output::health::{Busy, Phase};
-use crate::processor::Processor;
+use crate::processors::processor::Processor;
+use crate::topic_partition::TopicPartition;
 
 /// What the daemon tells the supervisor.
 pub struct Control {
@@ -53,9 +54,9 @@ enum Stop {
 }
 
 /// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
-/// ended: start the [`crate::group::StopClock`] (unless the signal did) → stop fetching →
-/// release every partition ([`crate::group::GroupContext::shutdown`]: drain, final
-/// commit, forget) → report per partition → tell the daemon the code → close.
+/// ended: start the [`crate::consumer::group::StopClock`] (unless the signal did) → stop
+/// fetching → release every partition ([`crate::consumer::group::GroupContext::shutdown`]:
+/// drain, final commit, forget) → report per partition → tell the daemon the code → close.
 pub fn run<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     mut control: Control,
@@ -82,8 +83,8 @@ pub fn run<P: Processor>(
     // a stop of the supervisor's own starts it here.
     let times = ctx.stop_clock.begin(started, deadline);
     ctx.stopping.store(true, Ordering::Release);
-    let tps: Vec<Tp> = ctx.lock().owned.keys().cloned().collect();
-    let halted: Vec<Tp> = ctx
+    let tps: Vec<TopicPartition> = ctx.lock().owned.keys().cloned().collect();
+    let halted: Vec<TopicPartition> = ctx
         .lock()
         .owned
         .iter()
@@ -148,7 +149,7 @@ fn stop_fetching<P: Processor>(consumer: &AckdConsumer<P>) {
 
 /// The stop's account, per partition: the final commit, or what is left uncommitted
 /// (and redelivered), and the partitions a processor failure halted.
-fn report(drained: &Outcome, commit: bool, halted: &[Tp]) {
+fn report(drained: &Outcome, commit: bool, halted: &[TopicPartition]) {
     for (tp, offset) in drained.committed() {
         tracing::info!(
             at = "final_commit",
@@ -281,7 +282,7 @@ async fn poll_loop<P: Processor>(
                 Ok(message) => {
                     // Impossible while every partition's queue is split before it is
                     // assigned. Never commit past it, and restart from the committed offset.
-                    let tp: Tp = (Arc::from(message.topic()), message.partition());
+                    let tp: TopicPartition = (Arc::from(message.topic()), message.partition());
                     let offset = message.offset();
                     tracing::error!(at = "unexpected_message", topic = &*tp.0, partition = tp.1, offset,
                         "message arrived on the main queue; not processed, not committed past; stopping");

@@ -37,7 +37,7 @@ impl std::error::Error for TrackerError {}
 /// Tracks the offsets of one partition between "handed to the processor" and "acked".
 ///
 /// ```
-/// use ackd::tracker::OffsetTracker;
+/// use ackd::consumer::tracker::OffsetTracker;
 ///
 /// let mut t = OffsetTracker::new();
 /// t.dispatch(41).unwrap();

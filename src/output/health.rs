@@ -7,8 +7,8 @@
 //! waits on while it works.
 //!
 //! Progress without reading the clock per message: a thread ticks a coarse clock
-//! ([`now_ms`], every [`TICK`]) while the endpoint is on; a worker stores its value
-//! when a processor call begins and 0 when it ends ([`WorkerShared::call_started_ms`]).
+//! ([`now_ms`], every [`crate::clock::TICK`]) while the endpoint is on; a worker stores its value
+//! when a processor call begins and 0 when it ends ([`PartitionProbe::call_started_ms`]).
 //! A call that has run longer than the stuck bound is a stuck partition. A worker waiting
 //! for messages, for a retry or halted is in no call: live. The supervisor marks the
 //! callbacks it serves (rebalances, statistics) the same way.
@@ -18,20 +18,20 @@ use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::Notify;
 
-use crate::group::Tp;
-use crate::metrics::{BucketCounts, CommitMetrics, Counts, BUCKET_BOUNDS_MICROS};
-use crate::worker::WorkerShared;
+use crate::clock::now_ms;
+use crate::output::metrics::{
+    BucketCounts, CommitMetrics, Counts, PartitionMetrics, BUCKET_BOUNDS_MICROS,
+};
+use crate::topic_partition::TopicPartition;
 
-/// How often the coarse clock ticks: the precision of "stuck for N ms".
-const TICK: Duration = Duration::from_millis(50);
 /// What a supervisor callback may take beyond `ACKD_SHUTDOWN_TIMEOUT_MS`: a revoke drains
 /// for that long, then commits (10 s at most) and waits 1 s for aborted workers.
 pub const SUPERVISOR_MARGIN: Duration = Duration::from_secs(15);
@@ -48,34 +48,6 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// How long a connection told to close may take to finish the answer it is writing.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-static CLOCK_MS: AtomicU64 = AtomicU64::new(0);
-static CLOCK: OnceLock<Instant> = OnceLock::new();
-
-/// The coarse clock, in ms since it started (at least 1); 0 while the endpoint is off.
-pub fn now_ms() -> u64 {
-    CLOCK_MS.load(Ordering::Relaxed)
-}
-
-/// Starts the coarse clock (once): a plain thread, so it keeps time even when every
-/// runtime thread is blocked (then `/live` cannot answer, which a probe counts as dead).
-fn start_clock() -> std::io::Result<()> {
-    if CLOCK.set(Instant::now()).is_err() {
-        return Ok(());
-    }
-    let tick = || {
-        let start = CLOCK.get().copied().unwrap_or_else(Instant::now);
-        CLOCK_MS.store(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-    };
-    tick();
-    std::thread::Builder::new()
-        .name("ackd-health-clock".into())
-        .spawn(move || loop {
-            std::thread::sleep(TICK);
-            tick();
-        })
-        .map(drop)
-}
 
 /// Why the consumer is not ready, besides having no partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,19 +97,34 @@ impl Drop for BusyGuard<'_> {
     }
 }
 
+/// What the endpoint reads of a partition's worker (the consumer's `WorkerShared`):
+/// atomics the worker writes anyway.
+pub trait PartitionProbe: Send + Sync {
+    /// When the oldest processor call under way began, on [`now_ms`]'s clock.
+    fn call_started_ms(&self) -> Option<u64>;
+    /// The first offset of that call.
+    fn oldest_call_offset(&self) -> Option<i64>;
+    /// Messages in processor calls under way.
+    fn in_flight_count(&self) -> usize;
+    /// Whether the partition is halted.
+    fn halted(&self) -> bool;
+    /// The partition's counters.
+    fn metrics(&self) -> &PartitionMetrics;
+}
+
 /// The partitions a scrape sums over, and the counts of those that are gone.
 #[derive(Default)]
 struct Registry {
-    live: BTreeMap<Tp, Arc<WorkerShared>>,
+    live: BTreeMap<TopicPartition, Arc<dyn PartitionProbe>>,
     retired: Counts,
     retired_durations: BucketCounts,
 }
 
 impl Registry {
-    fn retire(&mut self, shared: &WorkerShared) {
-        self.retired.add(&shared.metrics.counts());
+    fn retire(&mut self, shared: &dyn PartitionProbe) {
+        self.retired.add(&shared.metrics().counts());
         self.retired_durations
-            .add(&shared.metrics.buckets.snapshot());
+            .add(&shared.metrics().buckets.snapshot());
     }
 }
 
@@ -145,7 +132,7 @@ impl Registry {
 pub struct Health {
     registry: Mutex<Registry>,
     /// Each partition's lag as the last summary computed it (`at=lag`).
-    lags: Mutex<Vec<(Tp, i64)>>,
+    lags: Mutex<Vec<(TopicPartition, i64)>>,
     phase: AtomicU8,
     /// The group gave this member an assignment (perhaps an empty one): it is in the group.
     joined: AtomicBool,
@@ -193,23 +180,23 @@ impl Health {
     }
 
     /// A partition got a worker.
-    pub fn assigned(&self, tp: Tp, shared: Arc<WorkerShared>) {
+    pub fn assigned(&self, tp: TopicPartition, shared: Arc<dyn PartitionProbe>) {
         let mut r = self.registry();
         if let Some(old) = r.live.insert(tp, shared) {
-            r.retire(&old);
+            r.retire(&*old);
         }
     }
 
     /// A partition left: its counts stay in the totals, in the same step (a scrape never
     /// sees them twice or not at all).
-    pub fn released(&self, tp: &Tp) {
+    pub fn released(&self, tp: &TopicPartition) {
         let mut r = self.registry();
         if let Some(old) = r.live.remove(tp) {
-            r.retire(&old);
+            r.retire(&*old);
         }
     }
 
-    pub fn set_lags(&self, lags: Vec<(Tp, i64)>) {
+    pub fn set_lags(&self, lags: Vec<(TopicPartition, i64)>) {
         *self.lags.lock().unwrap_or_else(|e| e.into_inner()) = lags;
     }
 
@@ -237,7 +224,7 @@ impl Health {
         guard
     }
 
-    fn live_partitions(&self) -> Vec<(Tp, Arc<WorkerShared>)> {
+    fn live_partitions(&self) -> Vec<(TopicPartition, Arc<dyn PartitionProbe>)> {
         self.registry()
             .live
             .iter()
@@ -320,19 +307,19 @@ impl Health {
         // One look at the list: the retired counts and the live partitions agree.
         let (mut counts, mut durations, owned, partitions) = {
             let r = self.registry();
-            let owned: Vec<Tp> = r.live.keys().cloned().collect();
-            let live: Vec<Arc<WorkerShared>> = r.live.values().cloned().collect();
+            let owned: Vec<TopicPartition> = r.live.keys().cloned().collect();
+            let live: Vec<Arc<dyn PartitionProbe>> = r.live.values().cloned().collect();
             (r.retired, r.retired_durations, owned, live)
         };
         let mut in_flight = 0u64;
         let mut halted = 0u64;
         for s in &partitions {
-            counts.add(&s.metrics.counts());
-            durations.add(&s.metrics.buckets.snapshot());
+            counts.add(&s.metrics().counts());
+            durations.add(&s.metrics().buckets.snapshot());
             in_flight += s.in_flight_count() as u64;
-            halted += u64::from(s.halted_at().is_some());
+            halted += u64::from(s.halted());
         }
-        let lags: Vec<(Tp, i64)> = self
+        let lags: Vec<(TopicPartition, i64)> = self
             .lags
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -603,7 +590,7 @@ async fn serve_connection(stream: tokio::net::TcpStream, health: Arc<Health>, cl
 
 /// Serves the endpoint on the runtime until the process ends.
 pub fn serve(listener: std::net::TcpListener, health: Arc<Health>) -> std::io::Result<()> {
-    start_clock()?;
+    crate::clock::start_clock()?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let sockets = Arc::new(tokio::sync::Semaphore::new(MAX_SOCKETS));
     let connections = Arc::new(Connections::default());
@@ -635,6 +622,7 @@ pub fn serve(listener: std::net::TcpListener, health: Arc<Health>) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::worker::WorkerShared;
 
     #[test]
     fn a_new_connection_beyond_the_limit_closes_the_oldest() {
@@ -696,14 +684,14 @@ mod tests {
             Duration::from_millis(5000),
             "ackd",
         );
-        CLOCK_MS.store(10_000, Ordering::Relaxed);
+        crate::clock::CLOCK_MS.store(10_000, Ordering::Relaxed);
         let busy = Arc::new(WorkerShared::new());
         let idle = Arc::new(WorkerShared::new());
         h.assigned((Arc::from("t"), 0), idle);
         h.assigned((Arc::from("t"), 1), busy.clone());
         busy.call_begins();
         assert_eq!(h.live().0, StatusCode::OK);
-        CLOCK_MS.store(11_001, Ordering::Relaxed);
+        crate::clock::CLOCK_MS.store(11_001, Ordering::Relaxed);
         let (status, body) = h.live();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         let body: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -715,9 +703,9 @@ mod tests {
 
         // The supervisor: an inner callback does not restart the outer one's time.
         let outer = h.busy(Busy::Revoke);
-        CLOCK_MS.store(14_000, Ordering::Relaxed);
+        crate::clock::CLOCK_MS.store(14_000, Ordering::Relaxed);
         drop(h.busy(Busy::Statistics));
-        CLOCK_MS.store(16_002, Ordering::Relaxed);
+        crate::clock::CLOCK_MS.store(16_002, Ordering::Relaxed);
         let (status, body) = h.live();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         assert!(body.contains(r#""busy":"revoke""#), "{body}");

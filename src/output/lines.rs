@@ -375,7 +375,8 @@ where
             let (line, scratch) = &mut *b;
             line.clear();
             self.render(event, line, scratch);
-            crate::secret::scrub(line); // no registered secret reaches a line (src/secret.rs)
+            // No registered secret reaches a line (src/config/secret.rs).
+            crate::config::secret::scrub(line);
             line.push('\n');
             let written = writer.write_str(line);
             for buf in [line, scratch] {

@@ -1,7 +1,7 @@
 //! The metrics vocabulary and the periodic summary.
 //!
 //! Every metric ackd writes is named here, once, without the prefix: the formatter
-//! (`output.rs`) turns a field `count#x` into `count#<ACKD_METRIC_PREFIX>.x`, which is
+//! (`output/lines.rs`) turns a field `count#x` into `count#<ACKD_METRIC_PREFIX>.x`, which is
 //! l2met's vocabulary: `count#` values are summed, `measure#` values (with a unit) are
 //! distributions, `sample#` values keep the last one. Counters live next to what they
 //! count (each partition worker has its own, so the hot path shares no cache line) and

@@ -1,8 +1,7 @@
 //! Output: every line ackd writes (`lines`: tracing events as logfmt on stdout, through a
-//! writer thread), logfmt escaping ([`logfmt`]), and the l2met metric vocabulary and
+//! writer thread, escaped by [`crate::logfmt`]), and the l2met metric vocabulary and
 //! periodic summaries (`metrics`), and the HTTP health endpoint (`health`).
 
 pub(crate) mod health;
 pub(crate) mod lines;
-pub mod logfmt;
 pub(crate) mod metrics;

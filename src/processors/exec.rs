@@ -42,8 +42,11 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::processor::{queued, BatchError, FailureKind, Message, ProcessError, Queued};
-use crate::settings::{SettingError, Settings};
+use crate::config::error::SettingError;
+use crate::config::settings::Settings;
+use crate::processors::processor::{
+    queued, BatchError, FailureKind, Message, ProcessError, Queued,
+};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
 const RESTART_INITIAL: Duration = Duration::from_millis(100);
@@ -416,15 +419,15 @@ fn signal_group(pid: u32, signal: libc::c_int) {
 }
 
 /// The variables of ackd's environment that carry its credentials
-/// ([`crate::settings::is_secret_variable`]), except those `pass` names.
+/// ([`crate::config::settings::is_secret_variable`]), except those `pass` names.
 fn withheld_variables(pass: &[String]) -> Vec<std::ffi::OsString> {
     std::env::vars_os()
         .filter(|(name, value)| {
             let (Some(name), value) = (name.to_str(), value.to_string_lossy()) else {
                 return false;
             };
-            crate::settings::is_secret_variable(name, &value)
-                && !pass.contains(&crate::settings::variable_name(name))
+            crate::config::settings::is_secret_variable(name, &value)
+                && !pass.contains(&crate::config::settings::variable_name(name))
         })
         .map(|(name, _)| name)
         .collect()
@@ -864,7 +867,7 @@ fn exited(status: std::io::Result<std::process::ExitStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processor::FailureKind;
+    use crate::processors::processor::FailureKind;
     use serde_json::json;
 
     fn json(line: &[u8]) -> Value {

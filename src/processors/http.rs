@@ -9,7 +9,7 @@
 //!   `Content-Type: application/octet-stream`, metadata in `Ackd-*` headers (see
 //!   [`raw_headers`]).
 //! - `ACKD_HTTP_HEADERS` are added to every request; their values are secrets (marked
-//!   sensitive, registered with [`crate::secret`], redacted from failure reasons).
+//!   sensitive, registered with [`crate::config::secret`], redacted from failure reasons).
 //! - 2xx acks. 408, 429, 5xx, timeouts and connection errors are retryable, with the
 //!   response's `Retry-After` (seconds or an HTTP-date) as the least wait. Any other
 //!   status (other 4xx, and 3xx: redirects are not followed) fails permanently. A
@@ -24,42 +24,16 @@ use base64::Engine as _;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use tokio::sync::Semaphore;
 
-use crate::processor::{queued, BatchError, Message, ProcessError};
-use crate::secret::{Secret, REDACTED};
-use crate::settings::{SettingError, Settings};
+use crate::config::error::SettingError;
+use crate::config::http_settings::{shown_url, HttpBody, HttpUrl};
+use crate::config::secret::{Secret, REDACTED};
+use crate::config::settings::Settings;
+use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 
 /// Bytes of a response body a failure's reason shows at most.
 const BODY_EXCERPT: usize = 200;
 /// Bytes of a response body read (and dropped) so the connection can be reused.
 const BODY_DRAIN: usize = 64 * 1024;
-
-/// `ACKD_HTTP_BODY`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpBody {
-    /// The JSON object of the exec processor's request line.
-    Json,
-    /// The value as it is, metadata in `Ackd-*` headers.
-    Raw,
-}
-
-impl HttpBody {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HttpBody::Json => "json",
-            HttpBody::Raw => "raw",
-        }
-    }
-}
-
-/// `ACKD_HTTP_URL`. `Debug` shows it without user info (a password may be in it).
-#[derive(Clone, PartialEq, Eq)]
-pub struct HttpUrl(pub reqwest::Url);
-
-impl fmt::Debug for HttpUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&shown_url(&self.0))
-    }
-}
 
 /// What the http processor is configured with. `Debug` shows no header value and no
 /// password.
@@ -120,14 +94,6 @@ impl fmt::Debug for Http {
             .field("timeout", &self.config.timeout)
             .finish()
     }
-}
-
-/// The URL without user info, for lines.
-fn shown_url(url: &reqwest::Url) -> String {
-    let mut url = url.clone();
-    let _ = url.set_username("");
-    let _ = url.set_password(None);
-    url.to_string()
 }
 
 impl Http {

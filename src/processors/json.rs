@@ -8,7 +8,7 @@
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
-use crate::processor::Message;
+use crate::processors::processor::Message;
 
 /// The message as one JSON object (no trailing newline).
 pub fn encode(m: &Message<'_>) -> Vec<u8> {

@@ -1,7 +1,8 @@
 //! The built-in processors, chosen with `ACKD_PROCESSOR` by people who deploy ackd
-//! without writing Rust.
+//! without writing Rust; the [`processor::Processor`] trait they and embedders implement;
+//! and when a call counts as started (`call_start`, which [`processor::queued`] tells).
 
-pub mod delay;
+pub(crate) mod call_start;
 pub mod exec;
 pub mod http;
 pub mod json;
@@ -10,8 +11,9 @@ pub mod processor;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::processor::{BatchError, Message, ProcessError, Processor};
-use crate::settings::{SettingError, Settings};
+use crate::config::error::SettingError;
+use crate::config::settings::Settings;
+use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
@@ -39,7 +41,7 @@ pub enum Builtin {
     /// at random), then acknowledges, so tests can have messages in flight when a signal
     /// arrives, or finishing out of order.
     #[cfg(feature = "testkit")]
-    Slow(delay::Delay),
+    Slow(crate::config::delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
     /// panics, `retry:N` fails retryably N times before it succeeds, `block:PATH` blocks
     /// its thread (never yielding, like a processor stuck in a blocking call) until the
@@ -154,7 +156,7 @@ impl Processor for Builtin {
         match self {
             Builtin::Exec(exec) => exec.process_batch(messages).await,
             Builtin::Http(http) => http.process_batch(messages).await,
-            _ => crate::processor::each(self, messages).await,
+            _ => crate::processors::processor::each(self, messages).await,
         }
     }
 

@@ -320,7 +320,7 @@ pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
 /// A call waiting in the processor's own queue (for a child, a permit, a connection):
 /// see [`queued`].
 #[must_use = "take the call when it leaves the queue"]
-pub struct Queued(Option<std::sync::Arc<crate::worker::admission::CallStart>>);
+pub struct Queued(Option<std::sync::Arc<crate::processors::call_start::CallStart>>);
 
 impl Queued {
     /// The processor takes the call now (a child or a permit is free): from here it
@@ -345,7 +345,7 @@ impl Queued {
 /// (partition ordering with a processor that does not say so, a direct call) it does
 /// nothing and `take` says true.
 pub fn queued() -> Queued {
-    Queued(crate::worker::admission::CallStart::queue_current())
+    Queued(crate::processors::call_start::CallStart::queue_current())
 }
 
 /// The user's logic. One call per message (or per batch, see

@@ -17,7 +17,7 @@
 //! had not started stay unacknowledged (the committed offset stops before the first of
 //! them; the acknowledged ones above it are named in the commit's metadata). A call
 //! waiting in the processor (for a child, an http permit) has not started: a stop drops
-//! it (see [`super::admission`]).
+//! it (see [`crate::processors::call_start`]).
 //!
 //! The partition hands the processor calls beyond what it can serve at once: its pool
 //! is shared by every partition, so no cap of one partition's calls fits it (a
@@ -36,9 +36,9 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
 
 use super::{weight, Acks, BatchEnd, Handled, Handler, Step, Worker, NONE};
+use crate::config::settings::ProcessingOrder;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
-use crate::processor::{Kafka, Message, Processor};
-use crate::settings::Ordering as KeyOrdering;
+use crate::processors::processor::{Kafka, Message, Processor};
 
 /// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).
 enum Unit<'q> {
@@ -280,13 +280,13 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     /// Queues a unit behind the earlier units that share its keys.
     fn add(&self, order: &mut KeyOrder<Unit<'q>>, unit: Unit<'q>) {
         let keys = match self.config.concurrency.ordering {
-            KeyOrdering::Key => unit
+            ProcessingOrder::Key => unit
                 .messages()
                 .iter()
                 .filter_map(|m| m.key().map(key_hash))
                 .collect(),
             // Partition ordering never gets here; `none` holds no keys.
-            KeyOrdering::None | KeyOrdering::Partition => Vec::new(),
+            ProcessingOrder::None | ProcessingOrder::Partition => Vec::new(),
         };
         order.add(keys, unit);
     }

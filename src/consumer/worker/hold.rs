@@ -1,6 +1,6 @@
 //! A partition held while the group membership is in doubt (see
-//! [`crate::membership`]): its worker starts no new processor call; the calls under way
-//! finish. Lifted when the membership is confirmed; a stop ends the wait. A worker that
+//! [`crate::consumer::membership`]): its worker starts no new processor call; the calls
+//! under way finish. Lifted when the membership is confirmed; a stop ends the wait. A worker that
 //! wakes from a stall of the process before the membership's watch does waits for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};

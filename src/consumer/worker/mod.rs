@@ -7,7 +7,6 @@
 //! the message in hand and returns; it never starts a new one.
 
 use std::panic::AssertUnwindSafe;
-pub(crate) mod admission;
 mod concurrent;
 pub(crate) mod hold;
 mod skip;
@@ -25,13 +24,15 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{watch, Notify};
 
-use crate::dead_letter::DeadLetter;
-use crate::failure::{OnFailure, Retry};
-use crate::metrics::{self, PartitionMetrics, Took};
-use crate::processor::{
+use crate::config::failure::{OnFailure, RetryPolicy};
+use crate::config::settings::ProcessingOrder;
+use crate::consumer::dead_letter::DeadLetter;
+use crate::consumer::tracker::OffsetTracker;
+use crate::output::metrics::{self, PartitionMetrics, Took};
+use crate::processors::call_start;
+use crate::processors::processor::{
     panicked, BatchError, FailureKind, Kafka, Message, ProcessError, Processor,
 };
-use crate::tracker::OffsetTracker;
 
 const NONE: i64 = -1;
 
@@ -63,7 +64,7 @@ pub struct WorkerShared {
     /// Set when the partition reached the end of its log (with `ACKD_STOP_AT_END`).
     at_end: AtomicBool,
     /// When the processor call under way began, on the health endpoint's coarse clock
-    /// (`output::health::now_ms`), or 0: no call, or the endpoint is off.
+    /// (`crate::clock::now_ms`), or 0: no call, or the endpoint is off.
     call_started_ms: AtomicU64,
     /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
     /// (only with concurrent ordering: in order, nothing is acknowledged past it).
@@ -76,13 +77,35 @@ pub struct WorkerShared {
     waiting: AtomicUsize,
     /// The concurrent calls the processor took, oldest first (concurrent ordering, or
     /// partition ordering with a processor whose calls may wait: see `admits_calls`).
-    calls: Arc<admission::CallClock>,
+    calls: Arc<call_start::CallClock>,
     /// Held while the group membership is in doubt: nothing new starts.
     pub hold: hold::Hold,
     /// Partition ordering with a processor whose calls may wait for capacity
     /// (`Processor::calls_may_wait`): its call is tracked in `calls`, like a concurrent
     /// one. Set once, when the worker starts.
     admits_calls: AtomicBool,
+}
+
+impl crate::output::health::PartitionProbe for WorkerShared {
+    fn call_started_ms(&self) -> Option<u64> {
+        WorkerShared::call_started_ms(self)
+    }
+
+    fn oldest_call_offset(&self) -> Option<i64> {
+        WorkerShared::oldest_call_offset(self)
+    }
+
+    fn in_flight_count(&self) -> usize {
+        WorkerShared::in_flight_count(self)
+    }
+
+    fn halted(&self) -> bool {
+        self.halted_at().is_some()
+    }
+
+    fn metrics(&self) -> &PartitionMetrics {
+        &self.metrics
+    }
 }
 
 impl WorkerShared {
@@ -126,7 +149,7 @@ impl WorkerShared {
     /// A processor call begins: a load and a store, no clock read (the hot path).
     pub(crate) fn call_begins(&self) {
         self.call_started_ms
-            .store(crate::output::health::now_ms(), Ordering::Relaxed);
+            .store(crate::clock::now_ms(), Ordering::Relaxed);
     }
 
     pub(crate) fn call_ended(&self) {
@@ -290,7 +313,7 @@ pub struct WorkerConfig<P> {
     pub message_source: Option<Arc<str>>,
     /// With `ACKD_STOP_AT_END`: told when this partition reached its end.
     pub at_end: Option<Arc<Notify>>,
-    pub retry: Retry,
+    pub retry: RetryPolicy,
     pub on_failure: OnFailure,
     pub dead_letter: Option<Arc<DeadLetter>>,
     pub batch: Batching,
@@ -301,7 +324,7 @@ pub struct WorkerConfig<P> {
 /// How many processor calls of one partition run at once, and in what order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Concurrency {
-    pub ordering: crate::settings::Ordering,
+    pub ordering: ProcessingOrder,
     /// Calls in flight at most (1 with `Ordering::Partition`).
     pub max_in_flight: usize,
     /// Messages held at most, in flight or waiting for their key.
@@ -311,7 +334,7 @@ pub struct Concurrency {
 impl Concurrency {
     /// One call at a time, in offset order: `ACKD_ORDERING=partition`.
     pub const SEQUENTIAL: Concurrency = Concurrency {
-        ordering: crate::settings::Ordering::Partition,
+        ordering: ProcessingOrder::Partition,
         max_in_flight: 1,
         max_pending: 1,
     };
@@ -362,8 +385,8 @@ pub struct Predecessor<C: ConsumerContext + 'static> {
 }
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
-/// of its [`crate::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
-const PUBLISHED_RANGES_MAX: usize = crate::acked_ranges::MAX_BYTES / 2 + 1;
+/// of its [`crate::consumer::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
+const PUBLISHED_RANGES_MAX: usize = crate::consumer::acked_ranges::MAX_BYTES / 2 + 1;
 
 /// The union of `a` and `b` (inclusive ranges, ascending, disjoint each), ascending,
 /// overlapping and adjacent ones merged, into `out` (cleared first): the lowest `max`.
@@ -568,7 +591,7 @@ async fn consume<C, P>(
     // The previous owner's ranges are this owner's to name until it passes them: its
     // commits must not name fewer acknowledged offsets than it knows of.
     worker.progress.publish_acked_above(&mut Vec::new());
-    let concurrent = config.concurrency.ordering != crate::settings::Ordering::Partition;
+    let concurrent = config.concurrency.ordering != ProcessingOrder::Partition;
     shared.admits_calls.store(
         !concurrent && config.processor.calls_may_wait(),
         Ordering::Relaxed,
@@ -1375,13 +1398,13 @@ impl<P: Processor> Handler<'_, P> {
     ) -> Option<F::Output> {
         let clock = &self.shared.calls;
         if !self.sequential {
-            return admission::admitted(call, clock, (offset, messages), self.stop).await;
+            return call_start::admitted(call, clock, (offset, messages), self.stop).await;
         }
         if self.config.processor.calls_may_wait() {
             // A copy: `admitted` marks the stop seen, and the partition's read loop
             // (`Worker::next`) must still see it.
             let mut stop = self.stop.clone();
-            return admission::admitted(call, clock, (offset, messages), &mut stop).await;
+            return call_start::admitted(call, clock, (offset, messages), &mut stop).await;
         }
         self.shared.call_begins();
         let outcome = call.await;

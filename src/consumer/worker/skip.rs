@@ -41,7 +41,7 @@ impl Skip {
             at = "resume_skip_dropped",
             topic,
             partition,
-            offsets = crate::acked_ranges::count(&dropped),
+            offsets = crate::consumer::acked_ranges::count(&dropped),
             "the committed offset was out of range: the offsets its metadata named as acknowledged are processed, not skipped"
         );
     }

@@ -17,7 +17,7 @@
 //!     └─[`queued`]──▶ Queued ──[`Queued::take`]
 //!   Fresh, Queued ──stop──▶ Dropped (the call's future is dropped; `take` says false)
 //! ```
-//! A processor says it queues a call with [`crate::processor::queued`] while its
+//! A processor says it queues a call with [`crate::processors::processor::queued`] while its
 //! future is polled; one that does not counts as started once its future was first
 //! polled.
 
@@ -123,7 +123,7 @@ impl CallClock {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         // Read under the lock: the queue stays in start order.
         call.started_ms
-            .store(crate::output::health::now_ms(), Ordering::Relaxed);
+            .store(crate::clock::now_ms(), Ordering::Relaxed);
         started.push_back(call.clone());
         self.running.fetch_add(1, Ordering::Relaxed);
         self.messages.fetch_add(call.messages, Ordering::Relaxed);
@@ -188,7 +188,7 @@ impl Drop for EndOnDrop<'_> {
 
 /// Runs one attempt of a concurrent call (of `messages` from `offset`). `None`: a stop
 /// came before the processor took it; it was dropped, unstarted.
-pub(super) async fn admitted<F: Future>(
+pub(crate) async fn admitted<F: Future>(
     call: F,
     clock: &Arc<CallClock>,
     (offset, messages): (i64, usize),

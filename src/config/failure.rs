@@ -42,14 +42,14 @@ impl OnFailure {
 
 /// `ACKD_RETRY_*`: how often and how patiently a retryable failure is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retry {
+pub struct RetryPolicy {
     pub initial: Duration,
     pub max: Duration,
     /// Attempts in all, the first included; 1 means no retry.
     pub max_attempts: u32,
 }
 
-impl Retry {
+impl RetryPolicy {
     /// The wait after failed attempt `attempt` (1-based): `initial × 2^(attempt-1)`,
     /// capped at `max`, then "equal jitter" (a uniform draw in its upper half), so
     /// that many partitions failing at once do not retry in lockstep while the wait
@@ -75,8 +75,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn retry() -> Retry {
-        Retry {
+    fn retry() -> RetryPolicy {
+        RetryPolicy {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(5),
             max_attempts: 4,
@@ -88,7 +88,7 @@ mod tests {
         let r = retry();
         assert!(r.again(1) && r.again(3));
         assert!(!r.again(4));
-        assert!(!Retry {
+        assert!(!RetryPolicy {
             max_attempts: 1,
             ..r
         }

@@ -1,0 +1,149 @@
+//! The process from its arguments to its exit: arguments, settings, logging, the panic
+//! hook, then `ackd check`, `ackd status` or the daemon, and the end of the process once
+//! every line is written ([`end_process`]).
+
+use std::process::ExitCode;
+
+use crate::config::error::SettingError;
+use crate::config::settings::Settings;
+use crate::processors::processor::Processor;
+use crate::{cli, commands, config, consumer, exit, output};
+
+/// [`crate::main_with`]: arguments first, then the settings, logging and the panic hook,
+/// then the command or the daemon; the process ends here once the settings are read.
+pub(crate) fn main_with<P: Processor>(
+    make: impl FnOnce(&Settings) -> Result<P, SettingError>,
+) -> ExitCode {
+    // Arguments first: they answer without reading a setting, and never consume.
+    let command = cli::parse(std::env::args_os().skip(1));
+    match command {
+        Ok(cli::Command::Run | cli::Command::Check | cli::Command::Status) => {}
+        Ok(cli::Command::Help) => return print_out(&cli::help()),
+        Ok(cli::Command::Version) => return print_out(&format!("{}\n", cli::version())),
+        Err(e) => {
+            use std::io::Write;
+            // A closed stderr changes nothing: the exit code says it.
+            let _ = write!(std::io::stderr().lock(), "ackd: {e}\n\n{}\n", cli::USAGE);
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    }
+    let settings = Settings::from_env();
+    // From here on no line carries a secret value, whatever path it takes: what the
+    // variables hold is known even when they are refused (a refusal is a line too).
+    let mut never_shown = config::settings::never_shown_in_vars(utf8_vars());
+    if let Ok(s) = &settings {
+        never_shown.extend(s.never_shown());
+    }
+    config::secret::register(never_shown);
+    let (mut level, prefix) = match &settings {
+        Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
+        Err(_) => ("info".to_string(), "ackd".to_string()),
+    };
+    // The info lines of `check` and `status` are their output, not log lines: a quiet
+    // ACKD_LOG_LEVEL must not silence them.
+    if matches!(command, Ok(cli::Command::Check | cli::Command::Status))
+        && matches!(level.as_str(), "error" | "warn")
+    {
+        level = "info".to_string();
+    }
+    let (guard, rust_log_error) = output::lines::init(&level, &prefix);
+    install_panic_hook();
+    if let Some(e) = rust_log_error {
+        tracing::warn!(
+            at = "config_warning",
+            setting = "RUST_LOG",
+            "{e}; using ACKD_LOG_LEVEL"
+        );
+    }
+    // `ackd check` / `ackd status`: the settings, then questions to the brokers. check
+    // builds the processor to validate its settings, as the daemon would, and drops it
+    // unused (building starts nothing: exec handlers start on the first message).
+    if let Ok(command @ (cli::Command::Check | cli::Command::Status)) = command {
+        let started = std::time::Instant::now();
+        let settings = match settings {
+            Ok(s) if command == cli::Command::Check => make(&s).map(|_unused| s),
+            other => other,
+        };
+        let code = match &settings {
+            Ok(s) if command == cli::Command::Check => commands::check::run(s),
+            Ok(s) => commands::status::run(s),
+            Err(e) => {
+                config::error::report_setting_error(e);
+                if command == cli::Command::Check {
+                    tracing::error!(
+                        at = "check",
+                        check = "settings",
+                        ok = false,
+                        setting = &e.setting
+                    );
+                }
+                exit::CONFIG
+            }
+        };
+        if command == cli::Command::Check || code != exit::OK {
+            tracing::info!(
+                at = "exit",
+                code,
+                duration_ms = started.elapsed().as_millis() as u64
+            );
+        }
+        end_process(guard, code);
+    }
+    let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
+        Ok((settings, processor)) => consumer::daemon::run(settings, processor),
+        Err(e) => {
+            config::error::report_setting_error(&e);
+            tracing::info!(at = "exit", code = exit::CONFIG);
+            exit::CONFIG
+        }
+    };
+    end_process(guard, code)
+}
+
+/// Writes every queued line, then ends the process at once with `_exit`, without the C
+/// library's exit handlers. A client ackd gave up on (a deadline passed, a forced stop, a
+/// metadata request still under way when authentication failed) leaves librdkafka's
+/// threads running; OpenSSL's exit handler would free what they still use, and with
+/// them alive the process can die of SIGSEGV after its `at=exit` line (seen with
+/// jemalloc). Nothing is left for those handlers to do: lines are flushed here, the
+/// group was left and offsets committed (or given up on) before `at=exit`.
+/// stdout is not flushed here: only the line writer writes to it (and flushes each
+/// batch), and a stuck stdout must not hold the exit (the writer holds its lock).
+fn end_process(lines: output::lines::OutputGuard, code: i32) -> ! {
+    // Waits for the writer thread to write every line (at most 1 s for a stuck stdout).
+    drop(lines);
+    // SAFETY: _exit only ends the process; nothing runs after it.
+    unsafe { libc::_exit(code) }
+}
+
+/// Writes `text` to stdout for `--help`/`--version`; a closed pipe (`ackd --help | head`)
+/// is no error worth a panic.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    ExitCode::SUCCESS
+}
+
+/// The environment's variables that are UTF-8 (`std::env::vars` panics on others).
+fn utf8_vars() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
+/// Panics become one logfmt line (no backtrace on the log drain). A processor's panic is
+/// caught and fails only its message; anything else ends the process non-zero.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".to_string());
+        tracing::error!(at = "panic", location, "{message}");
+    }));
+}
