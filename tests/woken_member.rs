@@ -96,6 +96,11 @@ fn woken_after_session(consumer_protocol: bool) {
             && s.iter().any(|l| at(l, "committed"))
     });
 
+    // Lines ackd queued but had not yet written when it was stopped would reach us only
+    // after it wakes, and read as messages processed after waking: stop it between the
+    // producer's bursts, once its output has been quiet for a while (its writer writes
+    // a line within 1 ms).
+    until_quiet(&sleeper, Duration::from_millis(15));
     sleeper.signal(libc::SIGSTOP);
     let stopped_at = Instant::now();
     // Past the session: the other member works through the sleeper's partitions.
@@ -195,8 +200,9 @@ fn woken_after_session(consumer_protocol: bool) {
     // may finish after it wakes; nothing new starts.
     assert!(
         zombie.len() <= sleepers.len(),
-        "the sleeper processed {} messages of the partitions it lost after waking: {zombie:?}",
-        zombie.len()
+        "the sleeper processed {} messages of the partitions it lost after waking: {zombie:?}; its lines after waking, up to the revoke:\n{}",
+        zombie.len(),
+        woken_lines[..until_revoke].join("\n")
     );
     assert_eq!(codes, [0, 0], "exit codes (sleeper, other)");
     assert!(
@@ -233,6 +239,23 @@ fn highest_per_partition(processed: &[(i32, i64)]) -> BTreeMap<i32, i64> {
 
 /// What a process's `lines` processed at or above its last accepted commit of each
 /// partition: the work its partitions' next owner processes again, by design.
+/// Returns once `member` has written no line for `quiet`.
+fn until_quiet(member: &AckdProcess, quiet: Duration) {
+    let deadline = Instant::now() + WAIT;
+    let (mut count, mut since) = (member.line_count(), Instant::now());
+    while since.elapsed() < quiet {
+        assert!(
+            Instant::now() < deadline,
+            "ackd's output never paused for {quiet:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+        let now = member.line_count();
+        if now != count {
+            (count, since) = (now, Instant::now());
+        }
+    }
+}
+
 fn held_uncommitted(lines: &[String]) -> BTreeSet<(i32, i64)> {
     let mut committed: BTreeMap<i32, i64> = BTreeMap::new();
     for l in lines.iter().filter(|l| at(l, "committed")) {
