@@ -26,7 +26,7 @@ use crate::config::secret::Secret;
 use crate::config::security::{self, Sasl, Tls};
 
 pub use crate::config::rdkafka_env::is_secret_property;
-pub use keys::{documented, rdkafka_defaults, DefaultValue, DEFAULT_TOML};
+pub use keys::{documented, help_line, rdkafka_defaults, DefaultValue, DEFAULT_TOML};
 pub use properties::{
     PassThrough, CLASSIC_ONLY_PROPERTIES, MEMORY_BUDGET_PROPERTIES, OWNED_PROPERTIES,
 };

@@ -10,7 +10,7 @@ use config::{Config, Environment, File, FileFormat};
 use crate::config::error::SettingError;
 use crate::config::rdkafka_env;
 
-use super::keys::{env_name, DEFAULT_ORIGIN, DEFAULT_TOML, KAFKA_VARS, KEYS};
+use super::keys::{self, env_name, DEFAULT_ORIGIN, KAFKA_VARS, KEYS};
 use super::properties::{PassThrough, OWNED_PROPERTIES};
 
 /// Settings as strings, layered, before validation.
@@ -46,14 +46,14 @@ impl RawSettings {
         refuse_unknown_keys(&config, file.as_deref())?;
 
         let mut values = HashMap::new();
-        for key in KEYS {
+        for key in KEYS.iter().map(|k| k.key) {
             if let Ok(v) = config.get_string(key) {
-                values.insert(*key, v);
+                values.insert(key, v);
             }
         }
         let from_env = KEYS
             .iter()
-            .copied()
+            .map(|k| k.key)
             .filter(|k| ackd_vars.settings.contains_key(*k))
             .collect();
 
@@ -67,7 +67,7 @@ impl RawSettings {
 
         let kafka_vars = KAFKA_VARS
             .iter()
-            .filter_map(|k| vars.get(*k).map(|v| (*k, v.clone())))
+            .filter_map(|(k, _)| vars.get(*k).map(|v| (*k, v.clone())))
             .collect();
 
         Ok(RawSettings {
@@ -152,12 +152,12 @@ fn sort_vars(vars: &HashMap<String, String>) -> Result<AckdVars, SettingError> {
             rdkafka.push((suffix.to_string(), value.clone()));
         } else if let Some(key) = name.strip_prefix("ACKD_") {
             let key = key.to_ascii_lowercase();
-            if key == "kafka_url" || !KEYS.contains(&key.as_str()) {
+            if key == "kafka_url" || keys::key(&key).is_none() {
                 return Err(SettingError::new(
                     name,
                     None,
                     format!("is not a setting of ackd; known settings: KAFKA_URL, {}, and ACKD_RDKAFKA_<property>",
-                        KEYS.iter().filter(|k| **k != "kafka_url").map(|k| env_name(k)).collect::<Vec<_>>().join(", ")),
+                        KEYS.iter().filter(|k| k.key != "kafka_url").map(|k| env_name(k.key)).collect::<Vec<_>>().join(", ")),
                 ));
             }
             settings.insert(key, value.clone());
@@ -174,7 +174,11 @@ fn layered_config(
     settings: &HashMap<String, String>,
     file: Option<&str>,
 ) -> Result<Config, SettingError> {
-    let mut builder = Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
+    let mut builder = Config::builder();
+    // Always there: the compiled-in defaults parse (the unit tests read them).
+    if let Some(defaults) = keys::default_config() {
+        builder = builder.add_source(defaults.clone());
+    }
     if let Some(path) = file {
         if !std::path::Path::new(path).is_file() {
             return Err(SettingError::new(
@@ -203,7 +207,7 @@ fn refuse_unknown_keys(config: &Config, file: Option<&str>) -> Result<(), Settin
         .try_deserialize::<HashMap<String, config::Value>>()
         .unwrap_or_default();
     for key in table.keys() {
-        if key != "rdkafka" && !KEYS.contains(&key.as_str()) {
+        if key != "rdkafka" && keys::key(key).is_none() {
             return Err(SettingError::new(
                 format!("`{key}` in {}", file.unwrap_or("config/default.toml")),
                 None,

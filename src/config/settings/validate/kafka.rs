@@ -3,7 +3,7 @@
 use crate::config::error::SettingError;
 use crate::config::kafka_url::{self, Brokers};
 use crate::config::security::{self, Sasl, Tls};
-use crate::config::settings::keys::REQUIRED;
+use crate::config::settings::keys::required_what;
 use crate::config::settings::raw::RawSettings;
 use crate::config::settings::with_prefix;
 
@@ -26,7 +26,10 @@ impl RawSettings {
         let kafka_prefix = self.kafka_prefix()?;
         let prefix = kafka_prefix.as_deref();
         let topics = self.topics(prefix)?;
-        let group_id = with_prefix(prefix, self.required("group_id", REQUIRED[2].1)?);
+        let group_id = with_prefix(
+            prefix,
+            self.required("group_id", required_what("group_id"))?,
+        );
         let (tls, sasl) = self.security(&brokers)?;
         Ok(Connection {
             brokers,
@@ -76,7 +79,7 @@ impl RawSettings {
 
     /// `ACKD_TOPICS`: comma-separated names, `prefix` applied.
     fn topics(&self, prefix: Option<&str>) -> Result<Vec<String>, SettingError> {
-        let topics_raw = self.required("topics", REQUIRED[1].1)?;
+        let topics_raw = self.required("topics", required_what("topics"))?;
         let topics: Vec<String> = topics_raw
             .split(',')
             .map(str::trim)

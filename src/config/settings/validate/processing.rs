@@ -2,10 +2,8 @@
 
 use std::time::Duration;
 
-use config::{Config, File, FileFormat};
-
 use crate::config::error::SettingError;
-use crate::config::settings::keys::{env_name, DEFAULT_TOML};
+use crate::config::settings::keys::{default_config, env_name};
 use crate::config::settings::raw::RawSettings;
 use crate::config::settings::{
     ProcessingOrder, Settings, MAX_BATCH, MAX_BATCH_BYTES, MAX_CONCURRENCY, MAX_PENDING,
@@ -69,11 +67,7 @@ impl RawSettings {
 /// concurrency set by hand would silently do nothing (a value equal to the default is
 /// not "by hand"); and a partition must be able to hold as many messages as run at once.
 pub(super) fn ordering_fits_concurrency(settings: &Settings) -> Result<(), SettingError> {
-    let default_concurrency = Config::builder()
-        .add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml))
-        .build()
-        .ok()
-        .and_then(|c| c.get_int("concurrency").ok());
+    let default_concurrency = default_config().and_then(|c| c.get_int("concurrency").ok());
     let by_partition = settings.ordering == ProcessingOrder::Partition;
     if by_partition && default_concurrency != Some(settings.concurrency as i64) {
         return Err(SettingError::new(

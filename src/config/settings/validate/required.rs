@@ -3,16 +3,17 @@
 use crate::config::error::SettingError;
 use crate::config::failure::OnFailure;
 
-use super::super::keys::{env_name, REQUIRED};
-use super::super::raw::RawSettings;
+use crate::config::settings::keys::{env_name, KEYS};
+use crate::config::settings::raw::RawSettings;
 
 impl RawSettings {
     /// Every required setting that is missing, in one error (one at a time makes a new
     /// user start ackd once per setting). What a built-in processor or the dead-letter
     /// policy requires counts too; alone, those are reported where they are checked.
     pub(super) fn missing(&self) -> Result<(), SettingError> {
-        let mut missing: Vec<(String, String)> = REQUIRED
+        let mut missing: Vec<(String, String)> = KEYS
             .iter()
+            .filter_map(|k| Some((k.key, k.required?)))
             .filter(|(key, _)| self.get(key).is_empty())
             .map(|(key, what)| (env_name(key), what.to_string()))
             .collect();
