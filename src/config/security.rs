@@ -137,9 +137,27 @@ pub fn validate(
     brokers: &Brokers,
     inputs: &Inputs<'_>,
 ) -> Result<(Option<Tls>, Option<Sasl>), SettingError> {
-    let given = |v: Option<&str>| v.is_some_and(|v| !v.trim().is_empty());
-    let security = brokers.security;
+    refuse_inputs_the_scheme_ignores(brokers.security, inputs)?;
+    let tls = if brokers.security.tls() {
+        Some(tls(inputs)?)
+    } else {
+        None
+    };
+    let sasl = if brokers.security == Security::SaslSsl {
+        Some(sasl(brokers, inputs)?)
+    } else {
+        None
+    };
+    Ok((tls, sasl))
+}
 
+/// TLS inputs with a plaintext URL, or SASL inputs without `kafka+sasl-ssl://`, would
+/// be silently ignored: an error instead.
+fn refuse_inputs_the_scheme_ignores(
+    security: Security,
+    inputs: &Inputs<'_>,
+) -> Result<(), SettingError> {
+    let given = |v: Option<&str>| v.is_some_and(|v| !v.trim().is_empty());
     if !security.tls() {
         for (name, value) in [
             (TRUSTED_CERT, inputs.trusted_cert),
@@ -172,105 +190,106 @@ pub fn validate(
             }
         }
     }
+    Ok(())
+}
 
-    let tls = if security.tls() {
-        let trusted = match inputs.trusted_cert.filter(|v| !v.trim().is_empty()) {
-            Some(pem) => Some(TrustedCerts {
-                count: check_certificates(TRUSTED_CERT, pem)?,
-                pem: pem.to_string(),
-            }),
-            None => None,
-        };
-        let client = match (
-            inputs.client_cert.filter(|v| !v.trim().is_empty()),
-            inputs.client_key.filter(|v| !v.trim().is_empty()),
-        ) {
-            (Some(cert), Some(key)) => {
-                check_certificates(CLIENT_CERT, cert)?;
-                check_key(CLIENT_KEY, key)?;
-                Some(ClientCert {
-                    cert: cert.to_string(),
-                    key: Secret::new(key),
-                })
-            }
-            (Some(_), None) => return Err(err(
-                CLIENT_CERT,
-                "is set without KAFKA_CLIENT_CERT_KEY: a client certificate needs its private key",
-            )),
-            (None, Some(_)) => {
-                return Err(err(
-                    CLIENT_KEY,
-                    "is set without KAFKA_CLIENT_CERT: a private key needs its client certificate",
-                ))
-            }
-            (None, None) => None,
-        };
-        Some(Tls { trusted, client })
-    } else {
-        None
+/// TLS for a `kafka+ssl://` or `kafka+sasl-ssl://` URL: the trusted certificates, then
+/// the client certificate and its key.
+fn tls(inputs: &Inputs<'_>) -> Result<Tls, SettingError> {
+    let trusted = match inputs.trusted_cert.filter(|v| !v.trim().is_empty()) {
+        Some(pem) => Some(TrustedCerts {
+            count: check_certificates(TRUSTED_CERT, pem)?,
+            pem: pem.to_string(),
+        }),
+        None => None,
     };
+    let client = client_cert(inputs)?;
+    Ok(Tls { trusted, client })
+}
 
-    let sasl = if security == Security::SaslSsl {
-        let mechanism = match inputs.sasl_mechanism.filter(|v| !v.trim().is_empty()) {
-            None => {
-                return Err(err(
-                    SASL_MECHANISM,
-                    format!(
-                        "is required with kafka+sasl-ssl://: one of {}",
-                        Mechanism::NAMES.join(", ")
-                    ),
-                ))
-            }
-            Some(m) => Mechanism::parse(m).ok_or_else(|| SettingError {
-                setting: SASL_MECHANISM.into(),
-                value: Some(m.to_string()),
-                problem: format!("expected one of {}", Mechanism::NAMES.join(", ")),
-            })?,
-        };
-        let username = inputs.sasl_username.filter(|v| !v.is_empty());
-        let password = inputs.sasl_password.filter(|v| !v.is_empty());
-        let (username, password, from) = match (&brokers.user_info, username, password) {
-            (Some(info), None, None) => (info.username.clone(), info.password.clone(), "KAFKA_URL"),
-            (Some(_), u, _) => {
-                return Err(err(
-                    if u.is_some() { SASL_USERNAME } else { SASL_PASSWORD },
-                    "is set but KAFKA_URL carries the credentials too (user:password@): give them once",
-                ))
-            }
-            (None, Some(u), Some(p)) => (
-                Secret::new(u),
-                Secret::new(p),
-                "ACKD_SASL_USERNAME/ACKD_SASL_PASSWORD",
+/// `KAFKA_CLIENT_CERT` and `KAFKA_CLIENT_CERT_KEY`: both or neither.
+fn client_cert(inputs: &Inputs<'_>) -> Result<Option<ClientCert>, SettingError> {
+    match (
+        inputs.client_cert.filter(|v| !v.trim().is_empty()),
+        inputs.client_key.filter(|v| !v.trim().is_empty()),
+    ) {
+        (Some(cert), Some(key)) => {
+            check_certificates(CLIENT_CERT, cert)?;
+            check_key(CLIENT_KEY, key)?;
+            Ok(Some(ClientCert {
+                cert: cert.to_string(),
+                key: Secret::new(key),
+            }))
+        }
+        (Some(_), None) => Err(err(
+            CLIENT_CERT,
+            "is set without KAFKA_CLIENT_CERT_KEY: a client certificate needs its private key",
+        )),
+        (None, Some(_)) => Err(err(
+            CLIENT_KEY,
+            "is set without KAFKA_CLIENT_CERT: a private key needs its client certificate",
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// SASL for a `kafka+sasl-ssl://` URL: the mechanism, then the credentials.
+fn sasl(brokers: &Brokers, inputs: &Inputs<'_>) -> Result<Sasl, SettingError> {
+    let mechanism = sasl_mechanism(inputs)?;
+    let (username, password, from) = sasl_credentials(brokers, inputs)?;
+    Ok(Sasl {
+        mechanism,
+        username,
+        password,
+        credentials_from: from,
+    })
+}
+
+/// `ACKD_SASL_MECHANISM`: required with SASL.
+fn sasl_mechanism(inputs: &Inputs<'_>) -> Result<Mechanism, SettingError> {
+    match inputs.sasl_mechanism.filter(|v| !v.trim().is_empty()) {
+        None => Err(err(
+            SASL_MECHANISM,
+            format!(
+                "is required with kafka+sasl-ssl://: one of {}",
+                Mechanism::NAMES.join(", ")
             ),
-            (None, Some(_), None) => {
-                return Err(err(
-                    SASL_PASSWORD,
-                    "is required with ACKD_SASL_USERNAME",
-                ))
-            }
-            (None, None, Some(_)) => {
-                return Err(err(
-                    SASL_USERNAME,
-                    "is required with ACKD_SASL_PASSWORD",
-                ))
-            }
-            (None, None, None) => {
-                return Err(err(
-                    SASL_USERNAME,
-                    "is required with kafka+sasl-ssl:// (with ACKD_SASL_PASSWORD), unless KAFKA_URL carries user:password@",
-                ))
-            }
-        };
-        Some(Sasl {
-            mechanism,
-            username,
-            password,
-            credentials_from: from,
-        })
-    } else {
-        None
-    };
-    Ok((tls, sasl))
+        )),
+        Some(m) => Mechanism::parse(m).ok_or_else(|| SettingError {
+            setting: SASL_MECHANISM.into(),
+            value: Some(m.to_string()),
+            problem: format!("expected one of {}", Mechanism::NAMES.join(", ")),
+        }),
+    }
+}
+
+/// The SASL user name and password, from the URL's user info or from
+/// `ACKD_SASL_USERNAME` and `ACKD_SASL_PASSWORD` (once, and both), and where they came
+/// from.
+fn sasl_credentials(
+    brokers: &Brokers,
+    inputs: &Inputs<'_>,
+) -> Result<(Secret, Secret, &'static str), SettingError> {
+    let username = inputs.sasl_username.filter(|v| !v.is_empty());
+    let password = inputs.sasl_password.filter(|v| !v.is_empty());
+    match (&brokers.user_info, username, password) {
+        (Some(info), None, None) => Ok((info.username.clone(), info.password.clone(), "KAFKA_URL")),
+        (Some(_), u, _) => Err(err(
+            if u.is_some() { SASL_USERNAME } else { SASL_PASSWORD },
+            "is set but KAFKA_URL carries the credentials too (user:password@): give them once",
+        )),
+        (None, Some(u), Some(p)) => Ok((
+            Secret::new(u),
+            Secret::new(p),
+            "ACKD_SASL_USERNAME/ACKD_SASL_PASSWORD",
+        )),
+        (None, Some(_), None) => Err(err(SASL_PASSWORD, "is required with ACKD_SASL_USERNAME")),
+        (None, None, Some(_)) => Err(err(SASL_USERNAME, "is required with ACKD_SASL_PASSWORD")),
+        (None, None, None) => Err(err(
+            SASL_USERNAME,
+            "is required with kafka+sasl-ssl:// (with ACKD_SASL_PASSWORD), unless KAFKA_URL carries user:password@",
+        )),
+    }
 }
 
 /// The librdkafka properties for `tls` and `sasl`, in the order they are set.
@@ -389,23 +408,7 @@ fn blocks(name: &str, value: &str) -> Result<Vec<Block>, SettingError> {
                     .strip_prefix("-----END ")
                     .and_then(|l| l.strip_suffix("-----"))
                 {
-                    let n = out.len() + 1;
-                    if end != label {
-                        return Err(err(
-                            name,
-                            format!(
-                                "is not a valid PEM: block {n} (BEGIN {label}) ends with END {end}"
-                            ),
-                        ));
-                    }
-                    if !valid_der_base64(body) {
-                        return Err(err(
-                            name,
-                            format!(
-                                "is not a valid PEM: block {n} ({label}) is not base64-encoded DER"
-                            ),
-                        ));
-                    }
+                    check_block(name, out.len() + 1, label, end, body)?;
                     out.push(Block {
                         label: label.clone(),
                         encrypted: *encrypted,
@@ -429,6 +432,30 @@ fn blocks(name: &str, value: &str) -> Result<Vec<Block>, SettingError> {
         ));
     }
     Ok(out)
+}
+
+/// Block `n` of a PEM, at its END line: the END names the BEGIN's label, and the body
+/// in between is base64-encoded DER.
+fn check_block(
+    name: &str,
+    n: usize,
+    label: &str,
+    end: &str,
+    body: &str,
+) -> Result<(), SettingError> {
+    if end != label {
+        return Err(err(
+            name,
+            format!("is not a valid PEM: block {n} (BEGIN {label}) ends with END {end}"),
+        ));
+    }
+    if !valid_der_base64(body) {
+        return Err(err(
+            name,
+            format!("is not a valid PEM: block {n} ({label}) is not base64-encoded DER"),
+        ));
+    }
+    Ok(())
 }
 
 /// Base64 (standard alphabet, padded) whose first decoded byte is 0x30, a DER SEQUENCE:

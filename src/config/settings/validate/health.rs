@@ -1,0 +1,80 @@
+//! The health endpoint: where it listens, and when a call counts as stuck.
+
+use std::time::Duration;
+
+use crate::config::error::SettingError;
+use crate::config::settings::raw::RawSettings;
+
+impl RawSettings {
+    /// `ACKD_HEALTH_ADDR` and `ACKD_HEALTH_PORT` (0 or unset: off).
+    pub(super) fn health_listen(&self) -> Result<Option<std::net::SocketAddr>, SettingError> {
+        let port = match self.get("health_port").trim() {
+            "" => 0,
+            p => p.parse::<u16>().map_err(|_| {
+                self.error(
+                    "health_port",
+                    "expected a port number from 1 to 65535, or 0 (off)",
+                )
+            })?,
+        };
+        let addr: std::net::IpAddr = self.get("health_addr").trim().parse().map_err(|_| {
+            self.error(
+                "health_addr",
+                "expected an IP address to listen on, e.g. 0.0.0.0 (every IPv4 interface), :: or 127.0.0.1",
+            )
+        })?;
+        Ok((port != 0).then_some(std::net::SocketAddr::new(addr, port)))
+    }
+
+    /// `ACKD_HEALTH_STUCK_MS`; 0: derived (see
+    /// [`crate::config::settings::Settings::health_stuck_after`]).
+    pub(super) fn health_stuck(&self) -> Result<Option<Duration>, SettingError> {
+        Ok(Some(self.millis("health_stuck_ms", 0, 86_400_000)?).filter(|d| !d.is_zero()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::settings::test_vars::{err, vars};
+    use crate::config::settings::Settings;
+
+    /// The health endpoint: off by default and with 0, on with a port; its address and
+    /// stuck bound validated and derived.
+    #[test]
+    fn health_settings() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.health_listen, None);
+        assert_eq!(s.health_stuck_after(), s.drain_budget());
+        let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "0")])).unwrap();
+        assert_eq!(s.health_listen, None);
+        let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "8080")])).unwrap();
+        assert_eq!(s.health_listen, Some("0.0.0.0:8080".parse().unwrap()));
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_HEALTH_PORT", "9000"),
+            ("ACKD_HEALTH_ADDR", "::1"),
+            ("ACKD_HEALTH_STUCK_MS", "2500"),
+        ]))
+        .unwrap();
+        assert_eq!(s.health_listen, Some("[::1]:9000".parse().unwrap()));
+        assert_eq!(s.health_stuck_after(), Duration::from_millis(2500));
+        let s = Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_EXEC_TIMEOUT_MS", "3000"),
+        ]))
+        .unwrap();
+        assert_eq!(s.health_stuck_after(), Duration::from_millis(8000));
+        for (key, value) in [
+            ("ACKD_HEALTH_PORT", "70000"),
+            ("ACKD_HEALTH_PORT", "http"),
+            ("ACKD_HEALTH_PORT", "-1"),
+            ("ACKD_HEALTH_ADDR", "localhost"),
+            ("ACKD_HEALTH_STUCK_MS", "soon"),
+        ] {
+            let e = err(&[("ACKD_HEALTH_PORT", "8080"), (key, value)]);
+            assert_eq!(e.setting, key, "{e}");
+            assert_eq!(e.value.as_deref(), Some(value), "{e}");
+        }
+    }
+}
