@@ -17,7 +17,7 @@ pub(super) const MAX_CONNECTIONS: usize = 32;
 /// connections at all would let them take every file descriptor. The oldest goes
 /// because a probe is the newest (it sends its request as it connects) and a connection
 /// between requests may be closed at any time in HTTP/1.1 (clients reconnect); one
-/// that is answering finishes its answer first ([`super::server::CLOSE_GRACE`]).
+/// that is answering finishes its answer first (`CLOSE_GRACE`, in `server`).
 #[derive(Default)]
 pub(super) struct Connections {
     open: Mutex<VecDeque<(u64, Arc<Notify>)>>,
