@@ -198,11 +198,13 @@ impl Http {
             .acquire()
             .await
             .map_err(|_| refused(ProcessError::retryable("http processor is stopped")))?;
-        if !queued.take() {
+        // Declared after the permit, so dropped before it: the call ends before the
+        // permit is free for the next one.
+        let Some(_taken) = queued.take() else {
             return Err(refused(ProcessError::retryable(
                 "dropped before it was sent: the partition is stopping",
             )));
-        }
+        };
         let request = self.request(content_type, body, metadata);
         let response = match request.send().await {
             Ok(r) => r,

@@ -60,9 +60,12 @@ pub(super) async fn serve(
         // Its worker dropped it while it waited (a stop or a revoke began before a
         // child was free), or was aborted (a drain that ran out of time): the partition
         // may be someone else's now, so it is not handed out.
-        if reply.is_closed() || !queued.take() {
+        if reply.is_closed() {
             continue;
         }
+        let Some(taken) = queued.take() else {
+            continue;
+        };
         let outcome = tokio::select! {
             r = tokio::time::timeout(config.timeout, exchange(running, config, &request, &sent)) => match r {
                 Ok(r) => r,
@@ -81,6 +84,9 @@ pub(super) async fn serve(
                 return (Ended::Stop(deadline), answered);
             }
         };
+        // The child is free: the call no longer counts as under way, before the next
+        // job (another partition's) is taken.
+        drop(taken);
         match outcome {
             Ok(result) => {
                 answered = true;
