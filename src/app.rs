@@ -15,18 +15,47 @@ pub(crate) fn main_with<P: Processor>(
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
 ) -> ExitCode {
     // Arguments first: they answer without reading a setting, and never consume.
-    let command = cli::parse(std::env::args_os().skip(1));
-    match command {
-        Ok(cli::Command::Run | cli::Command::Check | cli::Command::Status) => {}
-        Ok(cli::Command::Help) => return print_out(&cli::help()),
-        Ok(cli::Command::Version) => return print_out(&format!("{}\n", cli::version())),
+    let command = match parse_arguments() {
+        Ok(command) => command,
+        Err(code) => return code,
+    };
+    let settings = read_settings();
+    let guard = start_logging(&command, &settings);
+    if command == cli::Command::Check || command == cli::Command::Status {
+        run_command(&command, settings, make, guard);
+    }
+    let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
+        Ok((settings, processor)) => consumer::daemon::run(settings, processor),
+        Err(e) => {
+            config::error::report_setting_error(&e);
+            tracing::info!(at = "exit", code = exit::CONFIG);
+            exit::CONFIG
+        }
+    };
+    end_process(guard, code)
+}
+
+/// The command the arguments name (`Run`, `Check` or `Status`); `Err`: the process's
+/// exit code once `--help`, `--version` or a usage error is answered.
+fn parse_arguments() -> Result<cli::Command, ExitCode> {
+    match cli::parse(std::env::args_os().skip(1)) {
+        Ok(command @ (cli::Command::Run | cli::Command::Check | cli::Command::Status)) => {
+            Ok(command)
+        }
+        Ok(cli::Command::Help) => Err(print_out(&cli::help())),
+        Ok(cli::Command::Version) => Err(print_out(&format!("{}\n", cli::version()))),
         Err(e) => {
             use std::io::Write;
             // A closed stderr changes nothing: the exit code says it.
             let _ = write!(std::io::stderr().lock(), "ackd: {e}\n\n{}\n", cli::USAGE);
-            return ExitCode::from(exit::USAGE as u8);
+            Err(ExitCode::from(exit::USAGE as u8))
         }
     }
+}
+
+/// The settings from the environment, their secret values registered so that no line
+/// shows them.
+fn read_settings() -> Result<Settings, SettingError> {
     let settings = Settings::from_env();
     // From here on no line carries a secret value, whatever path it takes: what the
     // variables hold is known even when they are refused (a refusal is a line too).
@@ -35,13 +64,22 @@ pub(crate) fn main_with<P: Processor>(
         never_shown.extend(s.never_shown());
     }
     config::secret::register(never_shown);
-    let (mut level, prefix) = match &settings {
+    settings
+}
+
+/// Starts the line writer at the settings' level (a default one if they were refused)
+/// and installs the panic hook.
+fn start_logging(
+    command: &cli::Command,
+    settings: &Result<Settings, SettingError>,
+) -> output::lines::OutputGuard {
+    let (mut level, prefix) = match settings {
         Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
     };
     // The info lines of `check` and `status` are their output, not log lines: a quiet
     // ACKD_LOG_LEVEL must not silence them.
-    if matches!(command, Ok(cli::Command::Check | cli::Command::Status))
+    if matches!(command, cli::Command::Check | cli::Command::Status)
         && matches!(level.as_str(), "error" | "warn")
     {
         level = "info".to_string();
@@ -55,48 +93,47 @@ pub(crate) fn main_with<P: Processor>(
             "{e}; using ACKD_LOG_LEVEL"
         );
     }
-    // `ackd check` / `ackd status`: the settings, then questions to the brokers. check
-    // builds the processor to validate its settings, as the daemon would, and drops it
-    // unused (building starts nothing: exec handlers start on the first message).
-    if let Ok(command @ (cli::Command::Check | cli::Command::Status)) = command {
-        let started = std::time::Instant::now();
-        let settings = match settings {
-            Ok(s) if command == cli::Command::Check => make(&s).map(|_unused| s),
-            other => other,
-        };
-        let code = match &settings {
-            Ok(s) if command == cli::Command::Check => commands::check::run(s),
-            Ok(s) => commands::status::run(s),
-            Err(e) => {
-                config::error::report_setting_error(e);
-                if command == cli::Command::Check {
-                    tracing::error!(
-                        at = "check",
-                        check = "settings",
-                        ok = false,
-                        setting = &e.setting
-                    );
-                }
-                exit::CONFIG
-            }
-        };
-        if command == cli::Command::Check || code != exit::OK {
-            tracing::info!(
-                at = "exit",
-                code,
-                duration_ms = started.elapsed().as_millis() as u64
-            );
-        }
-        end_process(guard, code);
-    }
-    let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
-        Ok((settings, processor)) => consumer::daemon::run(settings, processor),
+    guard
+}
+
+/// `ackd check` / `ackd status`: the settings, then questions to the brokers. check
+/// builds the processor to validate its settings, as the daemon would, and drops it
+/// unused (building starts nothing: exec handlers start on the first message).
+fn run_command<P: Processor>(
+    command: &cli::Command,
+    settings: Result<Settings, SettingError>,
+    make: impl FnOnce(&Settings) -> Result<P, SettingError>,
+    guard: output::lines::OutputGuard,
+) -> ! {
+    let check = *command == cli::Command::Check;
+    let started = std::time::Instant::now();
+    let settings = match settings {
+        Ok(s) if check => make(&s).map(|_unused| s),
+        other => other,
+    };
+    let code = match &settings {
+        Ok(s) if check => commands::check::run(s),
+        Ok(s) => commands::status::run(s),
         Err(e) => {
-            config::error::report_setting_error(&e);
-            tracing::info!(at = "exit", code = exit::CONFIG);
+            config::error::report_setting_error(e);
+            if check {
+                tracing::error!(
+                    at = "check",
+                    check = "settings",
+                    ok = false,
+                    setting = &e.setting
+                );
+            }
             exit::CONFIG
         }
     };
+    if check || code != exit::OK {
+        tracing::info!(
+            at = "exit",
+            code,
+            duration_ms = started.elapsed().as_millis() as u64
+        );
+    }
     end_process(guard, code)
 }
 

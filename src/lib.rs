@@ -41,7 +41,8 @@ use std::process::ExitCode;
 pub use config::error::SettingError;
 pub use config::settings::Settings;
 pub use processors::processor::{
-    queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor, Queued,
+    queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor,
+    Queued, Taken,
 };
 
 /// Runs ackd with settings from the environment and the processor `make` builds from

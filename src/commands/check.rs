@@ -9,11 +9,33 @@ use std::time::Instant;
 use crate::config::settings::Settings;
 use crate::exit;
 
-use super::connect::{connect, create, partitions, Unreached};
+use super::connect::{connect, create, partitions, Probe, Unreached};
 use super::describe::describe_group;
 
 /// Runs every check that can run; returns the exit code.
 pub fn run(settings: &Settings) -> i32 {
+    settings_ok(settings);
+    let probe = match create(settings, "check") {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let started = Instant::now();
+    if let Err(code) = check_brokers(settings, &probe) {
+        return code;
+    }
+    let mut code = check_topics(settings, &probe);
+    if !check_group(settings, &probe) && code == exit::OK {
+        code = exit::UNAVAILABLE;
+    }
+    tracing::debug!(
+        at = "check_done",
+        took_ms = started.elapsed().as_millis() as u64
+    );
+    code
+}
+
+/// The settings were read: what they name.
+fn settings_ok(settings: &Settings) {
     tracing::info!(
         at = "check",
         check = "settings",
@@ -23,13 +45,15 @@ pub fn run(settings: &Settings) -> i32 {
         bootstrap = settings.brokers.bootstrap_servers(),
         security = settings.brokers.security.protocol(),
     );
-    let probe = match create(settings, "check") {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let started = Instant::now();
-    match connect(&probe, settings.topics.first().map(String::as_str)) {
-        Ok((metadata, took)) => metadata_ok(settings, &metadata, took),
+}
+
+/// The brokers answer and accept ackd's credentials; `Err` is the exit code.
+fn check_brokers(settings: &Settings, probe: &Probe) -> Result<(), i32> {
+    match connect(probe, settings.topics.first().map(String::as_str)) {
+        Ok((metadata, took)) => {
+            metadata_ok(settings, &metadata, took);
+            Ok(())
+        }
         Err(Unreached::Auth) => {
             tracing::error!(
                 at = "check",
@@ -38,7 +62,7 @@ pub fn run(settings: &Settings) -> i32 {
                 security = settings.brokers.security.protocol(),
                 "the brokers refused ackd's credentials or ackd refused theirs (see at=auth_failed)"
             );
-            return exit::NOPERM;
+            Err(exit::NOPERM)
         }
         Err(e @ Unreached::Unavailable { .. }) => {
             if let Unreached::Unavailable { waited, error } = &e {
@@ -52,11 +76,14 @@ pub fn run(settings: &Settings) -> i32 {
                     "no broker answered"
                 );
             }
-            return e.code();
+            Err(e.code())
         }
     }
-    let mut code = exit::OK;
-    match partitions(&probe, &settings.topics) {
+}
+
+/// One line per configured topic; the exit code so far.
+fn check_topics(settings: &Settings, probe: &Probe) -> i32 {
+    match partitions(probe, &settings.topics) {
         Ok(found) => {
             let mut missing = Vec::new();
             for (topic, partitions) in &found {
@@ -80,40 +107,41 @@ pub fn run(settings: &Settings) -> i32 {
                     }
                 }
             }
-            if !missing.is_empty() {
-                // The daemon's own line for it, word for word: the same contract.
-                crate::consumer::topics::report_missing(settings, &missing.join(","));
-                code = exit::CONFIG;
+            if missing.is_empty() {
+                return exit::OK;
             }
+            // The daemon's own line for it, word for word: the same contract.
+            crate::consumer::topics::report_missing(settings, &missing.join(","));
+            exit::CONFIG
         }
         Err(e) => {
             tracing::error!(at = "check", check = "topic", ok = false, error = %e, "could not ask for the topics");
-            code = exit::UNAVAILABLE;
+            exit::UNAVAILABLE
         }
     }
-    match describe_group(&probe, &settings.group_id) {
-        Ok(g) => tracing::info!(
-            at = "check",
-            check = "group",
-            ok = true,
-            group = &settings.group_id,
-            state = g.state.as_str(),
-            protocol = (!g.protocol.is_empty()).then_some(g.protocol.as_str()),
-            kind = (!g.kind.is_empty()).then_some(g.kind.as_str()),
-            members = g.members.len(),
-        ),
+}
+
+/// The group, as the brokers describe it; false if they could not.
+fn check_group(settings: &Settings, probe: &Probe) -> bool {
+    match describe_group(probe, &settings.group_id) {
+        Ok(g) => {
+            tracing::info!(
+                at = "check",
+                check = "group",
+                ok = true,
+                group = &settings.group_id,
+                state = g.state.as_str(),
+                protocol = (!g.protocol.is_empty()).then_some(g.protocol.as_str()),
+                kind = (!g.kind.is_empty()).then_some(g.kind.as_str()),
+                members = g.members.len(),
+            );
+            true
+        }
         Err(e) => {
             tracing::error!(at = "check", check = "group", ok = false, group = &settings.group_id, error = %e, "the group could not be described");
-            if code == exit::OK {
-                code = exit::UNAVAILABLE;
-            }
+            false
         }
     }
-    tracing::debug!(
-        at = "check_done",
-        took_ms = started.elapsed().as_millis() as u64
-    );
-    code
 }
 
 fn metadata_ok(

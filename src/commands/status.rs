@@ -12,10 +12,10 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::settings::{Settings, StartFrom};
-use crate::consumer::committer::committed_with_metadata;
+use crate::consumer::committer::{committed_with_metadata, ReadMetadata};
 use crate::exit;
 
-use super::connect::{connect, create, partitions, Unreached, REQUEST};
+use super::connect::{connect, create, partitions, Probe, TopicPartitions, Unreached, REQUEST};
 use super::describe::{describe_group, GroupDescription};
 
 /// One partition's line.
@@ -61,9 +61,35 @@ pub fn run(settings: &Settings) -> i32 {
 /// Asks the brokers; `Err` is the exit code, its line written.
 fn gather(settings: &Settings) -> Result<(GroupDescription, Vec<Row>), i32> {
     let probe = create(settings, "status")?;
-    match connect(&probe, settings.topics.first().map(String::as_str)) {
-        Ok(_) => {}
-        Err(Unreached::Auth) => return Err(exit::NOPERM),
+    reach_brokers(settings, &probe)?;
+    let topics = existing_topics(settings, &probe)?;
+    let group =
+        describe_group(&probe, &settings.group_id).map_err(|e| unavailable("the group", e))?;
+    let committed = committed_offsets(&probe, &topics)?;
+    let mut rows = Vec::new();
+    // Metadata read as bytes: another client's need not be UTF-8.
+    for ((topic, partition), offset, read) in committed_with_metadata(&committed) {
+        let (low, end) = probe
+            .fetch_watermarks(&topic, partition, REQUEST)
+            .map_err(|e| unavailable("the log ends", e))?;
+        rows.push(row(
+            settings,
+            &group,
+            (topic.to_string(), partition),
+            offset,
+            read,
+            (low, end),
+        ));
+    }
+    rows.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok((group, rows))
+}
+
+/// The brokers answer and accept ackd's credentials; `Err` is the exit code.
+fn reach_brokers(settings: &Settings, probe: &Probe) -> Result<(), i32> {
+    match connect(probe, settings.topics.first().map(String::as_str)) {
+        Ok(_) => Ok(()),
+        Err(Unreached::Auth) => Err(exit::NOPERM),
         Err(e @ Unreached::Unavailable { .. }) => {
             if let Unreached::Unavailable { waited, error } = &e {
                 tracing::error!(
@@ -74,14 +100,14 @@ fn gather(settings: &Settings) -> Result<(GroupDescription, Vec<Row>), i32> {
                     "no broker answered"
                 );
             }
-            return Err(e.code());
+            Err(e.code())
         }
     }
-    let unavailable = |what: &str, e: rdkafka::error::KafkaError| {
-        tracing::error!(at = "unavailable", error = %e, "could not ask for {what}");
-        exit::UNAVAILABLE
-    };
-    let topics = partitions(&probe, &settings.topics).map_err(|e| unavailable("the topics", e))?;
+}
+
+/// The configured topics' partitions; `Err` if one of them does not exist.
+fn existing_topics(settings: &Settings, probe: &Probe) -> Result<Vec<TopicPartitions>, i32> {
+    let topics = partitions(probe, &settings.topics).map_err(|e| unavailable("the topics", e))?;
     let missing: Vec<&str> = topics
         .iter()
         .filter(|(_, p)| p.is_none())
@@ -91,55 +117,65 @@ fn gather(settings: &Settings) -> Result<(GroupDescription, Vec<Row>), i32> {
         crate::consumer::topics::report_missing(settings, &missing.join(","));
         return Err(exit::CONFIG);
     }
-    let group =
-        describe_group(&probe, &settings.group_id).map_err(|e| unavailable("the group", e))?;
+    Ok(topics)
+}
+
+/// The group's committed offsets, with their metadata, of every partition of `topics`.
+fn committed_offsets(probe: &Probe, topics: &[TopicPartitions]) -> Result<TopicPartitionList, i32> {
     let mut tpl = TopicPartitionList::new();
-    for (topic, ps) in &topics {
+    for (topic, ps) in topics {
         for p in ps.iter().flatten() {
             tpl.add_partition(topic, *p);
         }
     }
-    let committed = probe
+    probe
         .committed_offsets(tpl, REQUEST)
-        .map_err(|e| unavailable("the committed offsets", e))?;
-    let mut rows = Vec::new();
-    // Metadata read as bytes: another client's need not be UTF-8.
-    for ((topic, partition), offset, read) in committed_with_metadata(&committed) {
-        // Only ackd's metadata written beside this very offset says anything about it.
-        let previous = read.previous;
-        let topic = topic.to_string();
-        let (low, end) = probe
-            .fetch_watermarks(&topic, partition, REQUEST)
-            .map_err(|e| unavailable("the log ends", e))?;
-        let committed = match offset {
-            Offset::Offset(o) => Some(o),
-            _ => None,
-        };
-        let lag = match (committed, settings.start_from) {
-            (Some(c), _) => end - c,
-            (None, StartFrom::Earliest) => end - low,
-            (None, StartFrom::Latest) => 0,
-        }
-        .max(0);
-        let member = group
-            .holder(&topic, partition)
-            .map(|m| (m.id.clone(), m.client_id.clone(), m.host.clone()));
-        rows.push(Row {
-            topic,
-            partition,
-            committed,
-            end,
-            lag,
-            acked_above: committed
-                .zip(previous.as_ref())
-                .map(|(c, p)| crate::consumer::acked_ranges::count(&p.acked_above(c)))
-                .filter(|n| *n > 0),
-            processed: previous.map(|p| p.processed),
-            member,
-        });
+        .map_err(|e| unavailable("the committed offsets", e))
+}
+
+/// One partition's row: its commit and its log's `(low, end)` watermarks.
+fn row(
+    settings: &Settings,
+    group: &GroupDescription,
+    (topic, partition): (String, i32),
+    offset: Offset,
+    read: ReadMetadata,
+    (low, end): (i64, i64),
+) -> Row {
+    // Only ackd's metadata written beside this very offset says anything about it.
+    let previous = read.previous;
+    let committed = match offset {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    };
+    let lag = match (committed, settings.start_from) {
+        (Some(c), _) => end - c,
+        (None, StartFrom::Earliest) => end - low,
+        (None, StartFrom::Latest) => 0,
     }
-    rows.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-    Ok((group, rows))
+    .max(0);
+    let member = group
+        .holder(&topic, partition)
+        .map(|m| (m.id.clone(), m.client_id.clone(), m.host.clone()));
+    Row {
+        topic,
+        partition,
+        committed,
+        end,
+        lag,
+        acked_above: committed
+            .zip(previous.as_ref())
+            .map(|(c, p)| crate::consumer::acked_ranges::count(&p.acked_above(c)))
+            .filter(|n| *n > 0),
+        processed: previous.map(|p| p.processed),
+        member,
+    }
+}
+
+/// A question the brokers did not answer: its line, and the exit code.
+fn unavailable(what: &str, e: rdkafka::error::KafkaError) -> i32 {
+    tracing::error!(at = "unavailable", error = %e, "could not ask for {what}");
+    exit::UNAVAILABLE
 }
 
 fn shown(v: Option<i64>) -> String {

@@ -93,7 +93,9 @@ impl CallStart {
         })
     }
 
-    fn end(&self) {
+    /// Ended by its future's end, or earlier by the processor that freed its child or
+    /// permit ([`crate::processors::processor::Taken`]); the first of the two counts.
+    pub(crate) fn end(&self) {
         if self
             .state
             .compare_exchange(STARTED, ENDED, Ordering::AcqRel, Ordering::Acquire)

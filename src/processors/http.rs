@@ -198,23 +198,14 @@ impl Http {
             .acquire()
             .await
             .map_err(|_| refused(ProcessError::retryable("http processor is stopped")))?;
-        if !queued.take() {
+        // Declared after the permit, so dropped before it: the call ends before the
+        // permit is free for the next one.
+        let Some(_taken) = queued.take() else {
             return Err(refused(ProcessError::retryable(
                 "dropped before it was sent: the partition is stopping",
             )));
-        }
-        let mut request = self
-            .client
-            .post(self.config.url.0.clone())
-            .headers(self.headers.clone());
-        for (name, value) in metadata {
-            request = request.header(name, value);
-        }
-        // ACKD_HTTP_HEADERS may give the bodies their own Content-Type.
-        if !self.headers.contains_key(CONTENT_TYPE) {
-            request = request.header(CONTENT_TYPE, content_type);
-        }
-        let request = request.body(body);
+        };
+        let request = self.request(content_type, body, metadata);
         let response = match request.send().await {
             Ok(r) => r,
             Err(e) => {
@@ -234,15 +225,52 @@ impl Http {
         if status.is_success() {
             return Ok(());
         }
+        Err(Refused {
+            error: self.refusal(status, &body, retry_after),
+            offset: failed_offset,
+        })
+    }
+
+    /// The POST of `body`: the configured headers, the request's own (`metadata`), and
+    /// `content_type` unless ACKD_HTTP_HEADERS gives one.
+    fn request(
+        &self,
+        content_type: &'static str,
+        body: Vec<u8>,
+        metadata: Vec<(&'static str, HeaderValue)>,
+    ) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(self.config.url.0.clone())
+            .headers(self.headers.clone());
+        for (name, value) in metadata {
+            request = request.header(name, value);
+        }
+        // ACKD_HTTP_HEADERS may give the bodies their own Content-Type.
+        if !self.headers.contains_key(CONTENT_TYPE) {
+            request = request.header(CONTENT_TYPE, content_type);
+        }
+        request.body(body)
+    }
+
+    /// What a response other than 2xx means: retryable for 408, 429 and 5xx (after its
+    /// Retry-After, if it has one), permanent otherwise; the reason shows the status and
+    /// the start of `body`, redacted.
+    fn refusal(
+        &self,
+        status: reqwest::StatusCode,
+        body: &[u8],
+        retry_after: Option<Duration>,
+    ) -> ProcessError {
         let mut reason = format!("HTTP {status}");
-        let excerpt = excerpt(&body);
+        let excerpt = excerpt(body);
         if !excerpt.is_empty() {
             reason.push_str(": ");
             reason.push_str(&excerpt);
         }
         let reason = self.redact(reason);
         let code = status.as_u16();
-        let error = if code == 408 || code == 429 || status.is_server_error() {
+        if code == 408 || code == 429 || status.is_server_error() {
             match retry_after {
                 Some(after) => ProcessError::retry_after(
                     format!("{reason} (Retry-After {} ms)", after.as_millis()),
@@ -252,11 +280,7 @@ impl Http {
             }
         } else {
             ProcessError::permanent(reason)
-        };
-        Err(Refused {
-            error,
-            offset: failed_offset,
-        })
+        }
     }
 
     /// Why a request got no response, without the URL (it may carry credentials).

@@ -324,11 +324,31 @@ pub struct Queued(Option<std::sync::Arc<crate::processors::call_start::CallStart
 
 impl Queued {
     /// The processor takes the call now (a child or a permit is free): from here it
-    /// counts as started, and the processor's own timeout should start here too. False:
-    /// ackd dropped the call while it waited (a stop or a revoke began): do not run it;
-    /// its message is redelivered to the partition's next reader.
-    pub fn take(self) -> bool {
-        self.0.as_ref().is_none_or(|call| call.take())
+    /// counts as started, and the processor's own timeout should start here too. Keep
+    /// the [`Taken`] while the call holds the child or permit, and drop it when the
+    /// call frees them: the call counts as under way until then (or until its future
+    /// returns). `None`: ackd dropped the call while it waited (a stop or a revoke
+    /// began): do not run it; its message is redelivered to the partition's next reader.
+    pub fn take(self) -> Option<Taken> {
+        match self.0 {
+            Some(call) => call.take().then_some(Taken(Some(call))),
+            None => Some(Taken(None)),
+        }
+    }
+}
+
+/// A call the processor took (see [`Queued::take`]); dropping it ends the call for
+/// ackd's count of calls under way (`ackd.in_flight`, `/live`) before its result reaches
+/// the worker, so that the next call the freed child or permit takes is never counted
+/// beside it.
+#[must_use = "keep it while the call holds the child or permit"]
+pub struct Taken(Option<std::sync::Arc<crate::processors::call_start::CallStart>>);
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(call) = &self.0 {
+            call.end();
+        }
     }
 }
 

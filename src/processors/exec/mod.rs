@@ -1,0 +1,155 @@
+//! The `exec` processor: messages handed to long-lived child processes over a line
+//! protocol, so a handler can be written in any language.
+//!
+//! - `ACKD_EXEC_CONCURRENCY` children run `sh -c "$ACKD_EXEC_COMMAND"`, each in its own
+//!   process group. Each is served by one task (a "slot") that takes the next message
+//!   from a queue shared by all slots, writes it as one JSON line to the child's stdin,
+//!   and reads one reply line from its stdout. A child has at most one message at a
+//!   time; the partition workers send a message only after the previous one of its
+//!   partition (`ACKD_ORDERING=partition`) or of its key (`key`) was answered, so that
+//!   order holds with any pool size. With `key` or `none` one partition may keep up to
+//!   `ACKD_CONCURRENCY` children busy.
+//! - A child that closes its stdout (exits), writes something that is not a reply to
+//!   the request in flight, or does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed
+//!   (SIGTERM to its group, SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
+//!   `ACKD_ON_FAILURE` apply; the retry never overlaps the old attempt), and it is
+//!   started again after a backoff (100 ms, doubling to 10 s; back to
+//!   100 ms once a child answered). Each restart is an `at=exec_restart` line carrying
+//!   `count#exec.restarts=1` (l2met sums them) and the total so far.
+//! - Its stderr is logged line by line as `at=exec_stderr child=N pid=P line="…"`.
+//! - No line is held longer than `ACKD_EXEC_MAX_LINE_BYTES`: a longer stdout line is a
+//!   protocol error, a longer stderr line is logged cut, with `truncated_bytes=`; the
+//!   rest of such a line is read and dropped, never buffered.
+//! - [`Exec::shutdown`]: a child finishes the message it has, then gets EOF on stdin;
+//!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
+//!
+//! Wire format (README "exec processor"): request (built by [`super::json`])
+//! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
+//! where a key, value or header value that is not UTF-8 comes as `key_base64`,
+//! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null; reply
+//! `{"ack":true,"offset":41}`, `{"retry":"reason","offset":41}` or
+//! `{"fail":"reason","offset":41}` (see [`parse_reply`]): every reply names what it
+//! answers, so that no stray, extra or late line can answer another request.
+
+mod child;
+mod config;
+mod lines;
+mod pool;
+mod protocol;
+mod serve;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::processors::processor::{queued, BatchError, Message, ProcessError};
+
+pub use config::ExecConfig;
+use pool::Pool;
+pub use protocol::{batch_line, parse_reply, request_line, Offsets, Sent};
+use serve::Job;
+
+/// The `exec` processor. Cheap to share; children start with the first message.
+pub struct Exec {
+    config: Arc<ExecConfig>,
+    pool: OnceLock<Pool>,
+    restarts: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for Exec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exec")
+            .field("concurrency", &self.config.concurrency)
+            .field("timeout", &self.config.timeout)
+            .field("started", &self.pool.get().is_some())
+            .finish()
+    }
+}
+
+impl Exec {
+    pub fn new(config: ExecConfig) -> Exec {
+        Exec {
+            config: Arc::new(config),
+            pool: OnceLock::new(),
+            restarts: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Children restarted so far (deaths, hangs, protocol errors).
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    fn pool(&self) -> &Pool {
+        self.pool
+            .get_or_init(|| Pool::start(self.config.clone(), self.restarts.clone()))
+    }
+
+    pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
+        let sent = Sent {
+            topic: message.topic().to_string(),
+            partition: message.partition(),
+            offsets: Offsets::One(message.offset()),
+        };
+        self.request(request_line(message), sent)
+            .await
+            .map_err(|e| e.error)
+    }
+
+    /// A batch as one request: a JSON array line, answered by one reply line.
+    pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
+        let Some(head) = messages.first() else {
+            return Ok(());
+        };
+        let sent = Sent {
+            topic: head.topic().to_string(),
+            partition: head.partition(),
+            offsets: Offsets::Batch(messages.iter().map(Message::offset).collect()),
+        };
+        self.request(batch_line(messages), sent).await
+    }
+
+    async fn request(&self, line: Vec<u8>, sent: Sent) -> Result<(), BatchError> {
+        let pool = self.pool();
+        let first = sent.offsets.first();
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            line,
+            sent,
+            reply,
+            queued: queued(),
+        };
+        if pool.jobs.send(job).await.is_err() {
+            return Err(BatchError::new(
+                first,
+                ProcessError::retryable("exec processor is stopped"),
+            ));
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(BatchError::new(
+                first,
+                ProcessError::retryable("exec processor stopped before a child answered"),
+            ))
+        })
+    }
+
+    /// EOF to every child once it has answered its message, SIGTERM halfway to
+    /// `deadline`, SIGKILL just before it.
+    pub async fn shutdown(&self, deadline: Instant) {
+        let Some(pool) = self.pool.get() else {
+            return;
+        };
+        // SIGKILL a little before the deadline, where ackd stops waiting for this.
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let deadline = deadline - (remaining / 10).min(Duration::from_millis(500));
+        pool.stop.send_replace(Some(deadline));
+        let slots = std::mem::take(&mut *pool.slots.lock().unwrap_or_else(|e| e.into_inner()));
+        for slot in slots {
+            let _ = slot.await;
+        }
+    }
+}
