@@ -130,7 +130,7 @@ pub fn help() -> String {
     }
     let _ = writeln!(
         out,
-        "\nThe README says more: guarantees, log lines, exit codes, the exec and http processors."
+        "\nMore in docs/ beside the README: settings.md, guarantees.md, observability.md (log\nlines, exit codes), exec.md, http.md."
     );
     out
 }

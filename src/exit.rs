@@ -1,4 +1,4 @@
-//! Exit codes, after sysexits.h where one fits. The README's table is made from these.
+//! Exit codes, after sysexits.h where one fits. docs/observability.md's table is made from these.
 
 /// Everything acknowledged was committed; the group was left.
 pub const OK: i32 = 0;

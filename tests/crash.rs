@@ -6,7 +6,7 @@
 //! offset of its last `at=committed` line (or of its `at=assigned` line if it committed
 //! nothing), L = its last processed offset. Redelivered messages (processed by the killed
 //! run and again by a later one) must number at most L + 1 - C; the message in flight at
-//! the kill has no processed line, so it is not counted (the README's bound adds it).
+//! the kill has no processed line, so it is not counted (docs/guarantees.md's bound adds it).
 //! Nothing may be lost.
 
 mod common;

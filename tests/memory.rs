@@ -46,7 +46,7 @@ fn a_budget_bounds_peak_rss_whatever_the_backlog() {
     create_topic(&topic, PARTITIONS);
     // Record batches of at most 16 KiB, as the Java client writes them by default: a
     // fetch returns at least one whole record batch, so a producer's batch is the least
-    // a partition prefetches, whatever the budget (README "Performance").
+    // a partition prefetches, whatever the budget (docs/performance.md).
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", broker().bootstrap())
         .set("acks", "all")

@@ -226,7 +226,7 @@ fn the_source_of_metric_lines_can_be_set() {
 }
 
 /// 200 partitions, each with messages: every partition's worker records durations, and
-/// ackd's peak memory stays within what the README's memory table adds up to (the
+/// ackd's peak memory stays within what the memory table of docs/performance.md adds up to (the
 /// prefetch of 10 small messages per partition, 26 KiB of histograms per partition,
 /// the runtime's ~20 MiB): under 40 MiB. With 188 KiB of histograms per partition it
 /// peaked at 57 MiB.

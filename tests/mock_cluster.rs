@@ -365,7 +365,7 @@ fn a_final_commit_refused_while_the_coordinator_moves_is_sent_again() {
 fn a_revoke_commit_refused_while_the_coordinator_loads_is_sent_again() {
     // A second rebalance that overtakes the revoke (the mock refuses its retry with
     // REBALANCE_IN_PROGRESS: seen on a loaded machine) is another scenario, whose commit
-    // is given up by design (README, Rebalance): staged again, at most 3 times.
+    // is given up by design (docs/guarantees.md, rebalances): staged again, at most 3 times.
     for attempt in 1..=3 {
         if revoke_while_the_coordinator_loads(attempt) {
             return;

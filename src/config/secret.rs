@@ -15,7 +15,7 @@
 //! A secret of 1 to 3 characters would match inside ordinary words (and the places it
 //! is redacted would point at it): it is replaced only where it is a field's whole
 //! value (`user=bob`), and one made of digits alone not at all (`partition=7`). Longer
-//! secrets are replaced wherever they stand. The README ("Security") says so.
+//! secrets are replaced wherever they stand. docs/deploying.md ("Security") says so.
 
 use std::fmt;
 use std::sync::OnceLock;

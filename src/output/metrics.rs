@@ -550,7 +550,7 @@ mod tests {
     }
 
     /// Each partition's histogram is a fixed array of counters: its size is what the
-    /// README's memory table says.
+    /// memory table of docs/performance.md says.
     #[test]
     fn a_histogram_is_26_kib() {
         let bytes = histogram().distinct_values() * std::mem::size_of::<u64>();

@@ -1,5 +1,5 @@
 //! The JSON object a message is handed on as: the `exec` processor's request line and
-//! the `http` processor's `json` body (README "exec processor").
+//! the `http` processor's `json` body (docs/exec.md).
 //!
 //! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,

@@ -33,9 +33,9 @@ pub enum Builtin {
     /// benchmarks and for draining a topic.
     Noop,
     /// Hands every message to long-lived children running `ACKD_EXEC_COMMAND`, one JSON
-    /// line each way (README "exec processor").
+    /// line each way (docs/exec.md).
     Exec(Arc<exec::Exec>),
-    /// POSTs every message to `ACKD_HTTP_URL` (README "http processor").
+    /// POSTs every message to `ACKD_HTTP_URL` (docs/http.md).
     Http(Arc<http::Http>),
     /// Testkit only: waits `ACKD_TEST_DELAY_MS` per message (`N` ms, or `MIN-MAX`: uniform
     /// at random), then acknowledges, so tests can have messages in flight when a signal

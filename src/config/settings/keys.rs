@@ -347,7 +347,7 @@ pub fn documented() -> Vec<(String, DefaultValue)> {
     let mut names: Vec<(String, DefaultValue)> = Vec::new();
     for key in KEYS.iter().filter(|k| k.key != "test_delay_ms") {
         names.push((env_name(key.key), default_of(key)));
-        // The platform's variables right after the required ones, as in the README.
+        // The platform's variables right after the required ones, as in docs/settings.md.
         if key.key == "group_id" {
             names.extend(
                 KAFKA_VARS

@@ -23,7 +23,7 @@
 //! - [`Exec::shutdown`]: a child finishes the message it has, then gets EOF on stdin;
 //!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
 //!
-//! Wire format (README "exec processor"): request (built by [`super::json`])
+//! Wire format (docs/exec.md): request (built by [`super::json`])
 //! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,
 //! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null; reply

@@ -368,7 +368,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.offset, 10);
         for bad in [
-            // The README's replies before replies named the batch, and per-message ones.
+            // docs/exec.md's replies before replies named the batch, and per-message ones.
             "{\"ack\":true}",
             "{\"ack\":true,\"offset\":13}",
             "{\"ack\":true,\"offset\":10}",
