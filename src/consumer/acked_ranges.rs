@@ -13,7 +13,7 @@
 //! short (they are bounded by how far the partition ran ahead of its oldest unfinished
 //! message), and the ranges mean nothing without the offset they were committed with:
 //! Kafka stores the two atomically, but tools can move one without the other, so the
-//! metadata names it too (`o=`, see `committer::read_metadata`).
+//! metadata names it too (`o=`, see `read_metadata` in src/consumer/committer/metadata.rs).
 //!
 //! **Bound**: the value is at most [`MAX_BYTES`] bytes. Ranges that do not fit are left
 //! out, the highest first: those messages are redelivered after a crash, as they would be

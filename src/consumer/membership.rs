@@ -13,7 +13,7 @@
 //! - its own clock: a thread that ticks every [`TICK`] saw a gap of [`STALL`] or more
 //!   (the whole process did not run: it was stopped or paused);
 //! - a periodic commit refused for the member
-//!   ([`crate::consumer::committer::doubted_by`]: UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH,
+//!   (`doubted_by` in src/consumer/committer/ledger.rs: UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH,
 //!   STALE_MEMBER_EPOCH, ILLEGAL_GENERATION). A revoke's or the
 //!   stop's commit retries or gives up on its own (`GroupContext::commit_owned`): its
 //!   partitions are released either way.
@@ -272,36 +272,12 @@ fn partitions<G: Members>(group: &G) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::committer::doubted_by;
     use crate::consumer::group::Group;
-    use rdkafka::types::RDKafkaErrorCode;
 
     fn in_doubt_since(since: Instant) -> Group {
         let mut group = Group::default();
         group.doubt = Some(Doubt { since, tried: None });
         group
-    }
-
-    #[test]
-    fn refusals_for_the_member_put_it_in_doubt_others_do_not() {
-        use RDKafkaErrorCode as E;
-        let cases = [
-            (E::UnknownMemberId, true),
-            (E::FencedMemberEpoch, true),
-            (E::StaleMemberEpoch, true),
-            (E::IllegalGeneration, true),
-            (E::RebalanceInProgress, false),
-            (E::CoordinatorLoadInProgress, false),
-            (E::OffsetMetadataTooLarge, false),
-            (E::RequestTimedOut, false),
-        ];
-        for (code, doubted) in cases {
-            assert_eq!(
-                doubted_by(&KafkaError::ConsumerCommit(code)),
-                doubted,
-                "{code:?}"
-            );
-        }
     }
 
     #[test]

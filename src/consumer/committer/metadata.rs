@@ -1,0 +1,441 @@
+//! The commit metadata: `ackd/2:o=O;p=H[;a=R][;r];end`, how it is written, and how it
+//! is read back beside a committed offset.
+
+use std::sync::Arc;
+
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::commit::Reason;
+use crate::consumer::acked_ranges;
+use crate::topic_partition::TopicPartition;
+
+/// The version of the metadata format this ackd writes, and the only one whose ranges
+/// it trusts. A later format (new fields) bumps it: see [`metadata`].
+pub const METADATA_VERSION: u32 = 2;
+
+/// The metadata a commit of `offset` carries, and how it is read back: `ackd/2:o=O;p=H`
+/// (`O` the offset committed, `H` the highest offset processed), then `;a=R` (`acked`:
+/// the [`acked_ranges::encode`]d ranges, if any), then `;r` for a release, then `;end`.
+///
+/// Grammar: `ackd/V:` then fields separated by `;`, the last one `end`. `V` is the
+/// format's version: a reader reads only its own version, so a field is added by
+/// bumping it (an older ackd then skips nothing, never something wrong). Names are one
+/// letter: the metadata is bounded (and some brokers keep little). `o=` is
+/// the offset committed with this metadata: ranges are relative to it, and a reader
+/// trusts them only beside that very offset (a tool that moves an offset and keeps its
+/// metadata, as MirrorMaker 2's offset sync does, leaves them meaningless). `end` marks
+/// the string whole: one cut short (by a broker, a tool) is not read as fewer ranges.
+pub fn metadata(
+    offset: i64,
+    processed: Option<i64>,
+    acked: Option<&str>,
+    reason: Reason,
+) -> String {
+    let Some(h) = processed else {
+        return String::new();
+    };
+    let mut m = format!("ackd/{METADATA_VERSION}:o={offset};p={h}");
+    if let Some(r) = acked {
+        m.push_str(";a=");
+        m.push_str(r);
+    }
+    if reason.releases() {
+        m.push_str(";r");
+    }
+    m.push_str(";end");
+    m
+}
+
+/// What a commit's metadata is, read beside the offset it was committed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataState {
+    /// No metadata.
+    Absent,
+    /// This ackd's format, written beside this very offset: its ranges are skipped.
+    Current,
+    /// This ackd's format written beside another offset (the metadata was copied or the
+    /// offset moved by a tool): nothing is skipped.
+    Stale,
+    /// An older ackd's format (`ackd:processed=`), which does not say which offset it
+    /// was written beside: nothing is skipped.
+    OldFormat,
+    /// A later ackd's format (`ackd/N:`, N above [`METADATA_VERSION`]): nothing is
+    /// skipped.
+    NewerFormat,
+    /// Anything else: another client's, or ackd's damaged (cut short, malformed).
+    Foreign,
+}
+
+impl MetadataState {
+    /// As logged (`metadata=`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetadataState::Absent => "none",
+            MetadataState::Current => "current",
+            MetadataState::Stale => "stale",
+            MetadataState::OldFormat => "old_format",
+            MetadataState::NewerFormat => "newer_format",
+            MetadataState::Foreign => "foreign",
+        }
+    }
+}
+
+/// What a commit's metadata written by [`metadata`] says about the process that made it,
+/// once it is known to describe the offset beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Previous {
+    /// The highest offset it had processed when it committed.
+    pub processed: i64,
+    /// It committed on releasing the partition: it processed nothing after.
+    pub released: bool,
+    /// The offsets it had acknowledged above the committed one, relative to it
+    /// (`(1, 1)` is the committed offset + 1), as [`acked_ranges::decode`] read them.
+    acked: Vec<(i64, i64)>,
+}
+
+impl Previous {
+    /// The acknowledged offsets above `committed` (the offset this metadata was
+    /// committed with), inclusive ranges, ascending; none if they reach above
+    /// `processed`, which no ackd writes.
+    pub fn acked_above(&self, committed: i64) -> Vec<(i64, i64)> {
+        let shifted: Option<Vec<_>> = self
+            .acked
+            .iter()
+            .map(|&(a, b)| Some((committed.checked_add(a)?, committed.checked_add(b)?)))
+            .collect();
+        shifted
+            .filter(|r| r.last().is_none_or(|&(_, b)| b <= self.processed))
+            .unwrap_or_default()
+    }
+
+    /// How many messages come again after this release at `committed`, having skipped
+    /// `skipped`: `processed + 1 - committed - skipped`, at least 0; `None` when the
+    /// broker-supplied numbers overflow (they are anyone's to write).
+    pub fn redelivery(&self, committed: i64, skipped: i64) -> Option<i64> {
+        let n = self
+            .processed
+            .checked_add(1)?
+            .checked_sub(committed)?
+            .checked_sub(skipped)?;
+        Some(n.max(0))
+    }
+}
+
+/// Commit metadata as read: what it is, and what it says when it is ackd's own,
+/// written beside the offset it sits beside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadMetadata {
+    pub state: MetadataState,
+    /// `Some` exactly when `state` is [`MetadataState::Current`].
+    pub previous: Option<Previous>,
+}
+
+/// Reads the metadata `raw` found beside the committed offset `committed` (`None`: no
+/// offset committed). Its ranges are trusted only when it is this version's and was
+/// written beside `committed`; anything doubtful skips nothing: the worst case is
+/// redelivery, never loss. Trailing NUL bytes (some clients store the metadata
+/// NUL-terminated) are not part of it.
+pub fn read_metadata(raw: &[u8], committed: Option<i64>) -> ReadMetadata {
+    let (state, previous) = match parse_metadata(trim_trailing_nuls(raw)) {
+        Parsed::Absent => (MetadataState::Absent, None),
+        Parsed::OldFormat => (MetadataState::OldFormat, None),
+        Parsed::Newer => (MetadataState::NewerFormat, None),
+        Parsed::Foreign => (MetadataState::Foreign, None),
+        Parsed::Ackd { base, previous } if Some(base) == committed => {
+            (MetadataState::Current, Some(previous))
+        }
+        Parsed::Ackd { .. } => (MetadataState::Stale, None),
+    };
+    ReadMetadata { state, previous }
+}
+
+fn trim_trailing_nuls(raw: &[u8]) -> &[u8] {
+    let end = raw.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    &raw[..end]
+}
+
+/// Commit metadata, parsed but not yet compared with the offset beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Parsed {
+    Absent,
+    /// This version's, written beside `base`.
+    Ackd {
+        base: i64,
+        previous: Previous,
+    },
+    OldFormat,
+    Newer,
+    Foreign,
+}
+
+/// Parses metadata written by [`metadata`], strictly: the fields in the order written,
+/// each at most once, `end` last. Ranges that are malformed, or reach above `processed`
+/// (which no ackd writes), are ignored: no skip is better than a wrong one. Metadata is
+/// bytes to Kafka: another client's may be anything, UTF-8 or not.
+fn parse_metadata(metadata: &[u8]) -> Parsed {
+    if metadata.is_empty() {
+        return Parsed::Absent;
+    }
+    if metadata.starts_with(b"ackd:processed=") {
+        return Parsed::OldFormat;
+    }
+    let Some(rest) = metadata.strip_prefix(b"ackd/") else {
+        return Parsed::Foreign;
+    };
+    let Some((version, fields)) = std::str::from_utf8(rest)
+        .ok()
+        .and_then(|r| r.split_once(':'))
+    else {
+        return Parsed::Foreign;
+    };
+    match version.parse::<u32>() {
+        Ok(v) if v == METADATA_VERSION && canonical_number(version) => {
+            parse_fields(fields).map_or(Parsed::Foreign, |(base, previous)| Parsed::Ackd {
+                base,
+                previous,
+            })
+        }
+        Ok(v) if v > METADATA_VERSION && canonical_number(version) => Parsed::Newer,
+        _ => Parsed::Foreign,
+    }
+}
+
+/// The fields of this version: `o=O;p=H[;a=R][;r];end`.
+fn parse_fields(fields: &str) -> Option<(i64, Previous)> {
+    let mut fields = fields.split(';');
+    let base = signed(fields.next()?.strip_prefix("o=")?)?;
+    let processed = signed(fields.next()?.strip_prefix("p=")?)?;
+    let mut next = fields.next()?;
+    let acked = match next.strip_prefix("a=") {
+        Some(value) => {
+            next = fields.next()?;
+            // Malformed ranges: none are skipped, the rest still reads.
+            acked_ranges::decode(0, value)
+        }
+        None => Vec::new(),
+    };
+    let released = next == "r";
+    if released {
+        next = fields.next()?;
+    }
+    (base >= 0 && next == "end" && fields.next().is_none()).then_some((
+        base,
+        Previous {
+            processed,
+            released,
+            acked,
+        },
+    ))
+}
+
+/// A decimal number as [`metadata`] writes it (an optional `-`, no leading zero).
+fn signed(s: &str) -> Option<i64> {
+    canonical_number(s.strip_prefix('-').unwrap_or(s))
+        .then(|| s.parse().ok())
+        .flatten()
+}
+
+fn canonical_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()) && (s == "0" || !s.starts_with('0'))
+}
+
+/// Each partition of `tpl` (committed offsets, as librdkafka returned them) with its
+/// offset and what its metadata says beside it. Reads the metadata as the bytes it is:
+/// rust-rdkafka's `metadata()` panics when they are not UTF-8.
+pub fn committed_with_metadata(
+    tpl: &TopicPartitionList,
+) -> Vec<(TopicPartition, Offset, ReadMetadata)> {
+    tpl.elements()
+        .iter()
+        .zip(raw_metadata(tpl))
+        .map(|(e, raw)| {
+            let committed = match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            let read = read_metadata(raw.as_deref().unwrap_or_default(), committed);
+            ((Arc::from(e.topic()), e.partition()), e.offset(), read)
+        })
+        .collect()
+}
+
+/// Each element's metadata bytes (`None`: empty), in the order of `tpl.elements()`.
+pub(super) fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Option<Vec<u8>>> {
+    // SAFETY: `tpl` owns its list for the duration of the borrow; `elements()` and the
+    // raw array are the same `cnt` elements in the same order, and each element's
+    // metadata is `metadata_size` bytes at `metadata` (or null).
+    unsafe {
+        let list = &*tpl.ptr();
+        (0..usize::try_from(list.cnt).unwrap_or(0))
+            .map(|i| {
+                let e = &*list.elems.add(i);
+                if e.metadata.is_null() || e.metadata_size == 0 {
+                    return None;
+                }
+                Some(std::slice::from_raw_parts(e.metadata.cast::<u8>(), e.metadata_size).to_vec())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_round_trips_and_ignores_foreign_metadata() {
+        let read = |processed, released| ReadMetadata {
+            state: MetadataState::Current,
+            previous: Some(Previous {
+                processed,
+                released,
+                acked: Vec::new(),
+            }),
+        };
+        let written = |reason| metadata(30, Some(41), None, reason);
+        assert_eq!(written(Reason::Periodic), "ackd/2:o=30;p=41;end");
+        assert_eq!(
+            read_metadata(written(Reason::Periodic).as_bytes(), Some(30)),
+            read(41, false)
+        );
+        assert_eq!(
+            read_metadata(written(Reason::Shutdown).as_bytes(), Some(30)),
+            read(41, true)
+        );
+        assert_eq!(
+            read_metadata(written(Reason::Revoke).as_bytes(), Some(30)),
+            read(41, true)
+        );
+        assert_eq!(metadata(30, None, None, Reason::Shutdown), "");
+        let state = |m: &[u8], committed| read_metadata(m, committed).state;
+        assert_eq!(state(b"", Some(30)), MetadataState::Absent);
+        // Beside another offset than it was written with, or none.
+        assert_eq!(
+            state(written(Reason::Revoke).as_bytes(), Some(5)),
+            MetadataState::Stale
+        );
+        assert_eq!(
+            state(written(Reason::Revoke).as_bytes(), None),
+            MetadataState::Stale
+        );
+        // An older ackd's metadata, a later one's, another client's, damaged ones.
+        assert_eq!(
+            state(b"ackd:processed=41;released", Some(30)),
+            MetadataState::OldFormat
+        );
+        assert_eq!(
+            state(b"ackd/3:whatever=1;end", Some(30)),
+            MetadataState::NewerFormat
+        );
+        assert_eq!(state(b"ackd/12:x", Some(30)), MetadataState::NewerFormat);
+        for foreign in [
+            &b"written by another tool"[..],
+            b"\xff\xfe\x00binary",
+            b"ackd/2:o=30;p=\xff;end",
+            b"ackd/1:o=30;p=41;end",
+            b"ackd/02:o=30;p=41;end",
+            b"ackd/x:o=30;p=41;end",
+            b"ackd/2:p=41;o=30;end",
+            b"ackd/2:o=30;p=41;r;a=1;end",
+            b"ackd/2:o=30;p=41;r;r;end",
+            b"ackd/2:o=30;p=41;end;",
+            b"ackd/2:o=30;p=41;end\0x",
+            b"ackd/2:o=-1;p=41;end",
+            b"ackd/2:o=030;p=41;end",
+            b"ackd/2:o=30;p=41;x=1;end",
+        ] {
+            assert_eq!(
+                state(foreign, Some(30)),
+                MetadataState::Foreign,
+                "{}",
+                String::from_utf8_lossy(foreign)
+            );
+        }
+    }
+
+    /// Issue 19, items 1 and 2: metadata cut short never reads as fewer ranges, and
+    /// trailing NULs (some clients NUL-terminate what they store) are not part of it.
+    #[test]
+    fn cut_short_metadata_skips_nothing_and_trailing_nuls_are_trimmed() {
+        let m = metadata(100, Some(115), Some("2-4,7,9-15"), Reason::Revoke);
+        assert_eq!(m, "ackd/2:o=100;p=115;a=2-4,7,9-15;r;end");
+        for cut in 0..m.len() {
+            let read = read_metadata(&m.as_bytes()[..cut], Some(100));
+            assert_eq!(read.previous, None, "{:?}", &m[..cut]);
+        }
+        let mut nul = m.clone().into_bytes();
+        nul.extend_from_slice(b"\0\0");
+        assert_eq!(
+            read_metadata(&nul, Some(100)),
+            read_metadata(m.as_bytes(), Some(100))
+        );
+        let read = read_metadata(&nul, Some(100)).previous.unwrap();
+        assert!(read.released);
+        assert_eq!(
+            read.acked_above(100),
+            vec![(102, 104), (107, 107), (109, 115)]
+        );
+        // An older ackd's NUL-terminated metadata is still an older ackd's.
+        assert_eq!(
+            read_metadata(b"ackd:processed=29;acked=1-9;released\0", Some(5)).state,
+            MetadataState::OldFormat
+        );
+        assert_eq!(read_metadata(b"\0", Some(5)).state, MetadataState::Absent);
+    }
+
+    /// Issue 14: the offsets acknowledged above the commit, relative to it, read back
+    /// as absolute offsets for the offset they were committed with.
+    #[test]
+    fn acked_ranges_round_trip_and_anything_doubtful_skips_nothing() {
+        let read = |m: &[u8], committed| read_metadata(m, Some(committed)).previous.unwrap();
+        let m = metadata(100, Some(115), Some("2-4,7,9-15"), Reason::Revoke);
+        let p = read(m.as_bytes(), 100);
+        assert_eq!((p.processed, p.released), (115, true));
+        assert_eq!(p.acked_above(100), vec![(102, 104), (107, 107), (109, 115)]);
+        let periodic = read(b"ackd/2:o=100;p=107;a=2-4,7;end", 100);
+        assert!(!periodic.released);
+        assert_eq!(periodic.acked_above(100), vec![(102, 104), (107, 107)]);
+        // Nothing to skip: malformed ranges, ranges above the highest processed offset
+        // (no ackd writes that), an overflow.
+        for doubtful in [
+            &b"ackd/2:o=100;p=115;a=2-4,3;end"[..],
+            b"ackd/2:o=100;p=115;a=0-4;end",
+            b"ackd/2:o=100;p=115;a=;end",
+            b"ackd/2:o=100;p=103;a=2-4;end",
+            b"ackd/2:o=100;p=115;a=x;r;end",
+        ] {
+            assert_eq!(
+                read(doubtful, 100).acked_above(100),
+                vec![],
+                "{}",
+                String::from_utf8_lossy(doubtful)
+            );
+        }
+        assert!(read(b"ackd/2:o=100;p=115;a=x;r;end", 100).released);
+        assert_eq!(
+            read_metadata(b"ackd/2:o=100;p=115;a=2;a=4;end", Some(100)).state,
+            MetadataState::Foreign
+        );
+        let top = i64::MAX - 2;
+        let m = format!("ackd/2:o={top};p=9223372036854775807;a=5;end");
+        assert_eq!(read(m.as_bytes(), top).acked_above(top), vec![]);
+    }
+
+    /// Issue 19, item 1: the redelivery a release implies, from numbers anyone can write.
+    #[test]
+    fn redelivery_from_broker_supplied_numbers_never_overflows() {
+        let p = |processed| Previous {
+            processed,
+            released: true,
+            acked: Vec::new(),
+        };
+        assert_eq!(p(29).redelivery(5, 9), Some(16));
+        assert_eq!(p(3).redelivery(5, 0), Some(0));
+        assert_eq!(p(i64::MAX).redelivery(0, 0), None);
+        assert_eq!(p(i64::MIN).redelivery(2, 0), None);
+        assert_eq!(p(0).redelivery(i64::MIN, 0), None);
+        assert_eq!(p(-5).redelivery(100, 0), Some(0));
+        assert_eq!(p(10).redelivery(0, i64::MIN), None);
+        assert_eq!(p(10).redelivery(0, i64::MAX), Some(0));
+    }
+}

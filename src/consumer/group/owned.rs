@@ -1,0 +1,81 @@
+//! One owned partition: its worker, what the group has committed of it, and what to
+//! commit next.
+
+use crate::consumer::committer::CommitOffset;
+use crate::consumer::worker::WorkerHandle;
+use crate::topic_partition::TopicPartition;
+
+/// One owned partition.
+pub struct Owned {
+    pub worker: WorkerHandle,
+    /// The offset the group has committed, as far as this process knows.
+    pub committed: Option<i64>,
+    /// The committed offset at assignment, where the partition was meant to resume.
+    pub assigned_at: Option<i64>,
+    /// Never commit beyond this offset (set when a message could not be accounted for).
+    pub cap: Option<i64>,
+    /// The partition's high watermark, from librdkafka's statistics.
+    pub high_watermark: i64,
+    /// This process's last accepted commit of it was a release (revoke, stop), not a
+    /// periodic one.
+    pub released: bool,
+    /// The acknowledged offsets above `committed` that its metadata carries (empty when
+    /// none, or the broker refused them).
+    pub committed_acked: Vec<(i64, i64)>,
+}
+
+impl Owned {
+    /// What to commit, if the acknowledged offset moved past the committed one; on a
+    /// release (`releasing`), also the same offset again when this process's last commit
+    /// of it was periodic, so that the metadata says it was released (the next owner then
+    /// knows it redelivers nothing).
+    pub(super) fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
+        let acked = self.worker.shared.committable()?;
+        let acked = self.cap.map_or(acked, |cap| acked.min(cap));
+        // After a reset to before the committed offset (it was out of range), that
+        // offset is no baseline: what was acknowledged since is what must be committed.
+        let first = self.worker.shared.first_offset();
+        let reset_back = matches!((first, self.assigned_at), (Some(f), Some(a)) if f < a);
+        let baseline = if reset_back && self.committed == self.assigned_at {
+            None
+        } else {
+            self.committed
+        };
+        let mark = releasing && !self.released && self.committed == Some(acked);
+        // Offsets acknowledged above it (concurrent ordering), for the metadata; none
+        // when capped: the cap is a message that could not be accounted for.
+        let above: Vec<(i64, i64)> = match self.cap {
+            Some(_) => Vec::new(),
+            None => self
+                .worker
+                .shared
+                .acked_above()
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.max(acked.checked_add(1)?), b)))
+                .filter(|(a, b)| a <= b)
+                .collect(),
+        };
+        // The same offset again when only the ranges grew: a slow message holding the
+        // offset back must not leave everything acknowledged after it to a crash.
+        let more_acked = self.committed == Some(acked) && above != self.committed_acked;
+        // The highest offset processed, as far as the metadata goes: ranges inherited
+        // from the previous owner may reach above what this one processed.
+        let processed = self
+            .worker
+            .shared
+            .highest_acked()
+            .max(above.last().map(|r| r.1));
+        (mark || more_acked || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
+            tp: tp.clone(),
+            offset: acked,
+            processed,
+            acked: above,
+        })
+    }
+
+    /// The next offset this partition will process: the acknowledged one, else where
+    /// it resumed.
+    pub(super) fn next_to_process(&self) -> Option<i64> {
+        self.worker.shared.committable().or(self.committed)
+    }
+}
