@@ -35,7 +35,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
 
-use super::{weight, Acks, BatchEnd, Handled, Handler, Step, Worker, NONE};
+use super::batch::weight;
+use super::consume::{Step, Worker};
+use super::handler::{Acks, BatchEnd, Handled, Handler};
+use super::shared::NONE;
 use crate::config::settings::ProcessingOrder;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
 use crate::processors::processor::{Kafka, Message, Processor};
