@@ -46,15 +46,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             .iter()
             .map(|k| Message::from_kafka(k, self.topic))
             .collect();
-        // The batch ends before a message that may not be handed out (never commit
-        // past what we could not account for): the partition halts there.
-        let mut refused = None;
-        for (i, v) in views.iter().enumerate() {
-            if let Err(at) = self.progress.dispatch(v.offset()) {
-                refused = Some((i, at));
-                break;
-            }
-        }
+        let refused = self.dispatch_batch(&views);
         let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];
         // Offsets the previous owner acknowledged are acknowledged again, not processed.
         let kept: Vec<Message<'_>>;
@@ -70,33 +62,53 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
                 .collect();
             &kept
         };
-        let ended = if dispatched.is_empty() {
-            BatchEnd::Done
-        } else {
-            self.shared.metrics.received_many(dispatched.len() as u64);
-            let ended = Handler {
-                config: self.config,
-                shared: self.shared,
-                stop: &mut self.stop,
-                rng: &mut self.rng,
-                sequential: true,
-            }
-            .handle_batch(dispatched, &mut self.progress)
-            .await;
-            self.shared.in_flight.store(NONE, Ordering::Release);
-            ended
-        };
+        let ended = self.handle_dispatched(dispatched).await;
         // The batch's messages are released on return: holding librdkafka's messages
         // while halted would keep the consumer from closing.
-        match (ended, refused, after) {
-            (BatchEnd::Halt(offset), _, _) | (BatchEnd::Done, Some((_, offset)), _) => {
-                Step::Halt(offset)
+        after_batch(ended, refused.map(|(_, at)| at), after)
+    }
+
+    /// Hands the batch's messages to the tracker, in order. The batch ends before a
+    /// message that may not be handed out (never commit past what we could not account
+    /// for): `Some((index, at))`, the partition halts at `at`.
+    fn dispatch_batch(&mut self, views: &[Message<'_>]) -> Option<(usize, i64)> {
+        for (i, v) in views.iter().enumerate() {
+            if let Err(at) = self.progress.dispatch(v.offset()) {
+                return Some((i, at));
             }
-            (BatchEnd::Interrupted, _, _) => Step::Stop,
-            (BatchEnd::Done, None, After::More) => Step::Read,
-            (BatchEnd::Done, None, After::End) => Step::End,
-            (BatchEnd::Done, None, After::Stop | After::Closed) => Step::Stop,
         }
+        None
+    }
+
+    /// The batch's dispatched messages (none skipped) to the processor, if any.
+    async fn handle_dispatched(&mut self, dispatched: &[Message<'_>]) -> BatchEnd {
+        if dispatched.is_empty() {
+            return BatchEnd::Done;
+        }
+        self.shared.metrics.received_many(dispatched.len() as u64);
+        let ended = Handler {
+            config: self.config,
+            shared: self.shared,
+            stop: &mut self.stop,
+            rng: &mut self.rng,
+            sequential: true,
+        }
+        .handle_batch(dispatched, &mut self.progress)
+        .await;
+        self.shared.in_flight.store(NONE, Ordering::Release);
+        ended
+    }
+}
+
+/// What the partition does after a batch: how its call `ended`, where it was `refused`
+/// (the offset to halt at), and what ended its gathering.
+fn after_batch(ended: BatchEnd, refused: Option<i64>, after: After) -> Step {
+    match (ended, refused, after) {
+        (BatchEnd::Halt(offset), _, _) | (BatchEnd::Done, Some(offset), _) => Step::Halt(offset),
+        (BatchEnd::Interrupted, _, _) => Step::Stop,
+        (BatchEnd::Done, None, After::More) => Step::Read,
+        (BatchEnd::Done, None, After::End) => Step::End,
+        (BatchEnd::Done, None, After::Stop | After::Closed) => Step::Stop,
     }
 }
 

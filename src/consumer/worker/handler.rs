@@ -96,7 +96,7 @@ impl<P: Processor> Handler<'_, P> {
         let mut rest = batch;
         // Attempts of rest[0], the message the last failure was on.
         let mut attempt = 1;
-        while let (Some(first), Some(last)) = (rest.first(), rest.last()) {
+        while let Some(first) = rest.first() {
             if self.sequential {
                 self.shared
                     .in_flight
@@ -111,29 +111,10 @@ impl<P: Processor> Handler<'_, P> {
             let (failed_at, error) = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.processed_many(rest.len() as u64, took);
-                    let from = batch.len() - rest.len();
-                    for (i, view) in rest.iter().enumerate() {
-                        acks.ack(from + i, view, true);
-                    }
+                    ack_processed(acks, batch.len() - rest.len(), rest);
                     return BatchEnd::Done;
                 }
-                Ok(Err(BatchError { offset, error })) => {
-                    match rest.iter().position(|m| m.offset() == offset) {
-                        Some(i) => (i, error),
-                        None => {
-                            tracing::warn!(
-                                at = "batch_error",
-                                topic = first.topic(),
-                                partition = first.partition(),
-                                offset,
-                                first_offset = first.offset(),
-                                last_offset = last.offset(),
-                                "the processor reported a failure at an offset that is not in the batch: the batch failed at its first message"
-                            );
-                            (0, error)
-                        }
-                    }
-                }
+                Ok(Err(BatchError { offset, error })) => (failed_at(rest, offset), error),
                 // A panic out of a processor's own process_batch: which message it was
                 // on is unknown, so it is the batch's first unacknowledged one. (The
                 // default process_batch catches panics per message.)
@@ -143,10 +124,7 @@ impl<P: Processor> Handler<'_, P> {
                 self.shared
                     .metrics
                     .processed_many(failed_at as u64, Took::UNTIMED);
-                let from = batch.len() - rest.len();
-                for (i, view) in rest[..failed_at].iter().enumerate() {
-                    acks.ack(from + i, view, true);
-                }
+                ack_processed(acks, batch.len() - rest.len(), &rest[..failed_at]);
                 rest = &rest[failed_at..];
                 attempt = 1;
             }
@@ -198,4 +176,30 @@ impl<P: Processor> Handler<'_, P> {
         self.shared.call_ended();
         Some(outcome)
     }
+}
+
+/// Acknowledges `views`, processed: a batch's messages from its `from`th on.
+fn ack_processed(acks: &mut impl Acks, from: usize, views: &[Message<'_>]) {
+    for (i, view) in views.iter().enumerate() {
+        acks.ack(from + i, view, true);
+    }
+}
+
+/// Where in `rest` (the batch handed to the processor) its failure at `offset` is: the
+/// message's index, or the first message's if `offset` is not in the batch (logged).
+fn failed_at(rest: &[Message<'_>], offset: i64) -> usize {
+    if let Some(i) = rest.iter().position(|m| m.offset() == offset) {
+        return i;
+    }
+    let (first, last) = (&rest[0], &rest[rest.len() - 1]);
+    tracing::warn!(
+        at = "batch_error",
+        topic = first.topic(),
+        partition = first.partition(),
+        offset,
+        first_offset = first.offset(),
+        last_offset = last.offset(),
+        "the processor reported a failure at an offset that is not in the batch: the batch failed at its first message"
+    );
+    0
 }
