@@ -113,7 +113,7 @@ fn after_batch(ended: BatchEnd, refused: Option<i64>, after: After) -> Step {
 }
 
 /// What ended the gathering of a batch.
-pub(super) enum After {
+enum After {
     /// The batch is full, or waited `ACKD_BATCH_MAX_WAIT_MS`: more may follow.
     More,
     /// The partition reached its end (`ACKD_STOP_AT_END`): this batch is its last.
@@ -128,7 +128,7 @@ pub(super) enum After {
 /// bytes: the message that does not fit is put in `held`), the queue stays empty for the
 /// rest of `ACKD_BATCH_MAX_WAIT_MS`, or the partition ends. A backlog fills it without
 /// waiting.
-pub(super) async fn gather<'q, S>(
+async fn gather<'q, S>(
     batch: &mut Vec<BorrowedMessage<'q>>,
     held: &mut Option<KafkaResult<BorrowedMessage<'q>>>,
     stream: &mut S,

@@ -120,7 +120,7 @@ pub(super) struct Worker<'a, C: ConsumerContext, P> {
     pub(super) resume: Option<i64>,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) rng: fastrand::Rng,
-    /// Messages taken in a row without waiting for the queue (see YIELD_EVERY).
+    /// Messages taken in a row without waiting for the queue (see `read::YIELD_EVERY`).
     pub(super) ready: usize,
     /// No message read yet in this assignment.
     pub(super) first: bool,
@@ -128,7 +128,7 @@ pub(super) struct Worker<'a, C: ConsumerContext, P> {
 
 /// With `ACKD_STOP_AT_END`: the end of the log as it is now; this partition is done
 /// (later messages stay for the next run). Waits to be told to stop.
-pub(super) async fn reached_end<P>(
+async fn reached_end<P>(
     shared: &WorkerShared,
     config: &WorkerConfig<P>,
     topic: &str,
@@ -151,7 +151,7 @@ pub(super) async fn reached_end<P>(
 /// Keeps the partition (and its queue) owned but idle until told to stop: dropping the
 /// queue would silently stop the partition, and committing past the failed message
 /// would lose it.
-pub(super) async fn halt(shared: &WorkerShared, offset: i64, stop: &mut watch::Receiver<bool>) {
+async fn halt(shared: &WorkerShared, offset: i64, stop: &mut watch::Receiver<bool>) {
     shared.halted_at.store(offset, Ordering::Release);
     let _ = stop.wait_for(|s| *s).await;
 }

@@ -32,7 +32,7 @@ impl Progress<'_> {
     }
 
     /// The line of a partition halted by a fetch error at `offset`.
-    pub(super) fn fetch_halt(&self, offset: i64, to: Option<i64>, error: &KafkaError) {
+    fn fetch_halt(&self, offset: i64, to: Option<i64>, error: &KafkaError) {
         tracing::error!(
             at = "fetch_failed",
             topic = self.topic,

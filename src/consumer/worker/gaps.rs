@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::output::metrics::PartitionMetrics;
 
 /// How often a partition writes an `at=offset_gap` line at most (see [`GapLines::gap`]).
-pub(super) const GAP_LINE_EVERY: Duration = Duration::from_secs(10);
+const GAP_LINE_EVERY: Duration = Duration::from_secs(10);
 
 /// The rate limit of a partition's `at=offset_gap` lines.
 #[derive(Default)]

@@ -20,11 +20,11 @@ use crate::processors::processor::{Kafka, Message};
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
 /// of its [`crate::consumer::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
-pub(super) const PUBLISHED_RANGES_MAX: usize = crate::consumer::acked_ranges::MAX_BYTES / 2 + 1;
+const PUBLISHED_RANGES_MAX: usize = crate::consumer::acked_ranges::MAX_BYTES / 2 + 1;
 
 /// The union of `a` and `b` (inclusive ranges, ascending, disjoint each), ascending,
 /// overlapping and adjacent ones merged, into `out` (cleared first): the lowest `max`.
-pub(super) fn union_into(
+fn union_into(
     out: &mut Vec<(i64, i64)>,
     a: &[(i64, i64)],
     b: impl Iterator<Item = (i64, i64)>,

@@ -1,6 +1,6 @@
 //! Reading the partition's queue in offset order, one message to the processor at a time
-//! (`ACKD_ORDERING=partition`): the next message, where the partition resumed, and a
-//! single message's call.
+//! (`ACKD_ORDERING=partition`): the next message (for the concurrent loop too), the
+//! assignment's first one, and a single message's call.
 
 use std::sync::atomic::Ordering;
 
@@ -23,7 +23,7 @@ use crate::processors::processor::{Kafka, Message, Processor};
 /// an idle runtime thread to steal the task; yielding at tokio's budget, every 128
 /// messages, made 8 times the context switches and cost a quarter more CPU on a
 /// backlog.) Processors that await tokio resources also yield at those resources' budget.
-pub(super) const YIELD_EVERY: usize = 1024;
+const YIELD_EVERY: usize = 1024;
 
 impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
     /// The next message or fetch error, and what follows from it.
