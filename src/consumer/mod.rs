@@ -12,6 +12,7 @@ pub(crate) mod group;
 pub(crate) mod key_order;
 pub(crate) mod membership;
 pub(crate) mod memory;
+pub(crate) mod signals;
 pub(crate) mod stop_clock;
 pub(crate) mod supervisor;
 pub(crate) mod topics;

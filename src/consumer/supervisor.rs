@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -54,7 +55,7 @@ enum Stop {
 }
 
 /// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
-/// ended: start the [`crate::consumer::group::StopClock`] (unless the signal did) → stop
+/// ended: start the [`crate::consumer::stop_clock::StopClock`] (unless the signal did) → stop
 /// fetching → release every partition ([`crate::consumer::group::GroupContext::shutdown`]:
 /// drain, final commit, forget) → report per partition → tell the daemon the code → close.
 pub fn run<P: Processor>(
@@ -63,16 +64,7 @@ pub fn run<P: Processor>(
     shutdown_timeout: Duration,
 ) -> i32 {
     let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
-    let (deadline, mut code, commit) = match stop {
-        Stop::Shutdown(deadline) => (deadline, exit::OK, true),
-        Stop::Fatal { code, commit } => {
-            let deadline = Instant::now() + shutdown_timeout;
-            if let Some(fatal) = control.fatal.take() {
-                let _ = fatal.send((deadline, code));
-            }
-            (deadline, code, commit)
-        }
-    };
+    let (deadline, mut code, commit) = stop_terms(&stop, &mut control, shutdown_timeout);
     consumer.context().health.set_phase(match stop {
         Stop::Shutdown(_) => Phase::Stopping,
         Stop::Fatal { .. } => Phase::Fatal,
@@ -83,14 +75,7 @@ pub fn run<P: Processor>(
     // a stop of the supervisor's own starts it here.
     let times = ctx.stop_clock.begin(started, deadline);
     ctx.stopping.store(true, Ordering::Release);
-    let tps: Vec<TopicPartition> = ctx.lock().owned.keys().cloned().collect();
-    let halted: Vec<TopicPartition> = ctx
-        .lock()
-        .owned
-        .iter()
-        .filter(|(_, p)| p.worker.shared.halted_at().is_some())
-        .map(|(tp, _)| tp.clone())
-        .collect();
+    let (tps, halted) = owned_and_halted(&consumer);
     tracing::info!(
         at = "shutdown_begun",
         partitions = tps.len(),
@@ -134,6 +119,42 @@ pub fn run<P: Processor>(
     drop(consumer);
     tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
     code
+}
+
+/// What a stop means: its deadline, the exit code so far, and whether the final commit
+/// is made. A stop of the supervisor's own (a fatal error) tells the daemon its deadline
+/// and code.
+fn stop_terms(
+    stop: &Stop,
+    control: &mut Control,
+    shutdown_timeout: Duration,
+) -> (Instant, i32, bool) {
+    match *stop {
+        Stop::Shutdown(deadline) => (deadline, exit::OK, true),
+        Stop::Fatal { code, commit } => {
+            let deadline = Instant::now() + shutdown_timeout;
+            if let Some(fatal) = control.fatal.take() {
+                let _ = fatal.send((deadline, code));
+            }
+            (deadline, code, commit)
+        }
+    }
+}
+
+/// The partitions owned as the stop begins, and those of them halted by a failure.
+fn owned_and_halted<P: Processor>(
+    consumer: &AckdConsumer<P>,
+) -> (Vec<TopicPartition>, Vec<TopicPartition>) {
+    let ctx = consumer.context();
+    let tps: Vec<TopicPartition> = ctx.lock().owned.keys().cloned().collect();
+    let halted: Vec<TopicPartition> = ctx
+        .lock()
+        .owned
+        .iter()
+        .filter(|(_, p)| p.worker.shared.halted_at().is_some())
+        .map(|(tp, _)| tp.clone())
+        .collect();
+    (tps, halted)
 }
 
 /// Stops fetching: nothing new is handed out, what is prefetched stays unprocessed.
@@ -247,71 +268,116 @@ async fn wait_at_end(at_end: Option<&Notify>) {
     }
 }
 
+/// Serves the consumer until a stop: a signal's, the end of every partition
+/// (`ACKD_STOP_AT_END`), or a fatal error.
 async fn poll_loop<P: Processor>(
     consumer: &AckdConsumer<P>,
     control: &mut Control,
     shutdown_timeout: Duration,
 ) -> Stop {
     loop {
-        tokio::select! {
+        let stop = tokio::select! {
             biased;
             changed = control.shutdown.changed() => {
                 let deadline = *control.shutdown.borrow();
                 match (changed, deadline) {
-                    (_, Some(deadline)) => return Stop::Shutdown(deadline),
-                    (Err(_), None) => return Stop::Shutdown(Instant::now()),
-                    (Ok(()), None) => {}
+                    (_, Some(deadline)) => Some(Stop::Shutdown(deadline)),
+                    (Err(_), None) => Some(Stop::Shutdown(Instant::now())),
+                    (Ok(()), None) => None,
                 }
             }
-            _ = wait_at_end(control.at_end.as_deref()) => {
-                let group = consumer.context().lock();
-                if !group.owned.is_empty() && group.owned.values().all(|p| p.worker.shared.at_end()) {
-                    tracing::info!(at = "end_reached", partitions = group.owned.len(),
-                        "every assigned partition reached its end: stopping");
-                    return Stop::Shutdown(Instant::now() + shutdown_timeout);
-                }
-            }
+            _ = wait_at_end(control.at_end.as_deref()) => all_at_end(consumer, shutdown_timeout),
             Some(()) = control.commit_ticks.recv() => {
-                let ctx = consumer.context();
-                let _busy = ctx.health.busy(Busy::Commit);
-                if let Some(committer) = ctx.committer.get() {
-                    committer.periodic(ctx.lock().uncommitted(None));
-                }
+                commit_due(consumer);
+                None
             }
-            event = consumer.recv() => match event {
-                Ok(message) => {
-                    // Impossible while every partition's queue is split before it is
-                    // assigned. Never commit past it, and restart from the committed offset.
-                    let tp: TopicPartition = (Arc::from(message.topic()), message.partition());
-                    let offset = message.offset();
-                    tracing::error!(at = "unexpected_message", topic = &*tp.0, partition = tp.1, offset,
-                        "message arrived on the main queue; not processed, not committed past; stopping");
-                    if let Some(p) = consumer.context().lock().owned.get_mut(&tp) {
-                        p.cap = Some(p.cap.map_or(offset, |c| c.min(offset)));
-                    }
-                    return Stop::Fatal { code: exit::SOFTWARE, commit: true };
-                }
-                Err(KafkaError::MessageConsumptionFatal(code)) => {
-                    // librdkafka refuses every commit after a fatal error, and for a consumer
-                    // the fatal errors are FENCED_INSTANCE_ID (classic: another process joined
-                    // with this group.instance.id and owns the partitions now) and
-                    // UNRELEASED_INSTANCE_ID (consumer protocol: this process is the newcomer,
-                    // and owns nothing). Committing would send stale offsets (or be refused):
-                    // stop without it.
-                    log_fatal(consumer, Some(code));
-                    return Stop::Fatal { code: exit::UNAVAILABLE, commit: false };
-                }
-                Err(e) => {
-                    // The error callback (GroupContext::error) saw an authentication
-                    // failure just before: it is fatal. The stop still tries to commit.
-                    if consumer.context().auth.failed() {
-                        return Stop::Fatal { code: exit::NOPERM, commit: true };
-                    }
-                    if !consumer.context().connectivity.error(&e, None) {
-                        tracing::warn!(at = "kafka_error", error = %e);
-                    }
-                }
-            },
+            event = consumer.recv() => on_event(consumer, event),
+        };
+        if let Some(stop) = stop {
+            return stop;
+        }
+    }
+}
+
+/// A partition reached its end (`ACKD_STOP_AT_END`): the stop, if every assigned one has.
+fn all_at_end<P: Processor>(
+    consumer: &AckdConsumer<P>,
+    shutdown_timeout: Duration,
+) -> Option<Stop> {
+    let group = consumer.context().lock();
+    if !group.owned.is_empty() && group.owned.values().all(|p| p.worker.shared.at_end()) {
+        tracing::info!(
+            at = "end_reached",
+            partitions = group.owned.len(),
+            "every assigned partition reached its end: stopping"
+        );
+        return Some(Stop::Shutdown(Instant::now() + shutdown_timeout));
+    }
+    None
+}
+
+/// The commit interval passed: the committer commits what is uncommitted.
+fn commit_due<P: Processor>(consumer: &AckdConsumer<P>) {
+    let ctx = consumer.context();
+    let _busy = ctx.health.busy(Busy::Commit);
+    if let Some(committer) = ctx.committer.get() {
+        committer.periodic(ctx.lock().uncommitted(None));
+    }
+}
+
+/// What the consumer's main queue gave: a message (never expected), a fatal error, or
+/// another error. The stop it makes, if any.
+fn on_event<P: Processor>(
+    consumer: &AckdConsumer<P>,
+    event: KafkaResult<BorrowedMessage<'_>>,
+) -> Option<Stop> {
+    match event {
+        Ok(message) => {
+            // Impossible while every partition's queue is split before it is
+            // assigned. Never commit past it, and restart from the committed offset.
+            let tp: TopicPartition = (Arc::from(message.topic()), message.partition());
+            let offset = message.offset();
+            tracing::error!(
+                at = "unexpected_message",
+                topic = &*tp.0,
+                partition = tp.1,
+                offset,
+                "message arrived on the main queue; not processed, not committed past; stopping"
+            );
+            if let Some(p) = consumer.context().lock().owned.get_mut(&tp) {
+                p.cap = Some(p.cap.map_or(offset, |c| c.min(offset)));
+            }
+            Some(Stop::Fatal {
+                code: exit::SOFTWARE,
+                commit: true,
+            })
+        }
+        Err(KafkaError::MessageConsumptionFatal(code)) => {
+            // librdkafka refuses every commit after a fatal error, and for a consumer
+            // the fatal errors are FENCED_INSTANCE_ID (classic: another process joined
+            // with this group.instance.id and owns the partitions now) and
+            // UNRELEASED_INSTANCE_ID (consumer protocol: this process is the newcomer,
+            // and owns nothing). Committing would send stale offsets (or be refused):
+            // stop without it.
+            log_fatal(consumer, Some(code));
+            Some(Stop::Fatal {
+                code: exit::UNAVAILABLE,
+                commit: false,
+            })
+        }
+        Err(e) => {
+            // The error callback (GroupContext::error) saw an authentication
+            // failure just before: it is fatal. The stop still tries to commit.
+            if consumer.context().auth.failed() {
+                return Some(Stop::Fatal {
+                    code: exit::NOPERM,
+                    commit: true,
+                });
+            }
+            if !consumer.context().connectivity.error(&e, None) {
+                tracing::warn!(at = "kafka_error", error = %e);
+            }
+            None
         }
     }
 }

@@ -18,6 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use signal_hook_tokio::Signals;
 
 use crate::config::settings::Settings;
+use crate::consumer::signals::stopped_while_waiting;
 use crate::exit;
 
 /// One metadata request may take this long (the brokers may still be starting).
@@ -123,18 +124,4 @@ pub fn report_missing(settings: &Settings, missing: &str) {
         problem = "names topics that do not exist on the brokers: check the names (KAFKA_PREFIX included) or create the topics; ACKD_WAIT_FOR_TOPICS=true waits for them",
         "invalid configuration; fix the setting and start again"
     );
-}
-
-pub(crate) fn stopped_while_waiting(signal: Option<i32>) -> i32 {
-    let name = match signal {
-        Some(signal_hook::consts::SIGTERM) => "SIGTERM",
-        Some(signal_hook::consts::SIGINT) => "SIGINT",
-        _ => "unknown",
-    };
-    tracing::info!(
-        at = "signal",
-        signal = name,
-        "stopped before consuming anything: nothing to commit"
-    );
-    exit::OK
 }

@@ -49,7 +49,7 @@ use crate::output::metrics::{CommitMetrics, Interval};
 use crate::processors::processor::Processor;
 use crate::topic_partition::TopicPartition;
 
-pub(crate) use crate::consumer::stop_clock::StopClock;
+use crate::consumer::stop_clock::StopClock;
 pub(crate) use connectivity::Connectivity;
 pub(crate) use outcome::Outcome;
 pub(crate) use owned::Owned;

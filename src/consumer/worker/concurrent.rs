@@ -28,14 +28,19 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
+use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::ConsumerContext;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message as _;
+use tokio::sync::watch;
 
-use super::{weight, Acks, BatchEnd, Handled, Handler, Step, Worker, NONE};
+use super::batch::weight;
+use super::consume::{Step, Worker};
+use super::handler::{Acks, BatchEnd, Handled, Handler};
+use super::shared::NONE;
 use crate::config::settings::ProcessingOrder;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
 use crate::processors::processor::{Kafka, Message, Processor};
@@ -98,12 +103,76 @@ impl Course {
     }
 }
 
-/// What winding down leaves: the units not started are dropped with their messages
-/// (unacknowledged: the next reader of the partition gets them; holding librdkafka's
-/// messages would keep the consumer from closing).
-fn drop_not_started<T>(order: &mut KeyOrder<T>, open: &mut Option<Open<'_>>) {
-    order.forget_not_started();
-    *open = None;
+/// One run of the concurrent loop: the units read and not finished, the calls under way,
+/// the batch being filled, and where the loop is going.
+struct Concurrent<'q> {
+    order: KeyOrder<Unit<'q>>,
+    running: FuturesUnordered<BoxFuture<'q, Done<'q>>>,
+    calls: Calls,
+    open: Option<Open<'q>>,
+    /// Messages read and not finished: in calls, waiting for their key, or in `open`.
+    held: usize,
+    course: Course,
+    /// Scratch for the ranges acknowledged above the committable offset.
+    ranges: Vec<(i64, i64)>,
+}
+
+impl<'q> Concurrent<'q> {
+    fn new() -> Self {
+        Concurrent {
+            order: KeyOrder::new(),
+            running: FuturesUnordered::new(),
+            calls: Calls::default(),
+            open: None,
+            held: 0,
+            course: Course::default(),
+            ranges: Vec::new(),
+        }
+    }
+
+    /// Messages read and waiting to be handed to the processor (none when winding down).
+    fn waiting(&self) -> usize {
+        if self.course.winding_down() {
+            0
+        } else {
+            self.held - self.calls.messages
+        }
+    }
+
+    /// With no call under way and nothing more to read: the step the loop ends with, if
+    /// it is over.
+    fn last_step(&self) -> Option<Step> {
+        if let Some(at) = self.course.halted {
+            return Some(Step::Halt(at));
+        }
+        if self.course.stopping {
+            return Some(Step::Stop);
+        }
+        if self.course.ended && self.open.is_none() && self.order.unfinished() == 0 {
+            return Some(Step::End);
+        }
+        None
+    }
+
+    /// Told to stop (or the call was interrupted, or the queue is gone): winds down.
+    fn stopping(&mut self) {
+        self.course.stopping = true;
+        self.drop_not_started();
+    }
+
+    /// The partition halts at `at` (or lower): winds down.
+    fn halt(&mut self, at: i64) {
+        self.course.halt(at);
+        self.drop_not_started();
+    }
+
+    /// What winding down leaves: the units not started are dropped with their messages
+    /// (unacknowledged: the next reader of the partition gets them; holding librdkafka's
+    /// messages would keep the consumer from closing).
+    fn drop_not_started(&mut self) {
+        self.order.forget_not_started();
+        self.open = None;
+    }
 }
 
 /// The calls handed to the processor, by id (ids follow offsets): their first offsets.
@@ -120,115 +189,106 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     pub(super) async fn concurrently(&mut self) -> Step {
         let limits = self.config.concurrency;
         let batching = self.config.batch;
-        let mut order: KeyOrder<Unit<'q>> = KeyOrder::new();
-        let mut running = FuturesUnordered::new();
-        let mut calls = Calls::default();
-        let mut open: Option<Open<'q>> = None;
-        // Messages read and not finished: in calls, waiting for their key, or in `open`.
-        let mut held = 0usize;
-        let mut course = Course::default();
+        let mut run = Concurrent::new();
         let mut stop = self.stop.clone();
-        let mut ranges = Vec::new();
         loop {
             // Held (the membership is in doubt, or a stall of the process not seen yet):
             // the calls under way go on, none starts.
             let hold = &self.shared.hold;
             let on_hold = !hold.may_start();
-            if !course.winding_down() && !on_hold {
-                while running.len() < limits.max_in_flight {
-                    let Some((id, unit)) = order.start_next() else {
-                        break;
-                    };
-                    calls.messages += unit.messages().len();
-                    calls.started.insert(id, unit.messages()[0].offset());
-                    running.push(self.call(id, unit, stop.clone()));
-                }
+            if !run.course.winding_down() && !on_hold {
+                self.start_calls(&mut run, &stop, limits.max_in_flight);
             }
-            let waiting = if course.winding_down() {
-                0
-            } else {
-                held - calls.messages
-            };
-            self.publish_calls(&calls, waiting);
+            self.publish_calls(&run.calls, run.waiting());
             // The cap counts every offset read above the committable one, finished ones
             // included: behind one slow message the tracker (and the ranges named in the
             // commit's metadata) stay bounded too.
-            let reading = !course.winding_down()
-                && !course.ended
+            let reading = !run.course.winding_down()
+                && !run.course.ended
                 && self.progress.tracker.outstanding() < limits.max_pending;
-            if running.is_empty() && !reading {
-                if let Some(at) = course.halted {
-                    return Step::Halt(at);
-                }
-                if course.stopping {
-                    return Step::Stop;
-                }
-                if course.ended && open.is_none() && order.unfinished() == 0 {
-                    return Step::End;
+            if run.running.is_empty() && !reading {
+                if let Some(step) = run.last_step() {
+                    return step;
                 }
             }
-            let deadline = open.as_ref().map(|o| o.deadline);
+            let deadline = run.open.as_ref().map(|o| o.deadline);
             tokio::select! {
                 biased;
-                _ = stop.wait_for(|s| *s), if !course.stopping => {
-                    course.stopping = true;
-                    drop_not_started(&mut order, &mut open);
+                _ = stop.wait_for(|s| *s), if !run.course.stopping => run.stopping(),
+                Some(done) = run.running.next(), if !run.running.is_empty() => {
+                    self.call_ended(done, &mut run);
                 }
-                Some(done) = running.next(), if !running.is_empty() => {
-                    calls.started.remove(&done.id);
-                    calls.messages -= done.unit.messages().len();
-                    held -= done.unit.messages().len();
-                    match self.finished(done, &mut order, &mut ranges) {
-                        BatchEnd::Done => {}
-                        BatchEnd::Halt(at) => {
-                            course.halt(at);
-                            drop_not_started(&mut order, &mut open);
-                        }
-                        BatchEnd::Interrupted => {
-                            course.stopping = true;
-                            drop_not_started(&mut order, &mut open);
-                        }
-                    }
-                }
-                next = self.next(), if reading => match next {
-                    None => {
-                        course.stopping = true;
-                        drop_not_started(&mut order, &mut open);
-                    }
-                    Some(Ok(m)) => {
-                        match self.accept(m, &mut order, &mut open, &batching) {
-                            Ok(true) => held += 1,
-                            Ok(false) => {}
-                            Err(at) => {
-                                course.halt(at);
-                                drop_not_started(&mut order, &mut open);
-                            }
-                        }
-                    }
-                    Some(Err(KafkaError::PartitionEOF(_))) if self.config.at_end.is_some() => {
-                        course.ended = true;
-                        if let Some(o) = open.take() {
-                            self.add(&mut order, Unit::Batch(o.messages));
-                        }
-                    }
-                    Some(Err(e)) => {
-                        if let Err(at) = self.progress.fetch_failed(e) {
-                            course.halt(at);
-                            drop_not_started(&mut order, &mut open);
-                        }
-                    }
-                },
-                _ = hold.startable(), if on_hold && !course.winding_down() => {}
+                next = self.next(), if reading => self.read_one(next, &mut run, &batching),
+                _ = hold.startable(), if on_hold && !run.course.winding_down() => {}
                 // After the reading arm: a batch waits for more only while the queue has
                 // none ready (a backlog fills it at once; with ACKD_BATCH_MAX_WAIT_MS=0
                 // it goes with what the queue had).
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
-                    if deadline.is_some() => {
-                    if let Some(o) = open.take() {
-                        self.add(&mut order, Unit::Batch(o.messages));
-                    }
+                    if deadline.is_some() => self.close_batch(&mut run),
+            }
+        }
+    }
+
+    /// Starts the units whose keys are free, up to `max_in_flight` calls.
+    fn start_calls(
+        &self,
+        run: &mut Concurrent<'q>,
+        stop: &watch::Receiver<bool>,
+        max_in_flight: usize,
+    ) {
+        while run.running.len() < max_in_flight {
+            let Some((id, unit)) = run.order.start_next() else {
+                break;
+            };
+            run.calls.messages += unit.messages().len();
+            run.calls.started.insert(id, unit.messages()[0].offset());
+            run.running.push(self.call(id, unit, stop.clone()));
+        }
+    }
+
+    /// A call ended: its unit is finished, and what it ended with may wind the loop down.
+    fn call_ended(&mut self, done: Done<'q>, run: &mut Concurrent<'q>) {
+        run.calls.started.remove(&done.id);
+        run.calls.messages -= done.unit.messages().len();
+        run.held -= done.unit.messages().len();
+        match self.finished(done, &mut run.order, &mut run.ranges) {
+            BatchEnd::Done => {}
+            BatchEnd::Halt(at) => run.halt(at),
+            BatchEnd::Interrupted => run.stopping(),
+        }
+    }
+
+    /// What the queue gave (`None`: told to stop, or the queue is gone).
+    fn read_one(
+        &mut self,
+        next: Option<KafkaResult<BorrowedMessage<'q>>>,
+        run: &mut Concurrent<'q>,
+        batching: &super::Batching,
+    ) {
+        match next {
+            None => run.stopping(),
+            Some(Ok(m)) => match self.accept(m, &mut run.order, &mut run.open, batching) {
+                Ok(true) => run.held += 1,
+                Ok(false) => {}
+                Err(at) => run.halt(at),
+            },
+            Some(Err(KafkaError::PartitionEOF(_))) if self.config.at_end.is_some() => {
+                run.course.ended = true;
+                self.close_batch(run);
+            }
+            Some(Err(e)) => {
+                if let Err(at) = self.progress.fetch_failed(e) {
+                    run.halt(at);
                 }
             }
+        }
+    }
+
+    /// The batch being filled, if any, is queued as it is (its wait is over, or the
+    /// partition ended).
+    fn close_batch(&self, run: &mut Concurrent<'q>) {
+        if let Some(o) = run.open.take() {
+            self.add(&mut run.order, Unit::Batch(o.messages));
         }
     }
 
@@ -297,8 +357,8 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         &self,
         id: UnitId,
         unit: Unit<'q>,
-        mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> futures::future::BoxFuture<'q, Done<'q>> {
+        mut stop: watch::Receiver<bool>,
+    ) -> BoxFuture<'q, Done<'q>> {
         let config = self.config;
         let shared = self.shared;
         let topic: &'q str = self.topic;

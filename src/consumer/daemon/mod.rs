@@ -1,0 +1,88 @@
+//! The daemon: settings in, exit code out.
+//!
+//! It creates the consumer (`start`), hands it to the supervisor thread and drives the
+//! commit schedule (`running`), and turns signals into the shutdown sequence (`stop`;
+//! what each signal does: [`crate::consumer::signals`]):
+//! - the first SIGTERM or SIGINT starts a graceful stop with a deadline of
+//!   `ACKD_SHUTDOWN_TIMEOUT_MS`;
+//! - more SIGTERMs are logged and ignored (Heroku may send several), and so is a first
+//!   SIGINT after a SIGTERM (a process manager's SIGTERM and the terminal's Ctrl-C);
+//! - a second SIGINT (Ctrl-C twice) exits at once, saying what was not committed;
+//! - if the deadline passes, ackd exits non-zero with the same account.
+
+mod running;
+mod start;
+mod stop;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::settings::Settings;
+use crate::consumer::signals;
+use crate::exit;
+use crate::processors::processor::Processor;
+
+pub(crate) use start::report_client_error;
+
+/// Runs ackd until it is stopped; returns the process exit code.
+pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
+    let started = Instant::now();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ackd-worker")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(at = "start_failed", error = %e, "cannot start the async runtime");
+            return exit::SOFTWARE;
+        }
+    };
+    let code = runtime.block_on(run_async(settings, processor));
+    // Workers of an abandoned shutdown may still be parked; they must not hold up exit.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    let dropped = crate::output::lines::dropped_lines();
+    tracing::info!(
+        at = "exit",
+        code,
+        duration_ms = started.elapsed().as_millis() as u64,
+        lines_dropped = (dropped > 0).then_some(dropped)
+    );
+    code
+}
+
+async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
+    match start_and_run(settings, processor).await {
+        Ok(code) | Err(code) => code,
+    }
+}
+
+/// Starts ackd, runs it until a stop, and stops it: the exit code. `Err(code)`: the
+/// exit code of a start that failed, or of a stop before anything was consumed.
+async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result<i32, i32> {
+    start::log_start(&settings, &processor);
+    // Signals first: a SIGTERM that arrives while we connect must not kill us.
+    let mut signals = signals::install()?;
+    // The daemon keeps a handle to call the processor's shutdown hook after the final commit.
+    let processor = Arc::new(processor);
+    let dead_letter = start::dead_letter(&settings)?;
+    let memory = start::plan_memory(&settings, &mut signals).await?;
+    let parts = start::Parts::new(&settings, memory);
+    start::serve_health(&settings, &parts.health)?;
+    let worker = start::worker_config(&settings, processor.clone(), &parts, dead_letter);
+    let consumer = start::create_consumer(&settings, &parts, worker)?;
+    start::subscribe(&consumer, &settings, &mut signals).await?;
+    let (supervisor, ticks) =
+        running::start_supervisor(consumer, &parts, settings.shutdown_timeout)?;
+    let ticker = running::spawn_ticker(settings.commit_interval, ticks);
+    let stopping = stop::until_stop(
+        &settings,
+        &parts,
+        &mut signals,
+        supervisor,
+        ticker,
+        &processor,
+    )
+    .await?;
+    Ok(stop::finish_stop(stopping, &mut signals, &parts.group, processor).await)
+}

@@ -1,0 +1,205 @@
+//! The processor call on what the partition hands it (a message, or a batch), with its
+//! retries; the failure policy once it fails for good is in `failure`.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use futures::FutureExt;
+use tokio::sync::watch;
+
+use super::config::WorkerConfig;
+use super::shared::WorkerShared;
+use crate::output::metrics::Took;
+use crate::processors::call_start;
+use crate::processors::processor::{panicked, BatchError, FailureKind, Message, Processor};
+
+/// How one message ended.
+pub(super) enum Handled {
+    /// The processor acknowledged it.
+    Processed,
+    /// It failed, and the policy acknowledged it (skipped, or dead-lettered).
+    Ack,
+    /// It failed and the partition stops here.
+    Halt,
+    /// Stop was requested during a retry's wait, or before the processor took the call.
+    Interrupted,
+}
+
+/// How a batch ended.
+pub(super) enum BatchEnd {
+    /// Every message of it is acknowledged (processed, or by the failure policy).
+    Done,
+    /// The partition stops at this offset; the messages before it are acknowledged.
+    Halt(i64),
+    /// Stop was requested during a retry's wait, or before the processor took the call.
+    Interrupted,
+}
+
+/// Where a batch's acknowledgements go as its handler makes them: `index` is the
+/// message's place in the batch.
+pub(super) trait Acks {
+    fn ack(&mut self, index: usize, view: &Message<'_>, processed: bool);
+}
+
+/// Runs the processor on what the partition hands it, with retries and the failure
+/// policy: what one message or batch needs besides itself.
+pub(super) struct Handler<'a, P> {
+    pub(super) config: &'a WorkerConfig<P>,
+    pub(super) shared: &'a WorkerShared,
+    pub(super) stop: &'a mut watch::Receiver<bool>,
+    pub(super) rng: &'a mut fastrand::Rng,
+    /// The partition's only call (partition ordering): it publishes the offset in hand
+    /// and when its call began. Concurrent calls leave that to their loop.
+    pub(super) sequential: bool,
+}
+
+impl<P: Processor> Handler<'_, P> {
+    /// Runs the processor on one message, with retries and the failure policy.
+    pub(super) async fn handle(&mut self, view: &Message<'_>) -> Handled {
+        let mut attempt = 1;
+        let error = loop {
+            let started = self.shared.metrics.stopwatch();
+            let call = AssertUnwindSafe(self.config.processor.process(view)).catch_unwind();
+            let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
+                return Handled::Interrupted;
+            };
+            let took = started.elapsed();
+            let error = match outcome {
+                Ok(Ok(())) => {
+                    self.shared.metrics.processed(took);
+                    return Handled::Processed;
+                }
+                Ok(Err(e)) => e,
+                // A panic is a failure of this message, never of the daemon.
+                Err(panic) => panicked(&panic),
+            };
+            self.shared.metrics.failed(took);
+            if error.kind != FailureKind::Retryable || !self.config.retry.again(attempt) {
+                break error;
+            }
+            if !self.wait_to_retry(view, 1, attempt, &error).await {
+                return Handled::Interrupted;
+            }
+            attempt += 1;
+        };
+        self.give_up(view, &error, attempt).await
+    }
+
+    /// Runs the processor on a batch: the messages before a failed one are acknowledged,
+    /// the failed one gets retries and the failure policy, the rest is handed over again.
+    pub(super) async fn handle_batch(
+        &mut self,
+        batch: &[Message<'_>],
+        acks: &mut impl Acks,
+    ) -> BatchEnd {
+        let mut rest = batch;
+        // Attempts of rest[0], the message the last failure was on.
+        let mut attempt = 1;
+        while let Some(first) = rest.first() {
+            if self.sequential {
+                self.shared
+                    .in_flight
+                    .store(first.offset(), Ordering::Release);
+            }
+            let started = Instant::now();
+            let call = AssertUnwindSafe(self.config.processor.process_batch(rest)).catch_unwind();
+            let Some(outcome) = self.attempt((first.offset(), rest.len()), call).await else {
+                return BatchEnd::Interrupted;
+            };
+            let took = started.elapsed();
+            let (failed_at, error) = match outcome {
+                Ok(Ok(())) => {
+                    self.shared.metrics.processed_many(rest.len() as u64, took);
+                    ack_processed(acks, batch.len() - rest.len(), rest);
+                    return BatchEnd::Done;
+                }
+                Ok(Err(BatchError { offset, error })) => (failed_at(rest, offset), error),
+                // A panic out of a processor's own process_batch: which message it was
+                // on is unknown, so it is the batch's first unacknowledged one. (The
+                // default process_batch catches panics per message.)
+                Err(panic) => (0, panicked(&panic)),
+            };
+            if failed_at > 0 {
+                self.shared
+                    .metrics
+                    .processed_many(failed_at as u64, Took::UNTIMED);
+                ack_processed(acks, batch.len() - rest.len(), &rest[..failed_at]);
+                rest = &rest[failed_at..];
+                attempt = 1;
+            }
+            self.shared.metrics.failed(took);
+            let view = &rest[0];
+            if error.kind == FailureKind::Retryable && self.config.retry.again(attempt) {
+                if !self.wait_to_retry(view, rest.len(), attempt, &error).await {
+                    return BatchEnd::Interrupted;
+                }
+                attempt += 1;
+                continue;
+            }
+            match self.give_up(view, &error, attempt).await {
+                Handled::Ack => {
+                    acks.ack(batch.len() - rest.len(), view, false);
+                    rest = &rest[1..];
+                    attempt = 1;
+                }
+                Handled::Processed => unreachable!("the failure policy never processes"),
+                Handled::Halt => return BatchEnd::Halt(view.offset()),
+                Handled::Interrupted => return BatchEnd::Interrupted,
+            }
+        }
+        BatchEnd::Done
+    }
+
+    /// One attempt of the processor call. A concurrent one, or the partition's only
+    /// one when the processor's calls may wait for capacity, starts when the processor
+    /// takes it, and a stop before that drops it (`None`: its messages stay
+    /// unacknowledged, for the next reader). Otherwise the partition's only call times
+    /// itself: no allocation, atomic or lock more per message (noop, log).
+    pub(super) async fn attempt<F: std::future::Future>(
+        &mut self,
+        (offset, messages): (i64, usize),
+        call: F,
+    ) -> Option<F::Output> {
+        let clock = &self.shared.calls;
+        if !self.sequential {
+            return call_start::admitted(call, clock, (offset, messages), self.stop).await;
+        }
+        if self.config.processor.calls_may_wait() {
+            // A copy: `admitted` marks the stop seen, and the partition's read loop
+            // (`Worker::next`) must still see it.
+            let mut stop = self.stop.clone();
+            return call_start::admitted(call, clock, (offset, messages), &mut stop).await;
+        }
+        self.shared.call_begins();
+        let outcome = call.await;
+        self.shared.call_ended();
+        Some(outcome)
+    }
+}
+
+/// Acknowledges `views`, processed: a batch's messages from its `from`th on.
+fn ack_processed(acks: &mut impl Acks, from: usize, views: &[Message<'_>]) {
+    for (i, view) in views.iter().enumerate() {
+        acks.ack(from + i, view, true);
+    }
+}
+
+/// Where in `rest` (the batch handed to the processor) its failure at `offset` is: the
+/// message's index, or the first message's if `offset` is not in the batch (logged).
+fn failed_at(rest: &[Message<'_>], offset: i64) -> usize {
+    if let Some(i) = rest.iter().position(|m| m.offset() == offset) {
+        return i;
+    }
+    let (first, last) = (&rest[0], &rest[rest.len() - 1]);
+    tracing::warn!(
+        at = "batch_error",
+        topic = first.topic(),
+        partition = first.partition(),
+        offset,
+        first_offset = first.offset(),
+        last_offset = last.offset(),
+        "the processor reported a failure at an offset that is not in the batch: the batch failed at its first message"
+    );
+    0
+}

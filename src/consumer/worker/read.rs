@@ -1,0 +1,146 @@
+//! Reading the partition's queue in offset order, one message to the processor at a time
+//! (`ACKD_ORDERING=partition`): the next message (for the concurrent loop too), the
+//! assignment's first one, and a single message's call.
+
+use std::sync::atomic::Ordering;
+
+use futures::{FutureExt, StreamExt};
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message as _;
+
+use super::consume::{Step, Worker};
+use super::handler::{Handled, Handler};
+use super::resume::resumed;
+use super::shared::NONE;
+use crate::processors::processor::{Kafka, Message, Processor};
+
+/// How many messages in a row a partition's task takes from a queue that had them ready
+/// before it lets the other tasks of its thread run. A backlog never makes the queue
+/// wait, so without this the task would keep its thread. About a millisecond of a cheap
+/// processor: often enough to be fair, rarely enough to cost nothing. (Each yield wakes
+/// an idle runtime thread to steal the task; yielding at tokio's budget, every 128
+/// messages, made 8 times the context switches and cost a quarter more CPU on a
+/// backlog.) Processors that await tokio resources also yield at those resources' budget.
+const YIELD_EVERY: usize = 1024;
+
+impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
+    /// The next message or fetch error, and what follows from it.
+    pub(super) async fn read(&mut self) -> Step {
+        let Some(next) = self.next().await else {
+            return Step::Stop;
+        };
+        let message = match next {
+            Ok(m) => m,
+            Err(KafkaError::PartitionEOF(_)) if self.config.at_end.is_some() => {
+                return Step::End;
+            }
+            Err(e) => {
+                return match self.progress.fetch_failed(e) {
+                    Ok(()) => Step::Read,
+                    Err(offset) => Step::Halt(offset),
+                };
+            }
+        };
+        self.note_first(message.offset());
+        if self.config.batch.max_messages > 1 {
+            self.batch(message).await
+        } else {
+            self.single(message).await
+        }
+    }
+
+    /// The assignment's first message says where the partition resumed (`at=resumed`).
+    pub(super) fn note_first(&mut self, offset: i64) {
+        if self.first {
+            self.first = false;
+            resumed(
+                self.shared,
+                self.topic,
+                self.partition,
+                self.resume,
+                offset,
+                &mut self.progress.skip,
+            );
+        }
+    }
+
+    /// What the queue has next; `None` when told to stop or the queue is gone.
+    pub(super) async fn next(&mut self) -> Option<KafkaResult<BorrowedMessage<'a>>> {
+        if self.ready >= YIELD_EVERY {
+            self.ready = 0;
+            tokio::task::yield_now().await;
+        }
+        // Stop is checked before every message, with one atomic load; the select (which
+        // builds a notification future) only when the queue is empty and we must wait.
+        if self.stop.has_changed().unwrap_or(true) {
+            return None;
+        }
+        // Held (the membership is in doubt), or woken from a stall of the process that
+        // the membership's watch has not seen yet: the next message stays in the queue.
+        if !self.shared.hold.may_start()
+            && !self.shared.hold.wait_unless_stopped(&mut self.stop).await
+        {
+            return None;
+        }
+        if let Some(held) = self.held.take() {
+            return Some(held);
+        }
+        if let Some(next) = self.stream.next().now_or_never() {
+            self.ready += 1;
+            return next;
+        }
+        // Waiting lets the other tasks run.
+        self.ready = 0;
+        let next = tokio::select! {
+            biased;
+            _ = self.stop.changed() => None,
+            next = self.stream.next() => next,
+        };
+        // The wait may have spanned a stall of the process (the message is what woke
+        // it): checked again, the message stays unstarted until the partition may go on.
+        if next.is_some() && !self.shared.hold.wait_unless_stopped(&mut self.stop).await {
+            return None;
+        }
+        next
+    }
+
+    /// One message to the processor (`Processor::process`).
+    pub(super) async fn single(&mut self, message: BorrowedMessage<'a>) -> Step {
+        let offset = message.offset();
+        if let Err(at) = self.progress.dispatch(offset) {
+            // Never commit past a message we could not account for.
+            return Step::Halt(at);
+        }
+        if self.progress.skip_acknowledged(&message, self.topic) {
+            return Step::Read;
+        }
+        self.shared.in_flight.store(offset, Ordering::Release);
+        self.shared.metrics.received();
+        let kafka = Kafka::new(&message);
+        let view = Message::from_kafka(&kafka, self.topic);
+        let outcome = Handler {
+            config: self.config,
+            shared: self.shared,
+            stop: &mut self.stop,
+            rng: &mut self.rng,
+            sequential: true,
+        }
+        .handle(&view)
+        .await;
+        self.shared.in_flight.store(NONE, Ordering::Release);
+        match outcome {
+            Handled::Processed => self.progress.ack(&view, true),
+            // Skipped and dead-lettered messages have their own lines.
+            Handled::Ack => self.progress.ack(&view, false),
+            // Told to stop while waiting to retry: the message stays unacknowledged and
+            // is redelivered to whoever owns the partition next.
+            Handled::Interrupted => return Step::Stop,
+            // The message is released on return: holding librdkafka's messages while
+            // halted would keep the consumer from closing.
+            Handled::Halt => return Step::Halt(offset),
+        }
+        Step::Read
+    }
+}

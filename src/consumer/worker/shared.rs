@@ -1,0 +1,242 @@
+//! What a worker shares with the supervisor and the health endpoint: its offsets, its
+//! calls, and whether it has returned.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::hold::Hold;
+use super::latch::Latch;
+use crate::output::metrics::PartitionMetrics;
+use crate::processors::call_start;
+
+/// An offset not (yet) known, in the atomics of [`WorkerShared`].
+pub(super) const NONE: i64 = -1;
+
+/// What a worker shares with the supervisor: lock-free, read at commit time.
+#[derive(Debug)]
+pub struct WorkerShared {
+    /// Next offset to commit, or -1 before the first ack.
+    pub(super) committable: AtomicI64,
+    /// The offset being processed right now, or -1.
+    pub(super) in_flight: AtomicI64,
+    /// The highest offset acknowledged (for commit metadata), or -1.
+    pub(super) highest_acked: AtomicI64,
+    /// The first offset this worker received, or -1.
+    pub(super) first_offset: AtomicI64,
+    /// Set when the processor failed and the partition stopped.
+    /// The offset the processor failed on (the partition stopped there), or -1.
+    pub(super) halted_at: AtomicI64,
+    pub(super) done: Latch,
+    pub metrics: PartitionMetrics,
+    /// Set when the partition reached the end of its log (with `ACKD_STOP_AT_END`).
+    pub(super) at_end: AtomicBool,
+    /// When the processor call under way began, on the health endpoint's coarse clock
+    /// (`crate::clock::now_ms`), or 0: no call, or the endpoint is off.
+    pub(super) call_started_ms: AtomicU64,
+    /// Offsets acknowledged above the committable one, as inclusive ranges, ascending
+    /// (only with concurrent ordering: in order, nothing is acknowledged past it).
+    pub(super) acked_above: Mutex<Vec<(i64, i64)>>,
+    /// Messages handed to the processor (concurrent ordering): in calls, or waiting in
+    /// the processor for a child or a permit (see `waiting`).
+    pub(super) handed_over: AtomicUsize,
+    /// Messages read and not handed to the processor: waiting for their key or a free
+    /// call (concurrent ordering), or `usize::MAX` (partition ordering, where none wait).
+    pub(super) waiting: AtomicUsize,
+    /// The concurrent calls the processor took, oldest first (concurrent ordering, or
+    /// partition ordering with a processor whose calls may wait: see `admits_calls`).
+    pub(super) calls: Arc<call_start::CallClock>,
+    /// Held while the group membership is in doubt: nothing new starts.
+    pub hold: Hold,
+    /// Partition ordering with a processor whose calls may wait for capacity
+    /// (`Processor::calls_may_wait`): its call is tracked in `calls`, like a concurrent
+    /// one. Set once, when the worker starts.
+    pub(super) admits_calls: AtomicBool,
+}
+
+impl crate::output::health::PartitionProbe for WorkerShared {
+    fn call_started_ms(&self) -> Option<u64> {
+        WorkerShared::call_started_ms(self)
+    }
+
+    fn oldest_call_offset(&self) -> Option<i64> {
+        WorkerShared::oldest_call_offset(self)
+    }
+
+    fn in_flight_count(&self) -> usize {
+        WorkerShared::in_flight_count(self)
+    }
+
+    fn halted(&self) -> bool {
+        self.halted_at().is_some()
+    }
+
+    fn metrics(&self) -> &PartitionMetrics {
+        &self.metrics
+    }
+}
+
+impl WorkerShared {
+    pub(crate) fn new() -> Self {
+        WorkerShared {
+            committable: AtomicI64::new(NONE),
+            in_flight: AtomicI64::new(NONE),
+            highest_acked: AtomicI64::new(NONE),
+            first_offset: AtomicI64::new(NONE),
+            halted_at: AtomicI64::new(NONE),
+            done: Latch::default(),
+            metrics: PartitionMetrics::default(),
+            at_end: AtomicBool::new(false),
+            call_started_ms: AtomicU64::new(0),
+            acked_above: Mutex::new(Vec::new()),
+            handed_over: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(usize::MAX),
+            calls: Arc::default(),
+            hold: Hold::default(),
+            admits_calls: AtomicBool::new(false),
+        }
+    }
+
+    /// When the processor call under way began (see `output::health`), if one is: with
+    /// tracked calls (`calls`), the oldest one the processor took (not one waiting for it).
+    pub fn call_started_ms(&self) -> Option<u64> {
+        Some(self.call_started_ms.load(Ordering::Relaxed))
+            .filter(|t| *t != 0)
+            .or_else(|| self.calls.oldest().map(|(ms, _)| ms))
+    }
+
+    /// The offset of the call `call_started_ms` times: the oldest call the processor
+    /// took with tracked calls, else the one in hand.
+    pub fn oldest_call_offset(&self) -> Option<i64> {
+        self.calls
+            .oldest()
+            .map(|(_, offset)| offset)
+            .or_else(|| self.in_flight())
+    }
+
+    /// A processor call begins: a load and a store, no clock read (the hot path).
+    pub(crate) fn call_begins(&self) {
+        self.call_started_ms
+            .store(crate::clock::now_ms(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn call_ended(&self) {
+        self.call_started_ms.store(0, Ordering::Relaxed);
+    }
+
+    pub fn committable(&self) -> Option<i64> {
+        some(self.committable.load(Ordering::Acquire))
+    }
+
+    pub fn in_flight(&self) -> Option<i64> {
+        some(self.in_flight.load(Ordering::Acquire))
+    }
+
+    /// Processor calls under way now (messages, or batches): the ones the processor
+    /// took, not those waiting in it for a child or a permit.
+    pub fn in_flight_count(&self) -> usize {
+        if self.waiting().is_some() || self.admits_calls.load(Ordering::Relaxed) {
+            self.calls.running()
+        } else {
+            usize::from(self.in_flight().is_some())
+        }
+    }
+
+    /// Messages read and waiting to start (concurrent ordering only): for their key, a
+    /// free call, or a child or permit of the processor.
+    pub fn waiting(&self) -> Option<usize> {
+        let unhanded = self.waiting.load(Ordering::Relaxed);
+        (unhanded != usize::MAX).then(|| {
+            let handed = self.handed_over.load(Ordering::Relaxed);
+            unhanded + handed.saturating_sub(self.calls.running_messages())
+        })
+    }
+
+    pub fn first_offset(&self) -> Option<i64> {
+        some(self.first_offset.load(Ordering::Acquire))
+    }
+
+    pub fn highest_acked(&self) -> Option<i64> {
+        some(self.highest_acked.load(Ordering::Acquire))
+    }
+
+    /// Offsets acknowledged above [`WorkerShared::committable`], as inclusive ranges,
+    /// ascending; empty when there are none. For the commit metadata: a crash then
+    /// redelivers only what was in flight.
+    pub fn acked_above(&self) -> Vec<(i64, i64)> {
+        self.acked_above
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn at_end(&self) -> bool {
+        self.at_end.load(Ordering::Acquire)
+    }
+
+    pub fn halted_at(&self) -> Option<i64> {
+        some(self.halted_at.load(Ordering::Acquire))
+    }
+
+    /// Waits until the worker has returned, or `deadline` passed. True if it returned.
+    pub fn wait_done(&self, deadline: Instant) -> bool {
+        self.done.wait_until(deadline)
+    }
+
+    /// Whether the worker has returned (and dropped its queue).
+    pub fn is_done(&self) -> bool {
+        self.done.is_set()
+    }
+}
+
+fn some(v: i64) -> Option<i64> {
+    (v != NONE).then_some(v)
+}
+
+/// Sets the latch however the worker ends, panics and aborts included.
+pub(super) struct SetOnDrop(pub(super) Arc<WorkerShared>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.done.set();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_waiting_on_the_latch_wakes_when_it_is_set() {
+        let shared = Arc::new(WorkerShared::new());
+        let waiting = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.done.wait().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        let s2 = shared.clone();
+        std::thread::spawn(move || drop(SetOnDrop(s2)))
+            .join()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(shared.is_done());
+        // Already set: returns at once.
+        shared.done.wait().await;
+    }
+
+    #[test]
+    fn latch_waits_until_set_or_deadline() {
+        let shared = Arc::new(WorkerShared::new());
+        assert!(!shared.wait_done(Instant::now() + Duration::from_millis(20)));
+        let s2 = shared.clone();
+        let t = std::thread::spawn(move || drop(SetOnDrop(s2)));
+        assert!(shared.wait_done(Instant::now() + Duration::from_secs(10)));
+        t.join().unwrap();
+    }
+}
