@@ -83,6 +83,36 @@ pub const ALLOWED: &str = "comma-separated brokers, each kafka://host:port, kafk
 /// Parses a `KAFKA_URL` value. The error says what is wrong with which entry, without
 /// echoing anything that could be a credential.
 pub fn parse(input: &str) -> Result<Brokers, String> {
+    // With user info anywhere in the value, no entry is quoted: a password may hold
+    // `,` and `scheme://`, so where one entry ends cannot be told for sure.
+    parse_entries(input).map_err(|e| match e {
+        EntryError::Quoting(_) if input.contains('@') => CREDENTIALS_NOT_QUOTED.to_string(),
+        EntryError::Quoting(e) | EntryError::Plain(e) => e,
+    })
+}
+
+/// What an entry's error becomes when the value carries user info.
+const CREDENTIALS_NOT_QUOTED: &str = "has an entry that is not a broker (not quoted: the value carries user info); write kafka+sasl-ssl://user:password@host:port, with any `,` `@` `:` `/` of the password percent-encoded (%2C %40 %3A %2F)";
+
+/// An error of [`parse_entries`]: `Quoting` ones show a piece of the value.
+enum EntryError {
+    Quoting(String),
+    Plain(String),
+}
+
+impl From<String> for EntryError {
+    fn from(e: String) -> Self {
+        EntryError::Plain(e)
+    }
+}
+
+impl From<&str> for EntryError {
+    fn from(e: &str) -> Self {
+        EntryError::Plain(e.to_string())
+    }
+}
+
+fn parse_entries(input: &str) -> Result<Brokers, EntryError> {
     let mut security = None;
     let mut addresses = Vec::new();
     let mut user_info: Option<UserInfo> = None;
@@ -91,7 +121,7 @@ pub fn parse(input: &str) -> Result<Brokers, String> {
         .map(str::trim)
         .filter(|e| !e.is_empty())
     {
-        let (entry_security, rest) = split_scheme(entry)?;
+        let (entry_security, rest) = split_scheme(entry).map_err(EntryError::Quoting)?;
         match security {
             None => security = Some(entry_security),
             Some(s) if s != entry_security => {
@@ -121,7 +151,7 @@ pub fn parse(input: &str) -> Result<Brokers, String> {
             }
             None => rest,
         };
-        addresses.push(parse_host_port(rest)?);
+        addresses.push(parse_host_port(rest).map_err(EntryError::Quoting)?);
     }
     match security {
         Some(security) => Ok(Brokers {
@@ -364,6 +394,21 @@ mod tests {
                 !err.contains("secret"),
                 "{input:?} leaked a credential: {err}"
             );
+        }
+    }
+
+    /// A password holding `,` and `scheme://` looks like the start of another entry:
+    /// the entry before it is not quoted either (proptest found `,://`).
+    #[test]
+    fn a_password_holding_a_comma_and_a_scheme_is_never_quoted() {
+        for password in [",://", "x,a://y", "ab,kafka://cd"] {
+            let input = format!("kafka+sasl-ssl://QqUserQq:ZZ{password}ZZ@broker.example:9092");
+            let err = parse(&input).expect_err("not a broker list");
+            assert!(
+                !err.contains("ZZ") && !err.contains("QqUserQq"),
+                "{input:?}: {err}"
+            );
+            assert!(err.contains("percent-encoded"), "{err}");
         }
     }
 
