@@ -106,22 +106,14 @@ impl<P: Processor> GroupContext<P> {
 
 /// The `at=revoked` line of each revoked partition, with the offset committed if any.
 fn log_revoked(outcome: &Outcome, lost: bool, generation: Option<i32>, duration_ms: f64) {
-    for (tp, offset) in outcome.committed() {
+    let committed = outcome.committed().map(|(tp, offset)| (tp, Some(offset)));
+    let uncommitted = outcome.without_commit().map(|tp| (tp, None));
+    for (tp, offset) in committed.chain(uncommitted) {
         tracing::info!(
             at = "revoked",
             topic = &*tp.0,
             partition = tp.1,
             offset,
-            lost,
-            generation,
-            duration_ms
-        );
-    }
-    for tp in outcome.without_commit() {
-        tracing::info!(
-            at = "revoked",
-            topic = &*tp.0,
-            partition = tp.1,
             lost,
             generation,
             duration_ms
