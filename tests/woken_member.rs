@@ -237,25 +237,20 @@ fn highest_per_partition(processed: &[(i32, i64)]) -> BTreeMap<i32, i64> {
     high
 }
 
-/// What a process's `lines` processed at or above its last accepted commit of each
-/// partition: the work its partitions' next owner processes again, by design.
 /// Returns once `member` has written no line for `quiet`.
 fn until_quiet(member: &AckdProcess, quiet: Duration) {
-    let deadline = Instant::now() + WAIT;
     let (mut count, mut since) = (member.line_count(), Instant::now());
-    while since.elapsed() < quiet {
-        assert!(
-            Instant::now() < deadline,
-            "ackd's output never paused for {quiet:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
+    wait_until(WAIT, || {
         let now = member.line_count();
         if now != count {
             (count, since) = (now, Instant::now());
         }
-    }
+        since.elapsed() >= quiet
+    });
 }
 
+/// What a process's `lines` processed at or above its last accepted commit of each
+/// partition: the work its partitions' next owner processes again, by design.
 fn held_uncommitted(lines: &[String]) -> BTreeSet<(i32, i64)> {
     let mut committed: BTreeMap<i32, i64> = BTreeMap::new();
     for l in lines.iter().filter(|l| at(l, "committed")) {
