@@ -190,6 +190,11 @@ pub(super) const KEYS: &[Key] = &[
         help: "exec: handler processes (1-256)",
     },
     Key {
+        key: "exec_in_flight",
+        required: None,
+        help: "exec: requests one handler process holds at once, answered in any order (1-1000)",
+    },
+    Key {
         key: "exec_timeout_ms",
         required: None,
         help: "exec: how long a handler may take to answer before it is restarted",

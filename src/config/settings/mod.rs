@@ -168,6 +168,9 @@ pub struct Settings {
     pub exec_command: Option<String>,
     /// The `exec` processor: how many children serve messages.
     pub exec_concurrency: usize,
+    /// The `exec` processor: how many requests one child holds at once (1: one at a
+    /// time, the reply to each before the next request).
+    pub exec_in_flight: usize,
     /// The `exec` processor: how long a child may take to answer one message.
     pub exec_timeout: Duration,
     /// The `exec` processor: the longest line kept from a child's stdout or stderr.

@@ -4,6 +4,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
@@ -48,7 +49,12 @@ pub(super) struct Running {
     pub(super) id: usize,
     pub(super) pid: u32,
     child: Child,
-    pub(super) stdin: Option<ChildStdin>,
+    /// Request lines for its stdin, written in order by `writer`; dropped to give it EOF.
+    requests: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Writes `requests` to its stdin, so that a child busy writing replies never
+    /// blocks ackd reading them; says why on `write_failed` if a write fails.
+    writer: tokio::task::JoinHandle<()>,
+    write_failed: mpsc::Receiver<String>,
     /// Lines of its stdout; closed at EOF.
     lines: mpsc::Receiver<Line>,
     /// Its stdout reached EOF (every process holding it is gone).
@@ -87,7 +93,9 @@ impl Running {
             .kill_on_drop(true)
             .spawn()?;
         let pid = child.id().unwrap_or(0);
-        let stdin = child.stdin.take();
+        let (requests, queue) = mpsc::unbounded_channel();
+        let (failed, write_failed) = mpsc::channel(1);
+        let writer = tokio::spawn(write_requests(child.stdin.take(), queue, failed));
         // One line waits, one is being read: at most two lines of it in memory.
         let (tx, lines) = mpsc::channel(1);
         let max = config.max_line_bytes;
@@ -115,7 +123,9 @@ impl Running {
             id,
             pid,
             child,
-            stdin,
+            requests: Some(requests),
+            writer,
+            write_failed,
             lines,
             eof: false,
             stderr,
@@ -123,8 +133,40 @@ impl Running {
         })
     }
 
+    /// Queues a request line for its stdin (written in order, whole lines).
+    pub(super) fn give(&self, line: Vec<u8>) -> Result<(), String> {
+        self.requests
+            .as_ref()
+            .and_then(|r| r.send(line).ok())
+            .ok_or_else(|| "its stdin is closed".to_string())
+    }
+
+    /// What it did next: a line on stdout, its stdout closed, or a request that could
+    /// not be written to its stdin.
+    pub(super) async fn next_output(&mut self) -> Output {
+        if self.eof {
+            return Output::Closed;
+        }
+        tokio::select! {
+            biased;
+            line = self.lines.recv() => match line {
+                Some(line) => Output::Line(line),
+                None => {
+                    self.eof = true;
+                    Output::Closed
+                }
+            },
+            Some(reason) = self.write_failed.recv() => Output::WriteFailed(reason),
+        }
+    }
+
+    /// EOF on its stdin once the requests given so far are written.
+    pub(super) fn close_stdin(&mut self) {
+        self.requests = None;
+    }
+
     /// The next stdout line; `None` at EOF.
-    pub(super) async fn next_line(&mut self) -> Option<Line> {
+    async fn next_line(&mut self) -> Option<Line> {
         if self.eof {
             return None;
         }
@@ -156,9 +198,18 @@ impl Running {
         }
     }
 
+    /// Why a write to its stdin failed: most often because it exited, which says more.
+    pub(super) async fn write_failed_reason(&mut self, reason: String) -> String {
+        match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await {
+            Ok(status) => format!("{} ({reason})", exited(status)),
+            Err(_) => reason,
+        }
+    }
+
     /// Ends a child that failed: SIGTERM to its group, SIGKILL after [`KILL_GRACE`].
     pub(super) async fn kill(&mut self) {
-        self.stdin = None;
+        self.requests = None;
+        self.writer.abort();
         if !self.gone_now() {
             signal_group(self.pid, libc::SIGTERM);
         }
@@ -174,7 +225,7 @@ impl Running {
     /// The graceful end: EOF, SIGTERM halfway to `deadline`, SIGKILL at it.
     pub(super) async fn stop(mut self, deadline: Instant) {
         let begun = Instant::now();
-        self.stdin = None;
+        self.close_stdin();
         let halfway = begun + deadline.saturating_duration_since(begun) / 2;
         let mut how = "eof";
         let mut status = tokio::time::timeout_at(halfway.into(), self.wait_gone()).await;
@@ -201,6 +252,36 @@ impl Running {
             status,
             duration_ms = begun.elapsed().as_millis() as u64
         );
+    }
+}
+
+/// What a child did, as [`Running::next_output`] sees it.
+pub(super) enum Output {
+    Line(Line),
+    Closed,
+    WriteFailed(String),
+}
+
+/// Writes request lines to `stdin` in order until `queue` closes (then EOF) or a write
+/// fails (then why, on `failed`).
+async fn write_requests(
+    stdin: Option<ChildStdin>,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    failed: mpsc::Sender<String>,
+) {
+    let Some(mut stdin) = stdin else {
+        let _ = failed.try_send("its stdin is closed".to_string());
+        return;
+    };
+    while let Some(line) = queue.recv().await {
+        let written = match stdin.write_all(&line).await {
+            Ok(()) => stdin.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            let _ = failed.try_send(format!("cannot write to its stdin: {e}"));
+            return;
+        }
     }
 }
 

@@ -12,6 +12,8 @@ pub struct ExecConfig {
     pub command: String,
     /// Children in the pool.
     pub concurrency: usize,
+    /// Requests one child holds at once (`ACKD_EXEC_IN_FLIGHT`).
+    pub in_flight: usize,
     /// How long a child may take to answer one message (writing it included).
     pub timeout: Duration,
     /// The longest line read from a child's stdout or stderr, newline excluded.
@@ -31,6 +33,7 @@ impl ExecConfig {
         Ok(ExecConfig {
             command,
             concurrency: settings.exec_concurrency,
+            in_flight: settings.exec_in_flight,
             timeout: settings.exec_timeout,
             max_line_bytes: settings.exec_max_line_bytes,
             pass_secrets: settings.exec_pass_secrets.clone(),

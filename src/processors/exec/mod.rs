@@ -2,17 +2,19 @@
 //! protocol, so a handler can be written in any language.
 //!
 //! - `ACKD_EXEC_CONCURRENCY` children run `sh -c "$ACKD_EXEC_COMMAND"`, each in its own
-//!   process group. Each is served by one task (a "slot") that takes the next message
-//!   from a queue shared by all slots, writes it as one JSON line to the child's stdin,
-//!   and reads one reply line from its stdout. A child has at most one message at a
-//!   time; the partition workers send a message only after the previous one of its
-//!   partition (`ACKD_ORDERING=partition`) or of its key (`key`) was answered, so that
-//!   order holds with any pool size. With `key` or `none` one partition may keep up to
-//!   `ACKD_CONCURRENCY` children busy.
+//!   process group, each served by one task (a "slot", `pool.rs`). A call's request waits
+//!   in one queue until the dispatch (`dispatch.rs`) hands it to the child with the
+//!   fewest in flight that holds fewer than `ACKD_EXEC_IN_FLIGHT` (default 1). The slot
+//!   writes it to the child's stdin at once and matches each reply line to the request
+//!   it names (`held.rs`; with one in flight, to the one request held). The partition
+//!   workers decide what may start: a partition's (`ACKD_ORDERING=partition`) or a key's
+//!   (`key`) next message only after the previous one was answered, so that order holds
+//!   with any pool size and any number in flight.
 //! - A child that closes its stdout (exits), writes something that is not a reply to
-//!   the request in flight, or does not answer within `ACKD_EXEC_TIMEOUT_MS` is killed
-//!   (SIGTERM to its group, SIGKILL after 2 s), then its message fails as retryable (the worker's retry and
-//!   `ACKD_ON_FAILURE` apply; the retry never overlaps the old attempt), and it is
+//!   a request it holds, or does not answer one within `ACKD_EXEC_TIMEOUT_MS` (from the
+//!   moment it was given it) is killed (SIGTERM to its group, SIGKILL after 2 s), then
+//!   every request it held fails as retryable (the worker's retry and `ACKD_ON_FAILURE`
+//!   apply; a retry never overlaps the old attempt), and it is
 //!   started again after a backoff (100 ms, doubling to 10 s; back to
 //!   100 ms once a child answered). Each restart is an `at=exec_restart` line carrying
 //!   `count#exec.restarts=1` (l2met sums them) and the total so far.
@@ -20,7 +22,8 @@
 //! - No line is held longer than `ACKD_EXEC_MAX_LINE_BYTES`: a longer stdout line is a
 //!   protocol error, a longer stderr line is logged cut, with `truncated_bytes=`; the
 //!   rest of such a line is read and dropped, never buffered.
-//! - [`Exec::shutdown`]: a child finishes the message it has, then gets EOF on stdin;
+//! - [`Exec::shutdown`]: a child gets no new request, answers those it holds, then
+//!   gets EOF on stdin;
 //!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
 //!
 //! Wire format (docs/exec.md): request (built by [`super::json`])
@@ -33,6 +36,8 @@
 
 mod child;
 mod config;
+mod dispatch;
+mod held;
 mod lines;
 mod pool;
 mod protocol;

@@ -1,5 +1,5 @@
-//! The pool: one slot per child, fed from one queue of jobs; a slot replaces its child
-//! when it fails and stops it at shutdown.
+//! The pool: one slot per child, fed by the dispatch; a slot replaces its child when it
+//! fails and stops it at shutdown.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,7 +9,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::child::Running;
 use super::config::ExecConfig;
-use super::serve::{serve, Ended, Failed, Job};
+use super::dispatch::Dispatch;
+use super::held::Held;
+use super::serve::{child_failed, restart_reason, Ended, Job, Service};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
 const RESTART_INITIAL: Duration = Duration::from_millis(100);
@@ -23,24 +25,39 @@ pub(super) struct Pool {
     pub(super) slots: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
+/// What every slot shares.
+struct Shared {
+    config: Arc<ExecConfig>,
+    dispatch: Arc<Dispatch>,
+    /// Requests a failed child had in its inbox but was never given: handed out again.
+    handed_back: mpsc::UnboundedSender<Job>,
+    restarts: Arc<AtomicU64>,
+}
+
 impl Pool {
-    /// `config.concurrency` slots, each starting its child.
+    /// `config.concurrency` slots, each starting its child, and the dispatch.
     pub(super) fn start(config: Arc<ExecConfig>, restarts: Arc<AtomicU64>) -> Pool {
-        // Jobs wait here for a free child: at most one per partition, or
-        // ACKD_CONCURRENCY per partition with key or none ordering.
-        let (jobs, rx) = mpsc::channel(1024);
-        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        // Jobs wait here for a child with room: the workers bound how many (one per
+        // partition, or ACKD_CONCURRENCY per partition with key or none ordering).
+        let (jobs, jobs_rx) = mpsc::channel(1024);
         let (stop, stop_rx) = watch::channel(None);
-        let slots = (0..config.concurrency)
-            .map(|id| {
-                tokio::spawn(slot(
-                    id,
-                    config.clone(),
-                    rx.clone(),
-                    stop_rx.clone(),
-                    restarts.clone(),
-                ))
-            })
+        let (dispatch, inboxes) = Dispatch::new(config.concurrency, config.in_flight);
+        let (handed_back, handed_back_rx) = mpsc::unbounded_channel();
+        tokio::spawn(
+            dispatch
+                .clone()
+                .run(jobs_rx, handed_back_rx, stop_rx.clone()),
+        );
+        let shared = Arc::new(Shared {
+            config,
+            dispatch,
+            handed_back,
+            restarts,
+        });
+        let slots = inboxes
+            .into_iter()
+            .enumerate()
+            .map(|(id, inbox)| tokio::spawn(slot(id, shared.clone(), inbox, stop_rx.clone())))
             .collect();
         Pool {
             jobs,
@@ -53,59 +70,48 @@ impl Pool {
 /// One slot of the pool: runs a child, replaces it when it fails, stops it at shutdown.
 async fn slot(
     id: usize,
-    config: Arc<ExecConfig>,
-    jobs: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
+    shared: Arc<Shared>,
+    mut inbox: mpsc::UnboundedReceiver<Job>,
     mut stop: watch::Receiver<Option<Instant>>,
-    restarts: Arc<AtomicU64>,
 ) {
     let mut backoff = RESTART_INITIAL;
     loop {
         if stop.borrow().is_some() {
             return;
         }
-        let (ended, running) = match Running::start(id, &config) {
+        let (ended, running) = match Running::start(id, &shared.config) {
             Ok(mut running) => {
-                let (ended, answered) = serve(&mut running, &config, &jobs, &mut stop).await;
+                shared.dispatch.set_serving(id, true);
+                let service = Service {
+                    running: &mut running,
+                    config: &shared.config,
+                    inbox: &mut inbox,
+                    dispatch: &shared.dispatch,
+                    stop: &mut stop,
+                };
+                let (ended, answered) = service.run().await;
+                shared.dispatch.set_serving(id, false);
                 if answered {
                     backoff = RESTART_INITIAL;
                 }
                 (ended, Some(running))
             }
-            Err(e) => (Ended::Failed(format!("cannot start sh: {e}"), None), None),
+            Err(e) => (
+                Ended::Failed(format!("cannot start sh: {e}"), Vec::new()),
+                None,
+            ),
         };
-        let (reason, failed) = match ended {
+        let (reason, held) = match ended {
             Ended::Stop(deadline) => {
                 if let Some(running) = running {
                     running.stop(deadline).await;
                 }
                 return;
             }
-            Ended::Failed(reason, failed) => (reason, failed),
+            Ended::Failed(reason, held) => (reason, held),
         };
-        let (pid, ran_ms) = match running {
-            Some(mut running) => {
-                running.kill().await;
-                (
-                    Some(running.pid),
-                    Some(running.started.elapsed().as_millis() as u64),
-                )
-            }
-            None => (None, None),
-        };
-        if let Some(Failed { reply, error }) = failed {
-            let _ = reply.send(Err(error));
-        }
-        let total = restarts.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(
-            at = "exec_restart",
-            child = id,
-            pid,
-            reason,
-            ran_ms,
-            delay_ms = backoff.as_millis() as u64,
-            restarts = total,
-            "count#exec.restarts" = 1
-        );
+        hand_back(id, &shared, &mut inbox);
+        replace(id, &shared, running, &reason, held, backoff).await;
         tokio::select! {
             biased;
             _ = stop.wait_for(Option::is_some) => return,
@@ -113,4 +119,49 @@ async fn slot(
         }
         backoff = (backoff * 2).min(RESTART_MAX);
     }
+}
+
+/// What a failed child's inbox still has (never given to it) goes to another child.
+fn hand_back(id: usize, shared: &Shared, inbox: &mut mpsc::UnboundedReceiver<Job>) {
+    while let Ok(job) = inbox.try_recv() {
+        shared.dispatch.release(id);
+        let _ = shared.handed_back.send(job);
+    }
+}
+
+/// Ends a failed child, then fails what it held (retryable: retried, never
+/// acknowledged) and logs the restart.
+async fn replace(
+    id: usize,
+    shared: &Shared,
+    running: Option<Running>,
+    reason: &str,
+    held: Vec<Held>,
+    backoff: Duration,
+) {
+    let logged = restart_reason(reason, &held);
+    let (pid, ran_ms) = match running {
+        Some(mut running) => {
+            running.kill().await;
+            for h in held {
+                let error = child_failed(&running, reason, &h);
+                shared.dispatch.release(id);
+                h.send(Err(error));
+            }
+            let ran_ms = running.started.elapsed().as_millis() as u64;
+            (Some(running.pid), Some(ran_ms))
+        }
+        None => (None, None),
+    };
+    let total = shared.restarts.fetch_add(1, Ordering::Relaxed) + 1;
+    tracing::warn!(
+        at = "exec_restart",
+        child = id,
+        pid,
+        reason = logged,
+        ran_ms,
+        delay_ms = backoff.as_millis() as u64,
+        restarts = total,
+        "count#exec.restarts" = 1
+    );
 }

@@ -38,6 +38,62 @@ impl Offsets {
     }
 }
 
+/// What names one request among those a child holds: its topic, partition and first
+/// offset (the message's, or the batch's first).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct RequestName {
+    pub(super) topic: String,
+    pub(super) partition: i32,
+    pub(super) first: i64,
+}
+
+impl RequestName {
+    pub(super) fn of(sent: &Sent) -> RequestName {
+        RequestName {
+            topic: sent.topic.clone(),
+            partition: sent.partition,
+            first: sent.offsets.first(),
+        }
+    }
+}
+
+impl std::fmt::Display for RequestName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "topic {:?} partition {} offset {}",
+            self.topic, self.partition, self.first
+        )
+    }
+}
+
+/// The request a reply line names, when a child holds several (`ACKD_EXEC_IN_FLIGHT`
+/// above 1): its `"topic"`, `"partition"` and `"offset"` (a batch's `"first"`), all
+/// required. [`parse_reply`] then checks the rest against that request.
+pub(super) fn named_request(line: &str) -> Result<RequestName, String> {
+    let reply = reply_object(line)?;
+    let missing = |what: &str| {
+        format!(
+            "reply names no {what}: with ACKD_EXEC_IN_FLIGHT above 1 every reply names \"topic\", \"partition\" and \"offset\" (a batch's \"first\" and \"last\"): {}",
+            shorten(line)
+        )
+    };
+    let topic = reply.get("topic").and_then(Value::as_str);
+    let partition = reply
+        .get("partition")
+        .and_then(Value::as_i64)
+        .and_then(|p| i32::try_from(p).ok());
+    let first = reply
+        .get("first")
+        .or_else(|| reply.get("offset"))
+        .and_then(Value::as_i64);
+    Ok(RequestName {
+        topic: topic.ok_or_else(|| missing("\"topic\""))?.to_string(),
+        partition: partition.ok_or_else(|| missing("\"partition\""))?,
+        first: first.ok_or_else(|| missing("\"offset\""))?,
+    })
+}
+
 /// The request line for one message, `\n` included (the object of [`crate::processors::json`]).
 pub fn request_line(m: &Message<'_>) -> Vec<u8> {
     let mut line = crate::processors::json::encode(m);
@@ -324,6 +380,40 @@ mod tests {
         }
         let e = parse_reply("{\"ack\":true}", &one(5)).unwrap_err();
         assert!(e.contains("names no \"offset\""), "{e}");
+    }
+
+    #[test]
+    fn with_several_in_flight_a_reply_names_topic_partition_and_offset() {
+        let name = |t: &str, p: i32, o: i64| RequestName {
+            topic: t.into(),
+            partition: p,
+            first: o,
+        };
+        assert_eq!(
+            named_request("{\"ack\":true,\"topic\":\"t\",\"partition\":2,\"offset\":5}"),
+            Ok(name("t", 2, 5))
+        );
+        assert_eq!(
+            named_request(
+                "{\"fail\":\"x\",\"topic\":\"t\",\"partition\":0,\"first\":10,\"last\":13,\"offset\":11}"
+            ),
+            Ok(name("t", 0, 10))
+        );
+        for bad in [
+            "{\"ack\":true,\"offset\":5}",
+            "{\"ack\":true,\"topic\":\"t\",\"offset\":5}",
+            "{\"ack\":true,\"topic\":\"t\",\"partition\":\"2\",\"offset\":5}",
+            "{\"ack\":true,\"topic\":\"t\",\"partition\":2}",
+            "junk",
+        ] {
+            let e = named_request(bad).unwrap_err();
+            assert!(
+                e.contains("names no") || e.contains("not JSON"),
+                "{bad}: {e}"
+            );
+        }
+        let e = named_request("{\"ack\":true,\"offset\":5}").unwrap_err();
+        assert!(e.contains("ACKD_EXEC_IN_FLIGHT"), "{e}");
     }
 
     #[test]

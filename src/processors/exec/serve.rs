@@ -1,16 +1,18 @@
-//! Serving jobs (requests for a child) with one child: a request written, its reply
-//! read, within the timeout and the shutdown deadline.
+//! Serving requests with one child: each written to its stdin as the dispatch hands it
+//! over (up to `ACKD_EXEC_IN_FLIGHT` held at once), each reply matched to the request
+//! it names, each request timed from the moment the child was given it.
 
 use std::time::Instant;
 
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::processors::processor::{BatchError, ProcessError, Queued};
 
-use super::child::Running;
+use super::child::{Output, Running};
 use super::config::ExecConfig;
-use super::protocol::{parse_reply, shorten, Sent};
+use super::dispatch::Dispatch;
+use super::held::{Held, HeldRequests};
+use super::protocol::{shorten, RequestName, Sent};
 
 /// One request for a child (a message, or a batch), and where its answer goes.
 pub(super) struct Job {
@@ -23,170 +25,196 @@ pub(super) struct Job {
 
 /// Why a child's service ended.
 pub(super) enum Ended {
-    /// A graceful stop began: finish, with this deadline.
+    /// A graceful stop began and the child answered all it held (or the deadline
+    /// came): it gets EOF next, with this deadline.
     Stop(Instant),
-    /// The child failed; it is replaced. The message it had, if any, is failed only
-    /// once the child is gone, so that its retry can never overlap the old attempt.
-    Failed(String, Option<Failed>),
+    /// The child failed; it is replaced. What it held is failed only once it is gone,
+    /// so that a retry can never overlap the old attempt.
+    Failed(String, Vec<Held>),
 }
 
-/// The message a failed child had, and its failure.
-pub(super) struct Failed {
-    pub(super) reply: oneshot::Sender<Result<(), BatchError>>,
-    pub(super) error: BatchError,
+/// What happened next, as the service sees it.
+enum Event {
+    Stop(Instant),
+    StopDeadline,
+    Job(Option<Job>),
+    Output(Output),
+    TimedOut(RequestName),
 }
 
-/// Serves messages with one child until it fails or a stop begins. Also says whether
-/// the child answered any message (a healthy child resets the restart backoff).
-pub(super) async fn serve(
-    running: &mut Running,
-    config: &ExecConfig,
-    jobs: &tokio::sync::Mutex<mpsc::Receiver<Job>>,
-    stop: &mut watch::Receiver<Option<Instant>>,
-) -> (Ended, bool) {
-    let mut answered = false;
-    loop {
-        let job = match next_job(running, jobs, stop).await {
-            Ok(job) => job,
-            Err(ended) => return (ended, answered),
+/// One child being served.
+pub(super) struct Service<'a> {
+    pub(super) running: &'a mut Running,
+    pub(super) config: &'a ExecConfig,
+    pub(super) inbox: &'a mut mpsc::UnboundedReceiver<Job>,
+    pub(super) dispatch: &'a Dispatch,
+    pub(super) stop: &'a mut watch::Receiver<Option<Instant>>,
+}
+
+impl Service<'_> {
+    /// Serves requests until the child fails or a stop began and it answered all it
+    /// held. Also says whether it answered any (a healthy child resets the backoff).
+    pub(super) async fn run(mut self) -> (Ended, bool) {
+        let mut held = HeldRequests::new(self.config.timeout, self.config.in_flight);
+        let mut answered = false;
+        let mut stopping: Option<Instant> = None;
+        loop {
+            if let Some(deadline) = stopping.filter(|_| held.is_empty()) {
+                return (Ended::Stop(deadline), answered);
+            }
+            let failure = match self.next_event(&mut held, stopping).await {
+                Event::Stop(deadline) => {
+                    // No new request once the stop began: what it holds, it finishes.
+                    self.dispatch.set_serving(self.running.id, false);
+                    stopping = Some(deadline);
+                    None
+                }
+                Event::StopDeadline => {
+                    for h in held.drain() {
+                        self.dispatch.release(self.running.id);
+                        let error = BatchError::new(
+                            h.sent.offsets.first(),
+                            ProcessError::retryable(
+                                "exec child did not answer before the shutdown deadline",
+                            ),
+                        );
+                        h.send(Err(error));
+                    }
+                    None
+                }
+                Event::Job(Some(job)) => self.give(job, &mut held).err(),
+                Event::Job(None) => {
+                    stopping = Some(Instant::now());
+                    None
+                }
+                Event::Output(output) => self.output(output, &mut held, &mut answered).await,
+                Event::TimedOut(name) => Some(self.timed_out(&name, held.len())),
+            };
+            if let Some(reason) = failure {
+                return (Ended::Failed(reason, held.drain()), answered);
+            }
+        }
+    }
+
+    async fn next_event(&mut self, held: &mut HeldRequests, stopping: Option<Instant>) -> Event {
+        let timeout = held.earliest_deadline();
+        let (timeout_at, name) = match timeout {
+            Some((at, name)) => (Some(at), Some(name)),
+            None => (None, None),
         };
+        let far = || Instant::now() + std::time::Duration::from_secs(86_400);
+        tokio::select! {
+            biased;
+            d = self.stop.wait_for(Option::is_some), if stopping.is_none() => {
+                Event::Stop(d.ok().and_then(|d| *d).unwrap_or_else(Instant::now))
+            }
+            _ = tokio::time::sleep_until(stopping.unwrap_or_else(far).into()), if stopping.is_some() => {
+                Event::StopDeadline
+            }
+            output = self.running.next_output() => Event::Output(output),
+            _ = tokio::time::sleep_until(timeout_at.unwrap_or_else(far).into()), if timeout_at.is_some() => {
+                Event::TimedOut(name.expect("a deadline has a name"))
+            }
+            job = self.inbox.recv(), if stopping.is_none() => Event::Job(job),
+        }
+    }
+
+    /// Writes `job` to the child, unless its worker dropped it while it waited (a stop
+    /// or a revoke began, or a drain ran out of time: the partition may be someone
+    /// else's now). `Err`: the child cannot be written to.
+    fn give(&mut self, job: Job, held: &mut HeldRequests) -> Result<(), String> {
         let Job {
-            line: request,
+            line,
             sent,
             reply,
             queued,
         } = job;
-        let offset = sent.offsets.first();
-        // Its worker dropped it while it waited (a stop or a revoke began before a
-        // child was free), or was aborted (a drain that ran out of time): the partition
-        // may be someone else's now, so it is not handed out.
-        if reply.is_closed() {
-            continue;
-        }
-        let Some(taken) = queued.take() else {
-            continue;
-        };
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(config.timeout, exchange(running, config, &request, &sent)) => match r {
-                Ok(r) => r,
-                Err(_) => Err(format!(
-                    "no reply within ACKD_EXEC_TIMEOUT_MS={}",
-                    config.timeout.as_millis()
-                )),
-            },
-            deadline = stop_deadline(stop) => {
-                let _ = reply.send(Err(BatchError::new(
-                    offset,
-                    ProcessError::retryable(
-                        "exec child did not answer before the shutdown deadline",
-                    ),
-                )));
-                return (Ended::Stop(deadline), answered);
+        let taken = match queued.take() {
+            Some(taken) if !reply.is_closed() => taken,
+            _ => {
+                self.dispatch.release(self.running.id);
+                return Ok(());
             }
         };
-        // The child is free: the call no longer counts as under way, before the next
-        // job (another partition's) is taken.
-        drop(taken);
-        match outcome {
-            Ok(result) => {
-                answered = true;
-                // The worker may have given up on it (aborted): the answer goes nowhere.
-                let _ = reply.send(result);
+        let written = self.running.give(line);
+        held.give(Held::new(sent, reply, taken));
+        written
+    }
+
+    /// A line from the child answers one request it holds; anything else is a failure.
+    async fn output(
+        &mut self,
+        output: Output,
+        held: &mut HeldRequests,
+        answered: &mut bool,
+    ) -> Option<String> {
+        let line = match output {
+            Output::Line(line) => line,
+            Output::Closed => return Some(self.running.gone_reason().await),
+            Output::WriteFailed(reason) => {
+                return Some(self.running.write_failed_reason(reason).await)
             }
-            Err(reason) => return (failed(running, reason, offset, reply), answered),
+        };
+        if line.cut > 0 {
+            return Some(format!(
+                "wrote a line longer than ACKD_EXEC_MAX_LINE_BYTES={} ({} bytes): {}",
+                self.config.max_line_bytes,
+                line.text.len() as u64 + line.cut,
+                shorten(&line.text)
+            ));
+        }
+        match held.answer(&line.text) {
+            Ok((request, result)) => {
+                *answered = true;
+                // Released first: the child has room before the worker hears back.
+                self.dispatch.release(self.running.id);
+                request.send(result);
+                None
+            }
+            Err(reason) => Some(reason),
+        }
+    }
+
+    /// Why the child is replaced when the request `name` ran out of time.
+    fn timed_out(&self, name: &RequestName, holding: usize) -> String {
+        let limit = self.config.timeout.as_millis();
+        if self.config.in_flight <= 1 && holding <= 1 {
+            format!("no reply within ACKD_EXEC_TIMEOUT_MS={limit}")
+        } else {
+            format!("no reply within ACKD_EXEC_TIMEOUT_MS={limit} to {name}")
         }
     }
 }
 
-/// Idle: a job, unless a stop begins, or the child goes away or talks out of turn first.
-async fn next_job(
-    running: &mut Running,
-    jobs: &tokio::sync::Mutex<mpsc::Receiver<Job>>,
-    stop: &mut watch::Receiver<Option<Instant>>,
-) -> Result<Job, Ended> {
-    tokio::select! {
-        biased;
-        d = async { stop.wait_for(Option::is_some).await.ok().and_then(|d| *d) } => {
-            let deadline = d.unwrap_or_else(Instant::now);
-            Err(Ended::Stop(deadline))
+/// The restart line's reason: why, and what the child held.
+pub(super) fn restart_reason(reason: &str, held: &[Held]) -> String {
+    const SHOWN: usize = 10;
+    match held {
+        [] => reason.to_string(),
+        [one] => format!("{reason} (offset {})", one.sent.offsets.first()),
+        many => {
+            let offsets: Vec<String> = many
+                .iter()
+                .take(SHOWN)
+                .map(|h| format!("{}/{}", h.sent.partition, h.sent.offsets.first()))
+                .collect();
+            let more = if many.len() > SHOWN { ", …" } else { "" };
+            format!(
+                "{reason} (holding {} requests, partition/offset {}{more})",
+                many.len(),
+                offsets.join(", ")
+            )
         }
-        line = running.next_line() => {
-            let reason = match line {
-                Some(l) => format!("wrote to stdout with no message in flight: {}", shorten(&l.text)),
-                None => running.gone_reason().await,
-            };
-            Err(Ended::Failed(reason, None))
-        }
-        job = async { jobs.lock().await.recv().await } => match job {
-            Some(job) => Ok(job),
-            None => Err(Ended::Stop(Instant::now())),
-        },
     }
 }
 
-/// Writes `request` to the child's stdin and reads its reply. `Err`: why the child
-/// failed on it.
-async fn exchange(
-    running: &mut Running,
-    config: &ExecConfig,
-    request: &[u8],
-    sent: &Sent,
-) -> Result<Result<(), BatchError>, String> {
-    let stdin = running
-        .stdin
-        .as_mut()
-        .ok_or_else(|| "stdin is closed".to_string())?;
-    stdin
-        .write_all(request)
-        .await
-        .map_err(|e| format!("cannot write to its stdin: {e}"))?;
-    stdin
-        .flush()
-        .await
-        .map_err(|e| format!("cannot write to its stdin: {e}"))?;
-    match running.next_line().await {
-        Some(line) if line.cut > 0 => Err(format!(
-            "wrote a line longer than ACKD_EXEC_MAX_LINE_BYTES={} ({} bytes): {}",
-            config.max_line_bytes,
-            line.text.len() as u64 + line.cut,
-            shorten(&line.text)
-        )),
-        Some(line) => parse_reply(&line.text, sent),
-        None => Err(running.gone_reason().await),
-    }
-}
-
-/// The message in flight ends at the timeout, or at a graceful stop's deadline: that
-/// deadline, once it has come.
-fn stop_deadline(
-    stop: &watch::Receiver<Option<Instant>>,
-) -> impl std::future::Future<Output = Instant> {
-    let mut stop = stop.clone();
-    async move {
-        let _ = stop.wait_for(Option::is_some).await;
-        let deadline = stop.borrow().unwrap_or_else(Instant::now);
-        tokio::time::sleep_until(deadline.into()).await;
-        deadline
-    }
-}
-
-/// The child failed on the message at `offset`: it is replaced, and the message
-/// failed as retryable once it is gone.
-fn failed(
-    running: &Running,
-    reason: String,
-    offset: i64,
-    reply: oneshot::Sender<Result<(), BatchError>>,
-) -> Ended {
-    let error = BatchError::new(
-        offset,
+/// The failure a request held by a failed child gets: retryable, once the child is gone.
+pub(super) fn child_failed(running: &Running, reason: &str, held: &Held) -> BatchError {
+    BatchError::new(
+        held.sent.offsets.first(),
         ProcessError::retryable(format!(
             "exec child {} (pid {}) failed on this message: {reason}",
             running.id, running.pid
         )),
-    );
-    Ended::Failed(
-        format!("{reason} (offset {offset})"),
-        Some(Failed { reply, error }),
     )
 }

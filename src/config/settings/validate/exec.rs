@@ -12,13 +12,14 @@ use crate::config::settings::MAX_EXEC_LINE_BYTES;
 pub(super) struct Exec {
     pub(super) command: Option<String>,
     pub(super) concurrency: usize,
+    pub(super) in_flight: usize,
     pub(super) timeout: Duration,
     pub(super) max_line_bytes: usize,
 }
 
 impl RawSettings {
-    /// `ACKD_EXEC_COMMAND`, `ACKD_EXEC_CONCURRENCY`, `ACKD_EXEC_TIMEOUT_MS` and
-    /// `ACKD_EXEC_MAX_LINE_BYTES`.
+    /// `ACKD_EXEC_COMMAND`, `ACKD_EXEC_CONCURRENCY`, `ACKD_EXEC_IN_FLIGHT`,
+    /// `ACKD_EXEC_TIMEOUT_MS` and `ACKD_EXEC_MAX_LINE_BYTES`.
     pub(super) fn exec(&self) -> Result<Exec, SettingError> {
         Ok(Exec {
             command: Some(self.get("exec_command"))
@@ -28,6 +29,11 @@ impl RawSettings {
                 "exec_concurrency",
                 1..=256,
                 "expected a whole number from 1 to 256",
+            )?,
+            in_flight: self.whole(
+                "exec_in_flight",
+                1..=1000,
+                "expected a whole number of requests from 1 to 1000",
             )?,
             timeout: self.millis("exec_timeout_ms", 1, 3_600_000)?,
             max_line_bytes: self.whole(

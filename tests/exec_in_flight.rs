@@ -1,0 +1,543 @@
+//! `ACKD_EXEC_IN_FLIGHT` against the real broker and the real binary: one exec child
+//! holding many requests at once and answering them in any order.
+//!
+//! docs/exec.md's asyncio Python handler and its Node.js handler run exactly as written
+//! there (per-key order, every message once across a graceful stop, a SIGKILL of the
+//! child mid-flight); test handlers of our own break the protocol, hang one request, and
+//! answer batches out of order. Ground truth: ackd's per-message lines (a message is
+//! acknowledged once at most: never a line for one the child did not answer) and the
+//! committed offsets.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(90);
+/// Requests one child holds at once, and the calls a partition may have under way.
+const IN_FLIGHT: usize = 100;
+
+fn at(line: &str, what: &str) -> bool {
+    field(line, "at").as_deref() == Some(what)
+}
+
+/// A fresh directory for one test's handler and its files.
+fn work_dir(name: &str) -> PathBuf {
+    let dir = log_dir().join(unique_name(name));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A handler of docs/exec.md's "Many requests in flight per child" section.
+#[derive(Clone, Copy, Debug)]
+enum DocsHandler {
+    Python,
+    Node,
+}
+
+impl DocsHandler {
+    /// Its code block, exactly as the docs show it, written to `dir`; the command line
+    /// that runs it.
+    fn install(self, dir: &Path) -> String {
+        let docs =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/exec.md"))
+                .expect("read docs/exec.md");
+        let section = docs
+            .split("## Many requests in flight per child")
+            .nth(1)
+            .expect("docs/exec.md has a \"Many requests in flight per child\" section");
+        let (fence, file, program) = match self {
+            DocsHandler::Python => ("```python\n", "handler.py", "python3"),
+            DocsHandler::Node => ("```js\n", "handler.js", "node"),
+        };
+        let code = section
+            .split(fence)
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .unwrap_or_else(|| panic!("the section has a {fence:?} block"));
+        let path = dir.join(file);
+        std::fs::write(&path, code).unwrap();
+        format!("{program} {}", path.display())
+    }
+}
+
+/// ackd with exec, one child holding up to `in_flight` requests, key ordering with as
+/// many calls per partition.
+fn in_flight_ackd(topic: &str, group: &str, command: &str, in_flight: usize) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "exec")
+        .env("ACKD_EXEC_COMMAND", command)
+        .env("ACKD_EXEC_IN_FLIGHT", in_flight.to_string())
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", in_flight.to_string())
+        .env("ACKD_RETRY_INITIAL_MS", "50")
+        .env("ACKD_RETRY_MAX_MS", "200")
+}
+
+/// `n` messages whose keys repeat (`keys` of them), spread by key over the partitions.
+fn produce_repeating_keys(topic: &str, n: usize, keys: usize) -> Vec<Delivered> {
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..n)
+        .map(|i| {
+            let key = format!("key-{}", i % keys).into_bytes();
+            (Some(key), format!("message {i}").into_bytes())
+        })
+        .collect();
+    produce(topic, &messages)
+}
+
+/// SIGTERM, exit 0, and every child stopped by EOF (it answered all it held first).
+#[track_caller]
+fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
+    ackd.sigterm();
+    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    let lines = ackd.lines();
+    let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
+    assert!(
+        !stopped.is_empty(),
+        "no at=exec_stopped:\n{}",
+        lines.join("\n")
+    );
+    for l in stopped {
+        assert_eq!(field(l, "how").as_deref(), Some("eof"), "{l}");
+    }
+    lines
+}
+
+/// Every delivered message acknowledged exactly once in `lines`.
+#[track_caller]
+fn assert_each_once(delivered: &[Delivered], lines: &[String]) {
+    let t = tally(delivered, &processed(lines), lines);
+    assert!(t.lost.is_empty(), "never acknowledged: {:?}", t.lost);
+    assert!(
+        t.duplicated.is_empty(),
+        "acknowledged twice: {:?}",
+        t.duplicated
+    );
+}
+
+/// The docs handler with 100 in flight: every message once, each key's messages
+/// acknowledged in offset order, and replies out of offset order (so the child really
+/// held many at once).
+fn key_order_with(handler: DocsHandler) {
+    let topic = unique_name("inflight-order");
+    let group = unique_name("g-inflight-order");
+    create_topic(&topic, 2);
+    let dir = work_dir("inflight-order");
+    let delivered = produce_repeating_keys(&topic, 3000, 50);
+    let ends = log_ends(&delivered);
+    let ackd = in_flight_ackd(&topic, &group, &handler.install(&dir), IN_FLIGHT).spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let lines = stop_cleanly(&ackd);
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 2, &ends);
+
+    let key_of: HashMap<(i32, i64), &[u8]> = delivered
+        .iter()
+        .map(|d| ((d.partition, d.offset), d.key.as_deref().unwrap()))
+        .collect();
+    let mut by_key: BTreeMap<&[u8], Vec<i64>> = BTreeMap::new();
+    for m in processed(&lines) {
+        by_key.entry(key_of[&m]).or_default().push(m.1);
+    }
+    for (key, offsets) in &by_key {
+        assert!(
+            offsets.windows(2).all(|w| w[0] < w[1]),
+            "key {} acknowledged out of order: {offsets:?}",
+            String::from_utf8_lossy(key)
+        );
+    }
+    let acked = per_partition_order(&processed(&lines));
+    assert!(
+        acked.values().any(|o| o.windows(2).any(|w| w[0] > w[1])),
+        "{handler:?}: every reply came in offset order, so the child never held two"
+    );
+    assert!(!lines.iter().any(|l| at(l, "exec_restart")), "a restart");
+}
+
+/// Offsets per partition in the order acknowledged.
+fn per_partition_order(processed: &[(i32, i64)]) -> BTreeMap<i32, Vec<i64>> {
+    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (p, o) in processed {
+        map.entry(*p).or_default().push(*o);
+    }
+    map
+}
+
+#[test]
+fn the_docs_asyncio_handler_answers_in_any_order_and_keys_keep_their_order() {
+    key_order_with(DocsHandler::Python);
+}
+
+#[test]
+fn the_docs_node_handler_answers_in_any_order_and_keys_keep_their_order() {
+    key_order_with(DocsHandler::Node);
+}
+
+/// A SIGTERM while messages stream in: the child answers what it holds, gets EOF, ackd
+/// exits 0 having committed exactly what was acknowledged; a second run takes the rest.
+/// Across both, every message acknowledged exactly once: no redelivery on a graceful stop.
+fn graceful_stop_with(handler: DocsHandler) {
+    let topic = unique_name("inflight-stop");
+    let group = unique_name("g-inflight-stop");
+    create_topic(&topic, 2);
+    let dir = work_dir("inflight-stop");
+    let command = handler.install(&dir);
+    let producer = SteadyProducer::start(&topic, 50, Duration::from_millis(5));
+    let first = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
+    first.wait_for_count(is_processed, 2000, WAIT);
+    let mut lines = stop_cleanly(&first);
+    let delivered = producer.finish();
+    let ends = log_ends(&delivered);
+    let second = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
+    wait_until(WAIT, || {
+        let c = committed(&group, &topic, 2);
+        ends.iter().all(|(p, end)| c[p] == Some(*end))
+    });
+    lines.extend(stop_cleanly(&second));
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 2, &ends);
+}
+
+#[test]
+fn the_docs_asyncio_handler_finishes_what_it_holds_on_sigterm_and_nothing_comes_twice() {
+    graceful_stop_with(DocsHandler::Python);
+}
+
+#[test]
+fn the_docs_node_handler_finishes_what_it_holds_on_sigterm_and_nothing_comes_twice() {
+    graceful_stop_with(DocsHandler::Node);
+}
+
+/// The child's process group SIGKILLed while it holds many requests: none of them is
+/// acknowledged by the dead child, all are retried on the next one, every message is
+/// acknowledged exactly once and committed to the end.
+fn child_killed_with(handler: DocsHandler) {
+    let topic = unique_name("inflight-kill");
+    let group = unique_name("g-inflight-kill");
+    create_topic(&topic, 2);
+    let dir = work_dir("inflight-kill");
+    let delivered = produce_repeating_keys(&topic, 20_000, 1000);
+    let ends = log_ends(&delivered);
+    let ackd = in_flight_ackd(&topic, &group, &handler.install(&dir), IN_FLIGHT).spawn();
+    let started = ackd.wait_for_line(|l| at(l, "exec_started"), WAIT);
+    let pid: libc::pid_t = field(&started, "pid").unwrap().parse().unwrap();
+    ackd.wait_for_count(is_processed, 500, WAIT);
+    // SAFETY: kill(2) on the child's own process group (ackd starts it with
+    // process_group(0)); no memory effects.
+    assert_eq!(unsafe { libc::kill(-pid, libc::SIGKILL) }, 0);
+    let restart = ackd.wait_for_line(|l| at(l, "exec_restart"), WAIT);
+    let reason = field(&restart, "reason").unwrap();
+    assert!(reason.contains("SIGKILL"), "{restart}");
+    assert!(reason.contains("holding "), "it held several: {restart}");
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let lines = stop_cleanly(&ackd);
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 2, &ends);
+    let retried = lines
+        .iter()
+        .filter(|l| at(l, "retry"))
+        .filter(|l| field(l, "error").is_some_and(|e| e.contains("failed on this message")))
+        .count();
+    assert!(retried > 1, "the held requests were failed as retryable");
+}
+
+#[test]
+fn the_docs_asyncio_handler_killed_mid_flight_has_what_it_held_retried() {
+    child_killed_with(DocsHandler::Python);
+}
+
+#[test]
+fn the_docs_node_handler_killed_mid_flight_has_what_it_held_retried() {
+    child_killed_with(DocsHandler::Node);
+}
+
+/// A test handler of our own: asyncio, up to 10 requests in flight, each answered after
+/// 0-20 ms. `misbehave(msg, write)` may write something else first and return True to
+/// skip the proper reply; each line it writes is recorded in `replies`.
+fn test_handler(dir: &Path, misbehave: &str) -> String {
+    let code = format!(
+        r#"import asyncio, json, os, random, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+DIR = {dir:?}
+def once(name):
+    try:
+        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+def write(reply):
+    line = reply if isinstance(reply, str) else json.dumps(reply)
+    with open(os.path.join(DIR, "replies"), "a") as f:
+        f.write(line + "\n")
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+def misbehave(msg, write):
+{misbehave}
+async def answer(msg):
+    await asyncio.sleep(random.uniform(0, 0.02))
+    if misbehave(msg, write):
+        return
+    write(dict(ack=True, topic=msg["topic"], partition=msg["partition"], offset=msg["offset"]))
+async def main():
+    stdin = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    pending = set()
+    while line := await stdin.readline():
+        t = asyncio.create_task(answer(json.loads(line)))
+        pending.add(t)
+        t.add_done_callback(pending.discard)
+    await asyncio.gather(*pending)
+asyncio.run(main())
+"#,
+        dir = dir.display().to_string(),
+    );
+    let path = dir.join("handler.py");
+    std::fs::write(&path, code).unwrap();
+    format!("python3 {}", path.display())
+}
+
+/// Acknowledgements the handler wrote: (partition, offset) of each `"ack":true` line
+/// that named both.
+fn acks_written(dir: &Path) -> Vec<(i32, i64)> {
+    read_lossy(&dir.join("replies"))
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["ack"] == true)
+        .filter_map(|v| Some((v["partition"].as_i64()? as i32, v["offset"].as_i64()?)))
+        .collect()
+}
+
+/// A second reply to one message, a reply naming an offset never sent, one without
+/// topic and partition, and junk: each replaces the child and retries what it held;
+/// nothing is acknowledged that the handler did not acknowledge.
+#[test]
+fn every_protocol_error_replaces_the_child_and_retries_what_it_held() {
+    let topic = unique_name("inflight-protocol");
+    let group = unique_name("g-inflight-protocol");
+    create_topic(&topic, 1);
+    let dir = work_dir("inflight-protocol");
+    let misbehave = r#"    v, o = msg["value"], msg["offset"]
+    named = dict(topic=msg["topic"], partition=msg["partition"])
+    if v == "dup" and once("dup"):
+        write(dict(ack=True, offset=o, **named))
+        write(dict(ack=True, offset=o, **named))
+        return True
+    if v == "unknown" and once("unknown"):
+        write(dict(ack=True, offset=o + 1000, **named))
+        return True
+    if v == "unnamed" and once("unnamed"):
+        write(dict(ack=True, offset=o))
+        return True
+    if v == "junk" and once("junk"):
+        write("ok")
+        return True
+    return False"#;
+    let command = test_handler(&dir, misbehave);
+    let values: Vec<String> = (0..200)
+        .map(|i| match i {
+            20 => "dup".to_string(),
+            60 => "unknown".to_string(),
+            100 => "unnamed".to_string(),
+            140 => "junk".to_string(),
+            i => format!("m-{i}"),
+        })
+        .collect();
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (Some(format!("k-{i}").into_bytes()), v.clone().into_bytes()))
+        .collect();
+    let delivered = produce(&topic, &messages);
+    let ends = log_ends(&delivered);
+    let ackd = in_flight_ackd(&topic, &group, &command, 10).spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let lines = stop_cleanly(&ackd);
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 1, &ends);
+
+    let reasons: Vec<String> = lines
+        .iter()
+        .filter(|l| at(l, "exec_restart"))
+        .filter_map(|l| field(l, "reason"))
+        .collect();
+    assert_eq!(
+        reasons.len(),
+        4,
+        "one restart per protocol error: {reasons:#?}"
+    );
+    for expected in [
+        "which this child does not hold",
+        "offset 1060",
+        "names no \"topic\"",
+        "reply is not JSON",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(expected)),
+            "no restart for {expected:?}: {reasons:#?}"
+        );
+    }
+    let written = acks_written(&dir);
+    for m in processed(&lines) {
+        assert!(
+            written.contains(&m),
+            "{m:?} acknowledged, never acked by the handler"
+        );
+    }
+}
+
+/// One request never answered while the child answers the others: it times out on its
+/// own clock, the child is replaced, the request is retried and acknowledged.
+#[test]
+fn a_request_times_out_on_its_own_clock_and_is_retried() {
+    let topic = unique_name("inflight-timeout");
+    let group = unique_name("g-inflight-timeout");
+    create_topic(&topic, 1);
+    let dir = work_dir("inflight-timeout");
+    let misbehave = r#"    return msg["value"] == "hang" and once("hang")"#;
+    let command = test_handler(&dir, misbehave);
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..100)
+        .map(|i| {
+            let value = if i == 30 {
+                "hang".into()
+            } else {
+                format!("m-{i}")
+            };
+            (Some(format!("k-{i}").into_bytes()), value.into_bytes())
+        })
+        .collect();
+    let delivered = produce(&topic, &messages);
+    let ends = log_ends(&delivered);
+    let ackd = in_flight_ackd(&topic, &group, &command, 10)
+        .env("ACKD_EXEC_TIMEOUT_MS", "1500")
+        .spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let lines = stop_cleanly(&ackd);
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 1, &ends);
+    let restarts: Vec<&String> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    assert_eq!(restarts.len(), 1, "{restarts:#?}");
+    let reason = field(restarts[0], "reason").unwrap();
+    assert!(
+        reason.contains("no reply within ACKD_EXEC_TIMEOUT_MS=1500 to topic")
+            && reason.contains("offset 30"),
+        "{reason}"
+    );
+    // The others kept being answered while it hung: acknowledged before the restart.
+    let restart_at = lines.iter().position(|l| at(l, "exec_restart")).unwrap();
+    let before = processed(&lines[..restart_at]);
+    assert!(before.iter().any(|(_, o)| *o > 30), "{before:?}");
+}
+
+/// Batches with requests in flight: a child holds up to 4 batches (one per partition
+/// under partition ordering) and answers them in any order; each message once.
+#[test]
+fn a_child_holds_up_to_its_limit_of_batches_answered_in_any_order() {
+    let topic = unique_name("inflight-batches");
+    let group = unique_name("g-inflight-batches");
+    create_topic(&topic, 4);
+    let dir = work_dir("inflight-batches");
+    let code = format!(
+        r#"import asyncio, json, os, random, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+DIR = {dir:?}
+held = 0
+async def answer(batch):
+    global held
+    held += 1
+    with open(os.path.join(DIR, "held"), "a") as f:
+        f.write("%d\n" % held)
+    await asyncio.sleep(random.uniform(0.005, 0.03))
+    held -= 1
+    head = batch[0]
+    reply = dict(ack=True, topic=head["topic"], partition=head["partition"], first=head["offset"], last=batch[-1]["offset"])
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+async def main():
+    stdin = asyncio.StreamReader(limit=1 << 24)
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    pending = set()
+    while line := await stdin.readline():
+        t = asyncio.create_task(answer(json.loads(line)))
+        pending.add(t)
+        t.add_done_callback(pending.discard)
+    await asyncio.gather(*pending)
+asyncio.run(main())
+"#,
+        dir = dir.display().to_string()
+    );
+    let path = dir.join("batches.py");
+    std::fs::write(&path, code).unwrap();
+    let delivered = produce_keyed(&topic, 2000, 0);
+    let ends = log_ends(&delivered);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "exec")
+        .env("ACKD_EXEC_COMMAND", format!("python3 {}", path.display()))
+        .env("ACKD_EXEC_IN_FLIGHT", "4")
+        .batches(10)
+        .spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let lines = stop_cleanly(&ackd);
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 4, &ends);
+    let held: Vec<usize> = read_lossy(&dir.join("held"))
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let most = held.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "batches held at once, at most: {most} (of {} batches)",
+        held.len()
+    );
+    assert!(most <= 4, "the child held {most} batches, the limit is 4");
+    assert!(most >= 2, "the child never held two batches at once");
+}
+
+/// One partition, 100 requests in flight of 10 KiB messages, with a memory budget: ackd's peak RSS stays
+/// under the budget plus tests/memory.rs's baseline plus what `ACKD_MAX_PENDING` lets
+/// each partition hold outside librdkafka's queue (docs/performance.md), every message once.
+#[test]
+fn a_hundred_in_flight_stay_within_the_memory_budget() {
+    const BUDGET_MIB: u64 = 8;
+    const BASELINE_MIB: u64 = 28;
+    /// ACKD_MAX_PENDING=100 × 10 KiB, for the one partition.
+    const PENDING_MIB: u64 = 1;
+    let topic = unique_name("inflight-memory");
+    let group = unique_name("g-inflight-memory");
+    create_topic(&topic, 1);
+    let dir = work_dir("inflight-memory");
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..4000)
+        .map(|i| {
+            let mut value = format!("message {i} ").into_bytes();
+            value.resize(10 * 1024, b'x');
+            (Some(format!("k-{}", i % 500).into_bytes()), value)
+        })
+        .collect();
+    let delivered = produce(&topic, &messages);
+    let ends = log_ends(&delivered);
+    let ackd = in_flight_ackd(
+        &topic,
+        &group,
+        &DocsHandler::Python.install(&dir),
+        IN_FLIGHT,
+    )
+    .env("ACKD_MEMORY_MB", BUDGET_MIB.to_string())
+    .env("ACKD_MAX_PENDING", IN_FLIGHT.to_string())
+    .spawn();
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    let peak_kib = peak_rss_kib(ackd.pid());
+    let lines = stop_cleanly(&ackd);
+    eprintln!(
+        "ACKD_EXEC_IN_FLIGHT={IN_FLIGHT}, ACKD_MEMORY_MB={BUDGET_MIB}: peak RSS {peak_kib} KiB"
+    );
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 1, &ends);
+    assert!(
+        peak_kib < (BUDGET_MIB + BASELINE_MIB + PENDING_MIB) << 10,
+        "peak RSS {peak_kib} KiB with ACKD_MEMORY_MB={BUDGET_MIB}"
+    );
+}
