@@ -211,6 +211,35 @@ fn the_docs_node_handler_finishes_what_it_holds_on_sigterm_and_nothing_comes_twi
     graceful_stop_with(DocsHandler::Node);
 }
 
+/// A second member joins while the first one's child holds many requests: the partitions
+/// taken from it are drained (its child answers what it holds, nothing new is sent for
+/// them) and committed before the new owner starts them. Across both, every message
+/// acknowledged exactly once: no redelivery on a rebalance.
+#[test]
+fn a_revoke_waits_for_what_the_child_holds_and_nothing_comes_twice() {
+    let topic = unique_name("inflight-revoke");
+    let group = unique_name("g-inflight-revoke");
+    create_topic(&topic, 4);
+    let dir = work_dir("inflight-revoke");
+    let command = DocsHandler::Python.install(&dir);
+    let producer = SteadyProducer::start(&topic, 50, Duration::from_millis(5));
+    let first = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
+    first.wait_for_count(is_processed, 1000, WAIT);
+    let second = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
+    first.wait_for_line(|l| at(l, "revoked"), WAIT);
+    second.wait_for_count(is_processed, 500, WAIT);
+    let delivered = producer.finish();
+    let ends = log_ends(&delivered);
+    wait_until(WAIT, || {
+        let c = committed(&group, &topic, 4);
+        ends.iter().all(|(p, end)| c[p] == Some(*end))
+    });
+    let mut lines = stop_cleanly(&first);
+    lines.extend(stop_cleanly(&second));
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 4, &ends);
+}
+
 /// The child's process group SIGKILLed while it holds many requests: none of them is
 /// acknowledged by the dead child, all are retried on the next one, every message is
 /// acknowledged exactly once and committed to the end.
