@@ -1,7 +1,7 @@
 //! The requests one child holds: given to it, not answered yet, each with its own
 //! timeout from the moment it was given.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -16,8 +16,9 @@ pub(super) struct Held {
     reply: oneshot::Sender<Result<(), BatchError>>,
     /// The call counts as under way (a stop or a revoke waits for it) while held.
     taken: Taken,
-    /// Tells this request's deadline from an earlier one of the same name.
-    seq: u64,
+    /// When it runs out of time, and the order it was given in: its key in
+    /// [`HeldRequests::deadlines`].
+    deadline: (Instant, u64),
 }
 
 impl Held {
@@ -30,7 +31,7 @@ impl Held {
             sent,
             reply,
             taken,
-            seq: 0,
+            deadline: (Instant::now(), 0),
         }
     }
 
@@ -46,9 +47,8 @@ impl Held {
 /// What one child holds.
 pub(super) struct HeldRequests {
     by_name: HashMap<RequestName, Held>,
-    /// When each request given runs out of time, in the order given (one timeout for
-    /// all, so the front is the earliest); answered ones are skipped when they come up.
-    deadlines: VecDeque<(Instant, u64, RequestName)>,
+    /// When each request held runs out of time: as many entries as requests held.
+    deadlines: BTreeMap<(Instant, u64), RequestName>,
     timeout: Duration,
     /// `ACKD_EXEC_IN_FLIGHT=1`: a reply answers the one request held, naming its offset.
     one_at_a_time: bool,
@@ -59,24 +59,24 @@ impl HeldRequests {
     pub(super) fn new(timeout: Duration, in_flight: usize) -> HeldRequests {
         HeldRequests {
             by_name: HashMap::with_capacity(in_flight.min(64)),
-            deadlines: VecDeque::new(),
+            deadlines: BTreeMap::new(),
             timeout,
             one_at_a_time: in_flight <= 1,
             given: 0,
         }
     }
 
-    /// The child was given `held` now.
-    pub(super) fn give(&mut self, mut held: Held) {
+    /// The child was given `held` now. Returns a request of the same name it held, if
+    /// any: that can only be one its worker gave up on (a drain that ran out of time,
+    /// then the partition came back), so the later call gets the answer.
+    pub(super) fn give(&mut self, mut held: Held) -> Option<Held> {
         self.given += 1;
-        held.seq = self.given;
+        held.deadline = (Instant::now() + self.timeout, self.given);
         let name = RequestName::of(&held.sent);
-        self.deadlines
-            .push_back((Instant::now() + self.timeout, held.seq, name.clone()));
-        // The same message again can only be one its worker gave up on (a drain that
-        // ran out of time, then the partition came back): the later call gets the
-        // answer, the earlier one's worker no longer listens.
-        self.by_name.insert(name, held);
+        self.deadlines.insert(held.deadline, name.clone());
+        let displaced = self.by_name.insert(name, held)?;
+        self.deadlines.remove(&displaced.deadline);
+        Some(displaced)
     }
 
     pub(super) fn len(&self) -> usize {
@@ -88,14 +88,10 @@ impl HeldRequests {
     }
 
     /// The earliest moment a held request runs out of time, and its name.
-    pub(super) fn earliest_deadline(&mut self) -> Option<(Instant, RequestName)> {
-        while let Some((at, seq, name)) = self.deadlines.front() {
-            if self.by_name.get(name).is_some_and(|h| h.seq == *seq) {
-                return Some((*at, name.clone()));
-            }
-            self.deadlines.pop_front();
-        }
-        None
+    pub(super) fn earliest_deadline(&self) -> Option<(Instant, RequestName)> {
+        self.deadlines
+            .first_key_value()
+            .map(|((at, _), name)| (*at, name.clone()))
     }
 
     /// The request `line` answers, taken out, and what the answer means. `Err`: the
@@ -119,14 +115,95 @@ impl HeldRequests {
         };
         let result = parse_reply(line, &held.sent)?;
         let held = self.by_name.remove(&name).expect("held, looked up above");
+        self.deadlines.remove(&held.deadline);
         Ok((held, result))
     }
 
     /// Every request still held, oldest first.
     pub(super) fn drain(&mut self) -> Vec<Held> {
         let mut held: Vec<Held> = self.by_name.drain().map(|(_, h)| h).collect();
-        held.sort_by_key(|h| h.seq);
+        held.sort_by_key(|h| h.deadline);
         self.deadlines.clear();
         held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::processors::exec::protocol::Offsets;
+    use crate::processors::processor::queued;
+
+    fn held(partition: i32, offset: i64) -> (Held, oneshot::Receiver<Result<(), BatchError>>) {
+        let (reply, answer) = oneshot::channel();
+        let sent = Sent {
+            topic: "t".into(),
+            partition,
+            offsets: Offsets::One(offset),
+        };
+        let taken = queued().take().expect("not dropped");
+        (Held::new(sent, reply, taken), answer)
+    }
+
+    fn ack(partition: i32, offset: i64) -> String {
+        format!("{{\"ack\":true,\"topic\":\"t\",\"partition\":{partition},\"offset\":{offset}}}")
+    }
+
+    #[test]
+    fn replies_answer_the_request_they_name_once_in_any_order() {
+        let mut requests = HeldRequests::new(Duration::from_secs(5), 10);
+        let mut answers = Vec::new();
+        for (p, o) in [(0, 7), (1, 7), (0, 8)] {
+            let (h, a) = held(p, o);
+            assert!(requests.give(h).is_none());
+            answers.push(a);
+        }
+        // The earliest deadline is the first given; answered, it is the next one's.
+        assert_eq!(requests.earliest_deadline().unwrap().1.partition, 0);
+        let (h, result) = requests.answer(&ack(0, 7)).unwrap();
+        assert_eq!((h.sent.partition, result), (0, Ok(())));
+        h.send(Ok(()));
+        let next = requests.earliest_deadline().unwrap().1;
+        assert_eq!((next.partition, next.first), (1, 7));
+        // Out of order, then a second reply to the same one: not held any more.
+        assert!(requests.answer(&ack(0, 8)).is_ok());
+        let e = requests.answer(&ack(0, 8)).err().unwrap();
+        assert!(e.contains("does not hold"), "{e}");
+        // Never sent, or without its partition.
+        assert!(requests.answer(&ack(2, 7)).is_err());
+        assert!(requests.answer("{\"ack\":true,\"offset\":7}").is_err());
+        assert_eq!(requests.len(), 1);
+        assert_eq!(requests.drain().len(), 1);
+        assert!(requests.is_empty() && requests.earliest_deadline().is_none());
+        assert_eq!(answers[0].try_recv(), Ok(Ok(())));
+    }
+
+    #[test]
+    fn one_at_a_time_a_reply_answers_the_one_request_held_by_its_offset() {
+        let mut requests = HeldRequests::new(Duration::from_secs(5), 1);
+        let e = requests
+            .answer("{\"ack\":true,\"offset\":3}")
+            .err()
+            .unwrap();
+        assert!(e.contains("no message in flight"), "{e}");
+        let (h, _answer) = held(0, 3);
+        requests.give(h);
+        assert!(requests.answer("{\"ack\":true,\"offset\":4}").is_err());
+        assert!(requests.answer("{\"ack\":true,\"offset\":3}").is_ok());
+    }
+
+    #[test]
+    fn the_same_message_given_again_displaces_the_one_its_worker_gave_up_on() {
+        let mut requests = HeldRequests::new(Duration::from_secs(5), 10);
+        let (first, _gone) = held(0, 5);
+        requests.give(first);
+        let (again, _answer) = held(0, 5);
+        assert!(requests.give(again).is_some());
+        assert_eq!(requests.len(), 1);
+        assert!(requests.answer(&ack(0, 5)).is_ok());
+        assert!(
+            requests.earliest_deadline().is_none(),
+            "no deadline left behind"
+        );
     }
 }

@@ -62,7 +62,7 @@ impl Service<'_> {
             if let Some(deadline) = stopping.filter(|_| held.is_empty()) {
                 return (Ended::Stop(deadline), answered);
             }
-            let failure = match self.next_event(&mut held, stopping).await {
+            let failure = match self.next_event(&held, stopping).await {
                 Event::Stop(deadline) => {
                     // No new request once the stop began: what it holds, it finishes.
                     self.dispatch.set_serving(self.running.id, false);
@@ -96,7 +96,7 @@ impl Service<'_> {
         }
     }
 
-    async fn next_event(&mut self, held: &mut HeldRequests, stopping: Option<Instant>) -> Event {
+    async fn next_event(&mut self, held: &HeldRequests, stopping: Option<Instant>) -> Event {
         let timeout = held.earliest_deadline();
         let (timeout_at, name) = match timeout {
             Some((at, name)) => (Some(at), Some(name)),
@@ -137,7 +137,10 @@ impl Service<'_> {
             }
         };
         let written = self.running.give(line);
-        held.give(Held::new(sent, reply, taken));
+        if let Some(displaced) = held.give(Held::new(sent, reply, taken)) {
+            self.dispatch.release(self.running.id);
+            drop(displaced);
+        }
         written
     }
 
