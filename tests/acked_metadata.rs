@@ -16,7 +16,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 const METADATA_MAX: usize = 300;

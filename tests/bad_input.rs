@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*};
 
 const MESSAGES: usize = 20_000;
 const WAIT: Duration = Duration::from_secs(90);

@@ -1,6 +1,6 @@
 //! Broker trouble: no broker at start, a broker that appears later, and a broker that
 //! goes away mid-run and comes back. Each test runs a single-node Kafka cluster of its own
-//! ([`common::start_broker_on`] on a port ackd was given first, or [`common::Broker::start`])
+//! ([`common::broker::start_broker_on`] on a port ackd was given first, or [`common::broker::Broker::start`])
 //! so that it can stop and start it. A Kafka node started again keeps its data: topics,
 //! records and the group's committed offsets.
 
@@ -9,7 +9,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 

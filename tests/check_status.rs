@@ -9,7 +9,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 

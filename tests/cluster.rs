@@ -8,7 +8,7 @@
 //! ackd keeps consuming through it all and stops with SIGTERM: nothing lost, nothing
 //! processed twice unless a refused commit (`at=commit_failed`) was logged for it, and the
 //! group committed at every partition's log end. The producer rides through the restarts
-//! ([`common::producer_riding_restarts`]).
+//! ([`common::produce::producer_riding_restarts`]).
 //!
 //! Members use a 30 s session (librdkafka's default is 45 s): a coordinator moving takes
 //! seconds, and the harness's 1 s session would make every move an eviction, which is a
@@ -22,7 +22,9 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(180);
 const PARTITIONS: i32 = 6;

@@ -12,7 +12,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};

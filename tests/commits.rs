@@ -13,8 +13,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    at, broker_keeping_metadata, committed, create_topic, field, is_processed, processed,
-    produce_records, unique_name, AckdBuilder, Broker,
+    ackd::AckdBuilder,
+    broker::{broker_keeping_metadata, Broker},
+    lines::{at, field, is_processed, processed},
+    offsets::committed,
+    produce::produce_records,
+    topics::{create_topic, unique_name},
 };
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 4;

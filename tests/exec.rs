@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -156,7 +156,7 @@ type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
 
 /// Produces values (with optional key bytes and headers) to partition 0, in order.
 fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let records: Vec<common::Record<'_>> =
+    let records: Vec<common::produce::Record<'_>> =
         messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
     produce_records(topic, &records);
 }
@@ -1399,7 +1399,7 @@ fn produce_distinct_keys(topic: &str, partitions: i32, n: usize) {
     let keys: Vec<(i32, String)> = (0..partitions)
         .flat_map(|p| (0..n).map(move |i| (p, format!("p{p}-k{i}"))))
         .collect();
-    let records: Vec<common::Record<'_>> = keys
+    let records: Vec<common::produce::Record<'_>> = keys
         .iter()
         .map(|(p, k)| (*p, Some(k.as_bytes()), k.as_bytes(), &[][..]))
         .collect();

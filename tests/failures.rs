@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -32,7 +32,7 @@ fn produce_to(topic: &str, messages: &[Spec<'_>]) -> Vec<(i32, i64)> {
         .iter()
         .map(|(_, _, _, h)| h.iter().map(|(k, v)| (*k, v.as_bytes())).collect())
         .collect();
-    let records: Vec<common::Record<'_>> = messages
+    let records: Vec<common::produce::Record<'_>> = messages
         .iter()
         .zip(&headers)
         .map(|((p, k, v, _), h)| (*p, Some(k.as_bytes()), v.as_bytes(), h.as_slice()))

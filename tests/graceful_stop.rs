@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -343,7 +343,7 @@ fn a_sigint_after_a_sigterm_still_stops_gracefully() {
         .spawn();
     assert_eq!(again.wait_exit(WAIT), 0);
     let mut all_processed = processed.clone();
-    all_processed.extend(common::processed(&again.lines()));
+    all_processed.extend(common::lines::processed(&again.lines()));
     assert_no_duplicates(&all_processed);
     assert_eq!(all_processed.len(), delivered.len());
 }

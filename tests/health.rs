@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 use serde_json::Value;
 
@@ -221,7 +221,7 @@ type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
 
 /// Produces values (with optional key bytes and headers) to partition 0, in order.
 fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let records: Vec<common::Record<'_>> =
+    let records: Vec<common::produce::Record<'_>> =
         messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
     produce_records(topic, &records);
 }
@@ -1125,7 +1125,7 @@ fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_othe
     let values: Vec<(i32, String)> = (0..6)
         .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
         .collect();
-    let records: Vec<common::Record<'_>> = values
+    let records: Vec<common::produce::Record<'_>> = values
         .iter()
         .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
         .collect();

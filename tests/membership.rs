@@ -2,7 +2,7 @@
 //! three members, each in turn stopped with SIGTERM and replaced by a new one (the next
 //! rotation waits for the replacement's assignment), then all stopped. Every handoff is
 //! graceful, so on Kafka nothing may be lost and nothing processed twice, and no commit
-//! may be refused but periodic ones racing a classic rebalance ([`common::split_refusals`]):
+//! may be refused but periodic ones racing a classic rebalance ([`common::lines::split_refusals`]):
 //! for each of the classic protocol's cooperative-sticky (ackd's default) and eager
 //! (range) assignors, and the consumer protocol (KIP-848).
 
@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(120);
 const PARTITIONS: i32 = 6;

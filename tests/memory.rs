@@ -6,7 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 use rdkafka::producer::FutureProducer;
 use rdkafka::ClientConfig;
 

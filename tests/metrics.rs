@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -51,7 +51,7 @@ fn assert_all_lines_are_logfmt(lines: &[String]) {
     for line in lines {
         let pairs = logfmt::parse(line);
         assert!(!pairs.is_empty(), "not logfmt: {line}");
-        let ours = common::logfmt(line);
+        let ours = common::lines::logfmt(line);
         assert_eq!(pairs.len(), ours.len(), "parsers disagree on {line}");
         for (pair, (key, value)) in pairs.iter().zip(&ours) {
             assert_eq!(&pair.key, key, "{line}");

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -13,8 +13,9 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    at, commit_raw_metadata_on, committed_raw_metadata_on, field, is_processed, AckdBuilder,
-    AckdProcess,
+    ackd::{AckdBuilder, AckdProcess},
+    lines::{at, field, is_processed},
+    offsets::{commit_raw_metadata_on, committed_raw_metadata_on},
 };
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
@@ -168,7 +169,7 @@ fn commit_metadata_that_is_not_utf8_is_ignored_not_a_crash() {
     let code = ackd.wait_exit(WAIT);
     let lines = ackd.lines();
     assert_eq!(code, 0, "{}", lines.join("\n"));
-    let offsets: Vec<i64> = common::processed(&lines)
+    let offsets: Vec<i64> = common::lines::processed(&lines)
         .into_iter()
         .map(|(_, o)| o)
         .collect();

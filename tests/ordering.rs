@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::FutureRecord;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -13,7 +13,9 @@ use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::{Offset, TopicPartitionList};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 

@@ -2,7 +2,7 @@
 //! partitions are drained and committed before they are released, so the member that
 //! gets them resumes at exactly the next message: nothing lost, nothing processed twice,
 //! no commit refused but periodic ones racing a classic rebalance
-//! ([`common::split_refusals`]). The classic protocol with the cooperative-sticky default and an
+//! ([`common::lines::split_refusals`]). The classic protocol with the cooperative-sticky default and an
 //! eager assignor (range), and the consumer protocol (KIP-848).
 
 mod common;
@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::*;
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 4;

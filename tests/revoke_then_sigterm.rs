@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const SHUTDOWN_MS: u64 = 10_000;

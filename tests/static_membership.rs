@@ -18,7 +18,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -58,5 +58,5 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
     assert_eq!(again.wait_exit(WAIT), 0);
-    assert!(common::processed(&again.lines()).is_empty());
+    assert!(common::lines::processed(&again.lines()).is_empty());
 }

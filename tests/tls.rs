@@ -20,7 +20,10 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use common::pki::Pki;
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// How long an authentication failure may take to stop ackd.

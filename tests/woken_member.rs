@@ -20,7 +20,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{accounting::*, ackd::*, broker::*, lines::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 6;
