@@ -108,9 +108,7 @@ fn crash_and_resume(
     until: impl Fn(&(Option<i64>, String)) -> bool,
 ) -> Crash {
     kafka();
-    let topic = unique_name("acked-meta");
-    let group = unique_name("g-acked-meta");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-meta", 1);
     let first_stuck = *stuck.first().unwrap();
     let mut delivered = produce_with_stuck(&topic, 0, n / 2, stuck);
 
@@ -278,9 +276,7 @@ fn ranges_the_broker_refuses_cost_redelivery_never_a_commit() {
 #[test]
 fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
     kafka();
-    let topic = unique_name("acked-reset");
-    let group = unique_name("g-acked-reset");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-reset", 1);
     let none = BTreeSet::new();
     let mut delivered = produce_with_stuck(&topic, 0, 5, &none);
     // Committed 10, acknowledged 12..=15: none of it exists yet.
@@ -328,9 +324,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
 #[test]
 fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     kafka();
-    let topic = unique_name("acked-halt");
-    let group = unique_name("g-acked-halt");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-halt", 1);
     const N: i64 = 300;
     let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..N)
         .map(|i| match i {
@@ -424,9 +418,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
     kafka();
     const N: i64 = 2000;
     const CONCURRENCY: usize = 16;
-    let topic = unique_name("acked-mid");
-    let group = unique_name("g-acked-mid");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-mid", 1);
     let slow: BTreeSet<i64> = (0..N).filter(|i| i % 25 == 7).collect();
     let delivered = produce_with_stuck(&topic, 0, N, &slow);
     let run = |retry_ms: &str| {

@@ -67,10 +67,8 @@ fn odd_headers() -> OwnedHeaders {
 
 #[test]
 fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
-    let topic = unique_name("bad-input");
-    let group = unique_name("g-bad-input");
     // One partition: offsets are the produce order.
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("bad-input", 1);
 
     let big = vec![b'x'; 900 * 1024];
     let mut cases = vec![

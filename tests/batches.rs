@@ -53,9 +53,7 @@ fn faulty_batches(topic: &str, group: &str, max: usize) -> AckdBuilder {
 #[test]
 fn batches_of_any_size_commit_every_message_once() {
     for max in [2usize, 7, 64, 1000] {
-        let topic = unique_name(&format!("batch{max}"));
-        let group = unique_name("g-batch");
-        create_topic(&topic, 3);
+        let (topic, group) = fresh_topic(&format!("batch{max}"), 3);
         let delivered = produce_keyed(&topic, 450, 0);
         let ackd = AckdBuilder::new(&topic, &group)
             .env("ACKD_PROCESSOR", "log")
@@ -98,9 +96,7 @@ fn batches_of_any_size_commit_every_message_once() {
 
 #[test]
 fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
-    let topic = unique_name("batch-retry");
-    let group = unique_name("g-batch-retry");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("batch-retry", 1);
     let mut payloads = vec!["ok"; 20];
     payloads[5] = "retry:2";
     produce_payloads(&topic, 0, &payloads);
@@ -127,9 +123,7 @@ fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
 
 #[test]
 fn a_permanent_failure_in_a_batch_halts_the_partition_at_that_message() {
-    let topic = unique_name("batch-halt");
-    let group = unique_name("g-batch-halt");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("batch-halt", 2);
     let mut payloads = vec!["ok"; 12];
     payloads[5] = "fail";
     produce_payloads(&topic, 0, &payloads);
@@ -159,9 +153,7 @@ fn a_permanent_failure_in_a_batch_halts_the_partition_at_that_message() {
 
 #[test]
 fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
-    let topic = unique_name("batch-skip");
-    let group = unique_name("g-batch-skip");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("batch-skip", 1);
     let mut payloads = vec!["ok"; 30];
     payloads[3] = "panic";
     payloads[4] = "fail";
@@ -228,9 +220,7 @@ fn dead_letters_in_a_batch_are_copied_and_the_rest_processed() {
 
 #[test]
 fn a_batch_does_not_wait_for_messages_that_do_not_come() {
-    let topic = unique_name("batch-wait");
-    let group = unique_name("g-batch-wait");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("batch-wait", 1);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "log")
         .env("ACKD_BATCH_MAX_MESSAGES", "500")
@@ -248,9 +238,7 @@ fn a_batch_does_not_wait_for_messages_that_do_not_come() {
 
 #[test]
 fn a_stop_while_a_batch_is_gathered_loses_nothing() {
-    let topic = unique_name("batch-stop");
-    let group = unique_name("g-batch-stop");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("batch-stop", 2);
     let delivered = produce_keyed(&topic, 6, 0);
     // Batches of 1000 waiting a minute: the six messages are gathered, never started.
     let ackd = AckdBuilder::new(&topic, &group)

@@ -117,9 +117,7 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
 #[test]
 fn a_broker_stopped_and_started_again_is_reconnected_to() {
     let broker = Broker::start(BrokerOptions::default());
-    let topic = unique_name("again");
-    let group = unique_name("g-again");
-    create_topic_on(&broker, &topic, 3);
+    let (topic, group) = fresh_topic_on(&broker, "again", 3);
     let producer = producer_for(&broker.bootstrap());
     let batch1 = produce_with(&producer, &topic, &keyed_messages(90, 0));
     let ackd = AckdBuilder::on(&broker.bootstrap(), &topic, &group)

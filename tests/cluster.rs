@@ -131,9 +131,7 @@ fn rolling_restart(members: usize) {
     let _one = one_at_a_time();
     let began = Instant::now();
     let b = three_nodes();
-    let topic = unique_name("rolling");
-    let group = unique_name("g-rolling");
-    create_topic_on(&b, &topic, PARTITIONS);
+    let (topic, group) = fresh_topic_on(&b, "rolling", PARTITIONS);
     // ~100 messages/s.
     let producer = SteadyProducer::start_with(
         producer_riding_restarts(&b),
@@ -192,9 +190,7 @@ fn the_group_coordinators_broker_killed_mid_stream_loses_nothing() {
     let _one = one_at_a_time();
     let began = Instant::now();
     let b = three_nodes();
-    let topic = unique_name("coordinator");
-    let group = unique_name("g-coordinator");
-    create_topic_on(&b, &topic, PARTITIONS);
+    let (topic, group) = fresh_topic_on(&b, "coordinator", PARTITIONS);
     let producer = SteadyProducer::start_with(
         producer_riding_restarts(&b),
         &topic,

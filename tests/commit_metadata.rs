@@ -78,9 +78,7 @@ fn counted_redelivery(earlier: &[String], later: &[String], p: i32) -> i64 {
 #[test]
 fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after_a_sigkill() {
     const PARTITIONS: i32 = 4;
-    let topic = unique_name("meta-crash");
-    let group = unique_name("g-meta-crash");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("meta-crash", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
     let member = || {
         AckdBuilder::new(&topic, &group)
@@ -202,9 +200,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
 
 #[test]
 fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
-    let topic = unique_name("deleted");
-    let group = unique_name("g-deleted");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("deleted", 1);
     let first = produce_numbered_keyed(&topic, 0, 20);
 
     let run = AckdBuilder::new(&topic, &group).spawn();
@@ -294,9 +290,7 @@ fn commit_by_hand(group: &str, topic: &str, offset: i64, metadata: &str) {
 
 #[test]
 fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
-    let topic = unique_name("past-end");
-    let group = unique_name("g-past-end");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("past-end", 1);
     let delivered = produce_numbered_keyed(&topic, 0, 10);
     commit_by_hand(&group, &topic, 1000, "");
 
@@ -317,9 +311,7 @@ fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
 
 #[test]
 fn a_release_past_what_was_committed_says_how_much_comes_again() {
-    let topic = unique_name("meta-hand");
-    let group = unique_name("g-meta-hand");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("meta-hand", 1);
     let delivered = produce_numbered_keyed(&topic, 0, 10);
     // A previous owner that had processed through 7 when it released the partition at 4.
     commit_by_hand(&group, &topic, 4, "ackd/2:o=4;p=7;r;end");
@@ -345,9 +337,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
 /// keeps them as they are.
 #[test]
 fn metadata_another_client_wrote_is_ignored() {
-    let topic = unique_name("foreign-meta");
-    let group = unique_name("g-foreign-meta");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("foreign-meta", 1);
     produce_numbered(&topic, 10);
     // Another client committed offset 4 with metadata that is not UTF-8.
     let foreign: &[u8] = b"\xff\xfe\xc3(";
@@ -432,9 +422,7 @@ fn metadata_moved_to_another_offset_skips_nothing() {
         (b"ackd/3:o=5;p=29;a=1-9;L=4;r;end", "newer_format"),
         (b"ackd/2:o=5;p=29;a=1-9", "foreign"),
     ] {
-        let topic = unique_name("meta-moved");
-        let group = unique_name("g-meta-moved");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("meta-moved", 1);
         produce_numbered_keyed(&topic, 0, 80);
         commit_raw_metadata_on(&broker().bootstrap(), &group, &topic, 0, 5, metadata);
         let lines = run_to_end(&topic, &group, &[]);
@@ -517,9 +505,7 @@ fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
 /// parse: ackd's metadata so stored reads as written.
 #[test]
 fn metadata_with_a_trailing_nul_reads_as_written() {
-    let topic = unique_name("meta-nul");
-    let group = unique_name("g-meta-nul");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("meta-nul", 1);
     produce_numbered_keyed(&topic, 0, 80);
     let mut metadata = predecessor_metadata(5, 29, "1-9", true).into_bytes();
     metadata.push(0);
@@ -556,9 +542,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
         ("partition", "a=10-49", (0..10).collect::<Vec<i64>>()),
         ("key", "a=1-49", (0..20).filter(|o| *o != 10).collect()),
     ] {
-        let topic = unique_name("meta-inherit");
-        let group = unique_name("g-meta-inherit");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("meta-inherit", 1);
         let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..60)
             .map(|i| match i {
                 10 => (None, b"retry:1".to_vec()),
@@ -623,9 +607,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
 /// ackd's metadata named of the old topic, no message of the new one is skipped.
 #[test]
 fn a_topic_deleted_and_created_again_skips_nothing_of_the_new_one() {
-    let topic = unique_name("meta-recreated");
-    let group = unique_name("g-meta-recreated");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("meta-recreated", 1);
     produce_numbered_keyed(&topic, 0, 20);
     let bootstrap = broker().bootstrap();
     let old = predecessor_metadata(10, 19, "1-9", true);

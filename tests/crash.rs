@@ -50,9 +50,7 @@ fn commit_and_last(lines: &[String]) -> BTreeMap<i32, (i64, Option<i64>)> {
 }
 
 fn crash_restarts(kills: usize) {
-    let topic = unique_name("crash");
-    let group = unique_name("g-crash");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("crash", PARTITIONS);
     // ~200 messages/s, ~50 per partition and second.
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
 

@@ -190,9 +190,7 @@ fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
 /// partition, committed to the log end; the child's stderr is in ackd's log, tagged.
 #[test]
 fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
-    let topic = unique_name("exec-readme");
-    let group = unique_name("g-exec-readme");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("exec-readme", 2);
     let dir = work_dir("exec-readme");
     let path = dir.join("handler.py");
     std::fs::write(&path, readme_handler(1)).unwrap();
@@ -229,9 +227,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
 /// 2: a retry asked for once is retried, then acknowledged; the child is kept.
 #[test]
 fn a_retry_reply_is_retried_then_acknowledged() {
-    let topic = unique_name("exec-retry");
-    let group = unique_name("g-exec-retry");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-retry", 1);
     let dir = work_dir("exec-retry");
     let command = test_handler(
         &dir,
@@ -263,9 +259,7 @@ fn a_retry_reply_is_retried_then_acknowledged() {
 /// 3: a child that exits on a message is restarted; the message is retried, nothing lost.
 #[test]
 fn a_crashing_child_is_restarted_and_its_message_retried() {
-    let topic = unique_name("exec-crash");
-    let group = unique_name("g-exec-crash");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-crash", 1);
     let dir = work_dir("exec-crash");
     let command = test_handler(
         &dir,
@@ -318,9 +312,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
 /// message is retried.
 #[test]
 fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
-    let topic = unique_name("exec-hang");
-    let group = unique_name("g-exec-hang");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-hang", 1);
     let dir = work_dir("exec-hang");
     let command = test_handler(
         &dir,
@@ -362,9 +354,7 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
 /// what a request looks like for a message with headers and bytes that are not UTF-8.
 #[test]
 fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
-    let topic = unique_name("exec-fail");
-    let group = unique_name("g-exec-fail");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-fail", 1);
     let dir = work_dir("exec-fail");
     let command = test_handler(
         &dir,
@@ -444,9 +434,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
 /// and the message is acknowledged like any other.
 #[test]
 fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
-    let topic = unique_name("exec-hdr");
-    let group = unique_name("g-exec-hdr");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-hdr", 1);
     let dir = work_dir("exec-hdr");
     let command = test_handler(&dir, "");
     produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
@@ -479,9 +467,7 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
 /// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.
 #[test]
 fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
-    let topic = unique_name("exec-stop");
-    let group = unique_name("g-exec-stop");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-stop", 1);
     let dir = work_dir("exec-stop");
     let command = test_handler(&dir, "time.sleep(0.1)");
     produce_numbered(&topic, 40);
@@ -575,9 +561,7 @@ fn assert_a_second_run_hands_over_the_rest(
 /// each once, and the pool is used.
 #[test]
 fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
-    let topic = unique_name("exec-pool");
-    let group = unique_name("g-exec-pool");
-    create_topic(&topic, 4);
+    let (topic, group) = fresh_topic("exec-pool", 4);
     let dir = work_dir("exec-pool");
     let command = test_handler(&dir, "time.sleep(0.01)");
     let delivered = produce_keyed(&topic, 120, 0);
@@ -614,9 +598,7 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
 /// retried on a new child, and the message after it is not acknowledged by mistake.
 #[test]
 fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
-    let topic = unique_name("exec-stray");
-    let group = unique_name("g-exec-stray");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-stray", 1);
     let dir = work_dir("exec-stray");
     let command = test_handler(
         &dir,
@@ -660,9 +642,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ),
         ("sigkill", "time.sleep(3600)"),
     ] {
-        let topic = unique_name("exec-linger");
-        let group = unique_name("g-exec-linger");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("exec-linger", 1);
         let dir = work_dir("exec-linger");
         let command = test_handler_with(&dir, "", at_eof);
         produce_values(&topic, &[(None, b"ok", &[])]);
@@ -739,9 +719,7 @@ const EXEC_SECRETS: &[(&str, &str)] = &[
 /// Runs a handler that writes its environment (JSON) to `env` on the first message,
 /// with [`EXEC_SECRETS`] and `extra` set; returns that environment.
 fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic(name, 1);
     produce_values(&topic, &[(None, b"one", &[])]);
     let dir = work_dir(name);
     let command = test_handler(
@@ -806,9 +784,7 @@ fn exec_children_get_ackd_secrets_only_when_named() {
 fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
     const SECRET: &str = "q\"uo\\te\u{1}-Zq9x";
     const PYTHON_LITERAL: &str = r#""q\"uo\\te\x01-Zq9x""#;
-    let topic = unique_name("exec-scrub");
-    let group = unique_name("g-exec-scrub");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-scrub", 1);
     produce_values(&topic, &[(None, b"one", &[])]);
     let dir = work_dir("exec-scrub");
     let command = test_handler(
@@ -884,9 +860,7 @@ fn assert_batches_tile(batches: &[(i32, i64, usize)], ends: &BTreeMap<i32, i64>,
 #[test]
 fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
     for max in [2usize, 3, 7, 100] {
-        let topic = unique_name(&format!("exec-batch{max}"));
-        let group = unique_name("g-exec-batch");
-        create_topic(&topic, 3);
+        let (topic, group) = fresh_topic(&format!("exec-batch{max}"), 3);
         let dir = work_dir("exec-batch");
         let command = batch_handler(&dir, "");
         let delivered = produce_keyed(&topic, 120, 0);
@@ -925,9 +899,7 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
 /// docs/exec.md's batched handler, exactly as written there, acknowledges everything.
 #[test]
 fn the_readme_batch_handler_acks_everything_once() {
-    let topic = unique_name("exec-readme-batch");
-    let group = unique_name("g-exec-readme-batch");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("exec-readme-batch", 2);
     let code = readme_handler(2);
     assert!(code.contains("batch = json.loads(line)"), "{code}");
     let dir = work_dir("exec-readme-batch");
@@ -951,9 +923,7 @@ fn the_readme_batch_handler_acks_everything_once() {
 /// partition stops, nothing after it is acknowledged, and ackd exits 1.
 #[test]
 fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
-    let topic = unique_name("exec-batch-halt");
-    let group = unique_name("g-exec-batch-halt");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-halt", 1);
     let dir = work_dir("exec-batch-halt");
     let command = batch_handler(
         &dir,
@@ -985,9 +955,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
 /// with the rest of the batch (13, 14, 15) comes again as a batch of its own.
 #[test]
 fn an_exec_batch_retry_at_an_offset_resends_from_there() {
-    let topic = unique_name("exec-batch-retry");
-    let group = unique_name("g-exec-batch-retry");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-retry", 1);
     let dir = work_dir("exec-batch-retry");
     let command = batch_handler(
         &dir,
@@ -1028,9 +996,7 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
 /// replaced and the batch retried, nothing acknowledged by mistake.
 #[test]
 fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
-    let topic = unique_name("exec-batch-outside");
-    let group = unique_name("g-exec-batch-outside");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-outside", 1);
     let dir = work_dir("exec-batch-outside");
     let command = batch_handler(
         &dir,
@@ -1062,9 +1028,7 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
 /// once), ackd acknowledges every message once and commits to the end.
 #[test]
 fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
-    let topic = unique_name("exec-batch-crash");
-    let group = unique_name("g-exec-batch-crash");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-crash", 1);
     let dir = work_dir("exec-batch-crash");
     let command = batch_handler(
         &dir,
@@ -1107,9 +1071,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
 /// rest: the handler saw every message exactly once.
 #[test]
 fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
-    let topic = unique_name("exec-batch-stop");
-    let group = unique_name("g-exec-batch-stop");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-stop", 1);
     let dir = work_dir("exec-batch-stop");
     let command = batch_handler(&dir, "time.sleep(0.01)");
     produce_numbered(&topic, 150);
@@ -1132,9 +1094,7 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
 /// a batch of its own. Every message is acknowledged once and committed.
 #[test]
 fn exec_batches_stop_at_the_byte_limit() {
-    let topic = unique_name("exec-batch-bytes");
-    let group = unique_name("g-exec-batch-bytes");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-bytes", 1);
     let dir = work_dir("exec-batch-bytes");
     let command = batch_handler(&dir, "");
     let values: Vec<Vec<u8>> = (0..20)
@@ -1198,9 +1158,7 @@ fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {
 /// child, the message in flight comes again, and every acknowledged message was handled.
 #[test]
 fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
-    let topic = unique_name("exec-misbehave");
-    let group = unique_name("g-exec-misbehave");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-misbehave", 1);
     let dir = work_dir("exec-misbehave");
     let command = write_handler(
         &dir,
@@ -1266,9 +1224,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
 /// come again, and every acknowledged message was handled.
 #[test]
 fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer() {
-    let topic = unique_name("exec-batch-misbehave");
-    let group = unique_name("g-exec-batch-misbehave");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-batch-misbehave", 1);
     let dir = work_dir("exec-batch-misbehave");
     let command = write_handler(
         &dir,
@@ -1323,9 +1279,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
 /// far below the size of one such line.
 #[test]
 fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
-    let topic = unique_name("exec-huge");
-    let group = unique_name("g-exec-huge");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-huge", 1);
     let dir = work_dir("exec-huge");
     let command = write_handler(
         &dir,
@@ -1446,9 +1400,7 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
 /// restart handles the rest: each message handled once.
 #[test]
 fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let topic = unique_name("exec-queued-stop");
-    let group = unique_name("g-exec-queued-stop");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-queued-stop", 1);
     let dir = work_dir("exec-queued-stop");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 1, 30);
@@ -1489,9 +1441,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
 /// ones go to the new owner, and across both members each message is handled once.
 #[test]
 fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let topic = unique_name("exec-queued-revoke");
-    let group = unique_name("g-exec-queued-revoke");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("exec-queued-revoke", 2);
     let dir = work_dir("exec-queued-revoke");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 2, 20);
@@ -1547,9 +1497,7 @@ fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdB
 /// what it acknowledged, and a restart handles the rest: each message handled once.
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_other_partitions() {
-    let topic = unique_name("exec-partition-queued-stop");
-    let group = unique_name("g-exec-partition-queued-stop");
-    create_topic(&topic, 6);
+    let (topic, group) = fresh_topic("exec-partition-queued-stop", 6);
     let dir = work_dir("exec-partition-queued-stop");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 6, 5);

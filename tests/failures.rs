@@ -42,9 +42,7 @@ fn produce_to(topic: &str, messages: &[Spec<'_>]) -> Vec<(i32, i64)> {
 
 #[test]
 fn retryable_failures_are_retried_while_other_partitions_flow() {
-    let topic = unique_name("retry");
-    let group = unique_name("g-retry");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("retry", 2);
     produce_to(
         &topic,
         &[
@@ -118,9 +116,7 @@ fn retryable_failures_are_retried_while_other_partitions_flow() {
 
 #[test]
 fn a_permanent_failure_halts_only_its_partition_and_the_exit_says_so() {
-    let topic = unique_name("halt");
-    let group = unique_name("g-halt");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("halt", 2);
     produce_to(
         &topic,
         &[
@@ -165,9 +161,7 @@ fn a_permanent_failure_halts_only_its_partition_and_the_exit_says_so() {
 
 #[test]
 fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
-    let topic = unique_name("skip");
-    let group = unique_name("g-skip");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("skip", 1);
     produce_to(
         &topic,
         &[

@@ -40,9 +40,7 @@ fn assert_no_duplicates(processed: &[(i32, i64)]) {
 
 #[test]
 fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
-    let topic = unique_name("all");
-    let group = unique_name("g-all");
-    create_topic(&topic, 3);
+    let (topic, group) = fresh_topic("all", 3);
     let delivered = produce_keyed(&topic, 300, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -105,9 +103,7 @@ fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
 
 #[test]
 fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
-    let topic = unique_name("resume");
-    let group = unique_name("g-resume");
-    create_topic(&topic, 4);
+    let (topic, group) = fresh_topic("resume", 4);
 
     // A steady producer in the background: 30 batches of 20.
     let producer_topic = topic.clone();
@@ -180,9 +176,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
 
 #[test]
 fn in_flight_messages_finish_before_the_final_commit() {
-    let topic = unique_name("inflight");
-    let group = unique_name("g-inflight");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("inflight", 2);
     let delivered = produce_keyed(&topic, 40, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -220,9 +214,7 @@ fn in_flight_messages_finish_before_the_final_commit() {
 
 #[test]
 fn past_the_deadline_the_exit_is_non_zero_and_nothing_unacked_is_committed() {
-    let topic = unique_name("deadline");
-    let group = unique_name("g-deadline");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("deadline", 1);
     produce_keyed(&topic, 5, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -255,9 +247,7 @@ fn past_the_deadline_the_exit_is_non_zero_and_nothing_unacked_is_committed() {
 
 #[test]
 fn a_second_sigint_exits_at_once() {
-    let topic = unique_name("sigint");
-    let group = unique_name("g-sigint");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("sigint", 1);
     produce_keyed(&topic, 3, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")
@@ -298,9 +288,7 @@ fn assert_signal_line_first(lines: &[String]) {
 /// terminal's Ctrl-C sends SIGINT to the same process group: one stop, not a forced exit.
 #[test]
 fn a_sigint_after_a_sigterm_still_stops_gracefully() {
-    let topic = unique_name("term-int");
-    let group = unique_name("g-term-int");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("term-int", 1);
     let delivered = produce_keyed(&topic, 6, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")

@@ -330,9 +330,7 @@ fn ready_follows_the_assignment_and_metrics_count_what_was_produced() {
 /// the drain waits for it; the call finishes and is committed: exit 0.
 #[test]
 fn a_stuck_processor_call_fails_live_naming_its_partition() {
-    let topic = unique_name("health-stuck");
-    let group = unique_name("g-health-stuck");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("health-stuck", 2);
     let port = free_port();
     let delay = Duration::from_millis(4000);
     let ackd = AckdBuilder::new(&topic, &group)
@@ -424,9 +422,7 @@ fn a_stuck_processor_call_fails_live_naming_its_partition() {
 /// Off by default: without ACKD_HEALTH_PORT ackd listens on no port at all.
 #[test]
 fn nothing_listens_by_default() {
-    let topic = unique_name("health-off");
-    let group = unique_name("g-health-off");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("health-off", 1);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "noop")
         .spawn();
@@ -465,9 +461,7 @@ fn a_port_in_use_is_a_config_error() {
 /// exactly what was produced (cooperative rebalance, committed on revoke: nothing twice).
 #[test]
 fn metrics_totals_survive_a_rebalance() {
-    let topic = unique_name("health-rebalance");
-    let group = unique_name("g-health-rebalance");
-    create_topic(&topic, 4);
+    let (topic, group) = fresh_topic("health-rebalance", 4);
     let (port_a, port_b) = (free_port(), free_port());
     let spawn = |port: u16| {
         AckdBuilder::new(&topic, &group)
@@ -519,9 +513,7 @@ fn metrics_totals_survive_a_rebalance() {
 /// waiting for every replica (a rollout) does not wait forever.
 #[test]
 fn a_member_without_partitions_is_ready() {
-    let topic = unique_name("health-idle");
-    let group = unique_name("g-health-idle");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("health-idle", 1);
     let member = |port: u16| {
         AckdBuilder::new(&topic, &group)
             .env("ACKD_PROCESSOR", "noop")
@@ -732,9 +724,7 @@ fn live_through_backlog(ackd: &AckdProcess, port: u16, n: usize) -> (usize, Vec<
 /// 200 throughout a run of 30 messages (15 s), polled until the last is acknowledged.
 #[test]
 fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
-    let topic = unique_name("health-backlog");
-    let group = unique_name("g-health-backlog");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("health-backlog", 1);
     let command = slow_exec_handler("health-backlog", 0.5);
     let port = free_port();
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
@@ -763,9 +753,7 @@ fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
 /// throughout the run (32 messages), and in flight is the one call the child has.
 #[test]
 fn partitions_waiting_for_one_exec_child_are_live_while_every_call_ends_in_time() {
-    let topic = unique_name("health-partition-backlog");
-    let group = unique_name("g-health-partition-backlog");
-    create_topic(&topic, 16);
+    let (topic, group) = fresh_topic("health-partition-backlog", 16);
     let command = slow_exec_handler("health-partition-backlog", 0.5);
     let port = free_port();
     let values: Vec<(i32, String)> = (0..16)

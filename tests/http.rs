@@ -264,9 +264,7 @@ fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
 /// partition, committed to the log end; the auth header arrived and is on no line.
 #[test]
 fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
-    let topic = unique_name("http-all");
-    let group = unique_name("g-http-all");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("http-all", 2);
     let endpoint = Endpoint::start(|_, _| ok());
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
@@ -324,9 +322,7 @@ fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
 /// and the body, with the auth token the endpoint echoed redacted.
 #[test]
 fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
-    let topic = unique_name("http-500");
-    let group = unique_name("g-http-500");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-500", 1);
     let endpoint = Endpoint::start(|r, before| {
         if r.value() == "flaky" && before < 2 {
             let auth = r.header("authorization").unwrap_or("").to_string();
@@ -362,9 +358,7 @@ fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
 /// though the worker's own backoff is 50 ms.
 #[test]
 fn a_429_with_retry_after_waits_that_long() {
-    let topic = unique_name("http-429");
-    let group = unique_name("g-http-429");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-429", 1);
     let endpoint = Endpoint::start(|r, before| {
         if r.value() == "busy" && before == 0 {
             let mut resp = status(429, "slow down");
@@ -406,9 +400,7 @@ fn a_429_with_retry_after_waits_that_long() {
 #[test]
 fn a_400_is_permanent_and_meets_the_failure_policy() {
     for policy in ["skip", "halt"] {
-        let topic = unique_name("http-400");
-        let group = unique_name("g-http-400");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("http-400", 1);
         let endpoint = Endpoint::start(|r, _| {
             if r.value() == "poison" {
                 status(400, "bad message")
@@ -451,9 +443,7 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
 /// 5: raw bodies: the value bytes as they are, the metadata in Ackd-* headers.
 #[test]
 fn raw_bodies_are_the_value_with_metadata_in_headers() {
-    let topic = unique_name("http-raw");
-    let group = unique_name("g-http-raw");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-raw", 1);
     let endpoint = Endpoint::start(|_, _| ok());
     produce_values(
         &topic,
@@ -505,9 +495,7 @@ fn raw_bodies_are_the_value_with_metadata_in_headers() {
 /// and a second run resumes at the next message: nothing lost, nothing posted twice.
 #[test]
 fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
-    let topic = unique_name("http-stop");
-    let group = unique_name("g-http-stop");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("http-stop", 2);
     let endpoint = Endpoint::start(|_, _| Response {
         delay: Duration::from_millis(200),
         ..ok()
@@ -556,9 +544,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
 /// 7: the endpoint is down (connection refused): retryable; once it is up, acked.
 #[test]
 fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
-    let topic = unique_name("http-down");
-    let group = unique_name("g-http-down");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-down", 1);
     values(&topic, &["a", "b"]);
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}/kafka/messages");
@@ -629,9 +615,7 @@ fn readme_endpoint() -> String {
 /// here), and a restart of nothing is needed: everything is committed.
 #[test]
 fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
-    let topic = unique_name("http-readme");
-    let group = unique_name("g-http-readme");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-readme", 1);
     let dir = log_dir().join(unique_name("http-readme"));
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("endpoint.py");
@@ -677,9 +661,7 @@ fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
 /// No answer within ACKD_HTTP_TIMEOUT_MS is retryable: the retry is acked.
 #[test]
 fn a_request_that_times_out_is_retried() {
-    let topic = unique_name("http-timeout");
-    let group = unique_name("g-http-timeout");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-timeout", 1);
     let endpoint = Endpoint::start(|_, before| Response {
         delay: if before == 0 {
             Duration::from_millis(1500)
@@ -711,9 +693,7 @@ fn a_request_that_times_out_is_retried() {
 /// A Retry-After longer than ACKD_RETRY_MAX_MS waits ACKD_RETRY_MAX_MS.
 #[test]
 fn retry_after_is_capped_at_the_retry_maximum() {
-    let topic = unique_name("http-cap");
-    let group = unique_name("g-http-cap");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-cap", 1);
     let endpoint = Endpoint::start(|_, before| {
         if before == 0 {
             let mut resp = status(503, "maintenance");
@@ -752,9 +732,7 @@ fn retry_after_is_capped_at_the_retry_maximum() {
 /// in order, and the commit reaches the end.
 #[test]
 fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
-    let topic = unique_name("http-batch");
-    let group = unique_name("g-http-batch");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-batch", 1);
     let endpoint = Endpoint::start(|r, before| {
         if before == 0 {
             status(500, "warming up")
@@ -814,9 +792,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
 #[test]
 fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() {
     for header in [None, Some("999"), Some("six")] {
-        let topic = unique_name("http-batch-first");
-        let group = unique_name("g-http-batch-first");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("http-batch-first", 1);
         let endpoint = Endpoint::start(move |r, _| {
             if r.position().1 == 0 {
                 return ok();
@@ -855,9 +831,7 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
 /// out, then fails at 4 under halt, committed exactly up to 4.
 #[test]
 fn an_http_error_body_with_an_offset_acknowledges_nothing() {
-    let topic = unique_name("http-batch-offset-body");
-    let group = unique_name("g-http-batch-offset-body");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-batch-offset-body", 1);
     let endpoint = Endpoint::start(|r, _| {
         if r.position().1 == 0 {
             ok()
@@ -904,9 +878,7 @@ fn an_http_error_body_with_an_offset_acknowledges_nothing() {
 /// earliest, though the worker's own backoff is 50 ms.
 #[test]
 fn an_http_batch_answered_429_waits_for_retry_after() {
-    let topic = unique_name("http-batch-429");
-    let group = unique_name("g-http-batch-429");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-batch-429", 1);
     let endpoint = Endpoint::start(|_, before| {
         if before == 0 {
             let mut resp = status(429, "slow down");
@@ -944,9 +916,7 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
 /// still POSTed one at a time, in offset order: 60 messages of 6 keys, 100 ms each.
 #[test]
 fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order() {
-    let topic = unique_name("http-key");
-    let group = unique_name("g-http-key");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-key", 1);
     let keys: Vec<String> = (0..60).map(|i| format!("k{}", i % 6)).collect();
     let vals: Vec<String> = (0..60).map(|i| format!("v{i}")).collect();
     let records: Vec<Record<'_>> = (0..60)
@@ -1066,9 +1036,7 @@ fn stop_with_requests_queued(
 /// message posted once.
 #[test]
 fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() {
-    let topic = unique_name("http-queued-stop");
-    let group = unique_name("g-http-queued-stop");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-queued-stop", 1);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
@@ -1117,9 +1085,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
 /// restart posts the rest: each message posted once.
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_other_partitions() {
-    let topic = unique_name("http-partition-queued-stop");
-    let group = unique_name("g-http-partition-queued-stop");
-    create_topic(&topic, 6);
+    let (topic, group) = fresh_topic("http-partition-queued-stop", 6);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
     let values: Vec<(i32, String)> = (0..6)

@@ -63,9 +63,7 @@ fn three_consumer_protocol_members_rotated_one_by_one_under_load_lose_nothing_an
 
 fn rotate(assignment: Assignment) {
     let started = std::time::Instant::now();
-    let topic = unique_name("members");
-    let group = unique_name("g-members");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("members", PARTITIONS);
     // ~200 messages/s.
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
 
@@ -175,9 +173,7 @@ fn rotate(assignment: Assignment) {
 fn a_rolling_switch_from_cooperative_to_the_consumer_protocol_loses_nothing_and_redelivers_nothing()
 {
     let started = std::time::Instant::now();
-    let topic = unique_name("switch");
-    let group = unique_name("g-switch");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("switch", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
     let old: Vec<AckdProcess> = (0..MEMBERS)
         .map(|_| member(&topic, &group, Assignment::Cooperative))

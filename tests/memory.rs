@@ -43,9 +43,7 @@ const SESSION_TIMEOUT_MS: &str = "10000";
 /// the 16 MiB per partition of the defaults), with `ACKD_MEMORY_MB=8` 205 KiB.
 #[test]
 fn a_budget_bounds_peak_rss_whatever_the_backlog() {
-    let topic = unique_name("memory");
-    let group = unique_name("g-memory");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("memory", PARTITIONS);
     // Record batches of at most 16 KiB, as the Java client writes them by default: a
     // fetch returns at least one whole record batch, so a producer's batch is the least
     // a partition prefetches, whatever the budget (docs/performance.md).
@@ -116,9 +114,7 @@ fn a_budget_bounds_peak_rss_whatever_the_backlog() {
 /// A budget below 64 KiB per partition of the topics stops ackd before it consumes.
 #[test]
 fn a_budget_too_small_for_the_partitions_is_a_config_error() {
-    let topic = unique_name("memory-small");
-    let group = unique_name("g-memory-small");
-    create_topic(&topic, 200);
+    let (topic, group) = fresh_topic("memory-small", 200);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_MEMORY_MB", "8")
         .spawn();
@@ -138,9 +134,7 @@ fn a_budget_too_small_for_the_partitions_is_a_config_error() {
 /// each member says what it holds now, and the handoff loses and repeats nothing.
 #[test]
 fn assignment_changes_are_logged_and_the_handoff_is_exact() {
-    let topic = unique_name("memory-rebalance");
-    let group = unique_name("g-memory-rebalance");
-    create_topic(&topic, 8);
+    let (topic, group) = fresh_topic("memory-rebalance", 8);
     let first = produce(&topic, &sized_messages(400, 1024));
     let member = || {
         AckdBuilder::new(&topic, &group)

@@ -84,9 +84,7 @@ fn sum(lines: &[String], key: &str) -> u64 {
 
 #[test]
 fn every_line_is_logfmt_and_the_summaries_add_up() {
-    let topic = unique_name("metrics");
-    let group = unique_name("g-metrics");
-    create_topic(&topic, 3);
+    let (topic, group) = fresh_topic("metrics", 3);
     let delivered = produce_keyed(&topic, 500, 0);
     // A key that needs quoting and one that is not UTF-8 must not break a line.
     let mut odd = produce(
@@ -171,9 +169,7 @@ fn every_line_is_logfmt_and_the_summaries_add_up() {
 
 #[test]
 fn lag_is_positive_while_a_backlog_is_processed() {
-    let topic = unique_name("lag");
-    let group = unique_name("g-lag");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("lag", 1);
     let delivered = produce_keyed(&topic, 200, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")
@@ -198,9 +194,7 @@ fn lag_is_positive_while_a_backlog_is_processed() {
 
 #[test]
 fn the_source_of_metric_lines_can_be_set() {
-    let topic = unique_name("source");
-    let group = unique_name("g-source");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("source", 1);
     produce_keyed(&topic, 5, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_METRICS_INTERVAL_MS", "300")
@@ -232,9 +226,7 @@ fn the_source_of_metric_lines_can_be_set() {
 /// peaked at 57 MiB.
 #[test]
 fn two_hundred_partitions_stay_within_the_memory_table() {
-    let topic = unique_name("mem-200");
-    let group = unique_name("g-mem-200");
-    create_topic(&topic, 200);
+    let (topic, group) = fresh_topic("mem-200", 200);
     let delivered = produce_keyed(&topic, 2000, 0);
     let ends = log_ends(&delivered);
     let ackd = AckdBuilder::new(&topic, &group).spawn();

@@ -431,9 +431,7 @@ fn key_ordering_keeps_each_keys_order_while_keys_run_concurrently() {
 #[test]
 fn key_ordering_with_batches_keeps_each_keys_order() {
     const CONCURRENCY: usize = 4;
-    let topic = unique_name("key-batch");
-    let group = unique_name("g-key-batch");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("key-batch", 2);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -523,9 +521,7 @@ fn no_ordering_processes_every_message_once_and_commits_to_the_end() {
 /// offset `100 - max_pending` was processed. Returns how many hot messages were
 /// processed before the first message of another key.
 fn read_ahead_past_a_waiting_key(name: &str, max_pending: usize) -> usize {
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic(name, 1);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -585,9 +581,7 @@ fn at_max_pending_a_partition_stops_reading() {
 /// read all 199 others while offset 0 waited.)
 #[test]
 fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
-    let topic = unique_name("ahead");
-    let group = unique_name("g-ahead");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("ahead", 1);
     let specs: Vec<Spec> = (0..200)
         .map(|i| {
             let payload = if i == 0 { "retry:2" } else { "ok" };
@@ -636,9 +630,7 @@ fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
 /// messages the first run acknowledged above its final commit.
 fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usize {
     const PARTITIONS: i32 = 2;
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic(name, PARTITIONS);
     let delivered = produce_specs(&topic, &specs(1200, PARTITIONS, key, |i| format!("m-{i}")));
     let slow = |b: AckdBuilder| {
         ordered(b, "key", 50)
@@ -763,9 +755,7 @@ fn a_graceful_stop_with_keys_waiting_loses_and_repeats_nothing() {
 /// there. Across both members every message is processed once.
 fn handoff_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usize {
     const PARTITIONS: i32 = 4;
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic(name, PARTITIONS);
     let delivered = produce_specs(&topic, &specs(1600, PARTITIONS, key, |i| format!("m-{i}")));
     let started = Instant::now();
     let member = || {
@@ -925,9 +915,7 @@ fn assert_commits_behind_processed(
 #[test]
 fn periodic_commits_never_pass_an_unacknowledged_message() {
     const PARTITIONS: i32 = 2;
-    let topic = unique_name("watermark");
-    let group = unique_name("g-watermark");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("watermark", PARTITIONS);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -974,9 +962,7 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
 /// concurrency 16: per-key order, once each, every commit behind what was processed.
 #[test]
 fn an_in_process_processor_keeps_key_order_and_commits_behind_the_watermark() {
-    let topic = unique_name("in-process");
-    let group = unique_name("g-in-process");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("in-process", 1);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -1039,9 +1025,7 @@ fn failing_log(topic: &str) -> Vec<Delivered> {
 #[test]
 fn halt_under_concurrency_lets_in_flight_finish_and_commits_nothing_past_the_failure() {
     const CONCURRENCY: usize = 4;
-    let topic = unique_name("halt");
-    let group = unique_name("g-halt");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("halt", 1);
     let delivered = failing_log(&topic);
     let handler = Handler::new("halt");
     let ackd = exec_ackd(&topic, &group, &handler, 8, "key", CONCURRENCY)
@@ -1147,9 +1131,7 @@ fn skip_and_dead_letter_under_concurrency_process_everything_else() {
 
 #[test]
 fn a_retry_holds_only_its_key() {
-    let topic = unique_name("retry");
-    let group = unique_name("g-retry");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("retry", 1);
     // Offset 0 (key r) fails twice; offset 5 is key r again; the rest other keys.
     let mut s: Vec<Spec> = vec![(0, Some("r".into()), "retry:2".into())];
     s.extend((1..30).map(|i| {
@@ -1207,9 +1189,7 @@ fn a_retry_holds_only_its_key() {
 fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     const CONCURRENCY: usize = 8;
     const STUCK: i64 = 20;
-    let topic = unique_name("crash");
-    let group = unique_name("g-crash");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("crash", 1);
     // Offsets 0..20 are quick (they get committed); offset 20 takes 8 s and holds the
     // watermark there, while the other keys' messages (100-300 ms each, ~40 a second)
     // are acknowledged above it.

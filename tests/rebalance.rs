@@ -28,9 +28,7 @@ enum Assignment {
 
 fn handoff(assignment: Assignment) {
     let started = std::time::Instant::now();
-    let topic = unique_name("rebalance");
-    let group = unique_name("g-rebalance");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("rebalance", PARTITIONS);
 
     let producer_topic = topic.clone();
     let producer = std::thread::spawn(move || {

@@ -26,9 +26,7 @@ const WAIT: Duration = Duration::from_secs(90);
 
 #[test]
 fn a_static_member_consumes_commits_and_stops_cleanly() {
-    let topic = unique_name("static");
-    let group = unique_name("g-static");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("static", 2);
     let delivered = produce_keyed(&topic, 50, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -115,9 +113,7 @@ fn processed_by_partition(lines: &[String]) -> BTreeMap<i32, Vec<i64>> {
 #[test]
 fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
     const PARTITIONS: i32 = 6;
-    let topic = unique_name("static-restart");
-    let group = unique_name("g-static-restart");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("static-restart", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 6, Duration::from_millis(50));
 
     let m1 = static_member(&topic, &group, "consumer.1", 500);
@@ -239,9 +235,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
 #[test]
 fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
     const PARTITIONS: i32 = 2;
-    let topic = unique_name("static-fence");
-    let group = unique_name("g-static-fence");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("static-fence", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 4, Duration::from_millis(50));
 
     let first = static_member(&topic, &group, "consumer.1", 500);
@@ -353,9 +347,7 @@ fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
 /// so the fence always comes during the drain.
 #[test]
 fn a_replacement_started_while_the_old_process_drains_fences_it() {
-    let topic = unique_name("static-drain");
-    let group = unique_name("g-static-drain");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("static-drain", 1);
     let hold = log_dir().join(format!("{}.hold", unique_name("static-drain")));
     let handler = format!(
         // Replies name the offset they answer (the exec protocol).
@@ -447,9 +439,7 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
 /// the partitions back at the committed offsets.
 #[test]
 fn under_the_consumer_protocol_a_second_process_with_the_same_id_is_refused_not_the_first() {
-    let topic = unique_name("static848");
-    let group = unique_name("g-static848");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("static848", 2);
     let mut delivered = produce_keyed(&topic, 50, 0);
     let static_member = || {
         AckdBuilder::new(&topic, &group)

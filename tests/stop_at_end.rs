@@ -12,10 +12,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
-    let topic = unique_name("end");
-    let group = unique_name("g-end");
     // More partitions than keys guarantee at least one empty partition.
-    create_topic(&topic, 6);
+    let (topic, group) = fresh_topic("end", 6);
     let delivered = produce_keyed(&topic, 3, 0);
     let more = produce_keyed(&topic, 400, 3);
     let delivered: Vec<_> = delivered.into_iter().chain(more).collect();

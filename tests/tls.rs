@@ -434,9 +434,7 @@ fn when_the_broker_stops_accepting_the_certificate_at_run_time_ackd_stops_with_7
     let pki = pki();
     // A cluster of this test's own, restarted with another truststore.
     let b = Broker::start(mtls_options(pki));
-    let topic = unique_name("rotated");
-    let group = unique_name("g-rotated");
-    create_topic_on(&b, &topic, 2);
+    let (topic, group) = fresh_topic_on(&b, "rotated", 2);
     let delivered = produce_with(&producer_on(&b), &topic, &keyed_messages(20, 0));
     let ackd = heroku(AckdBuilder::on(&ssl_url(&b), &topic, &group))
         // Only the stop commits: what was acked is still to commit when the failure comes.

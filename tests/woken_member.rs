@@ -73,9 +73,7 @@ fn woken_after_session(consumer_protocol: bool) {
     } else {
         "classic"
     };
-    let topic = unique_name("woken");
-    let group = unique_name("g-woken");
-    create_topic_on(broker_heartbeating_slowly(), &topic, PARTITIONS);
+    let (topic, group) = fresh_topic_on(broker_heartbeating_slowly(), "woken", PARTITIONS);
     // ~600 messages/s.
     let producer = SteadyProducer::start_with(
         producer_on(broker_heartbeating_slowly()),

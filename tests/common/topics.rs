@@ -20,3 +20,17 @@ pub fn unique_name(prefix: &str) -> String {
 pub fn create_topic(name: &str, partitions: i32) {
     create_topic_on(broker(), name, partitions);
 }
+
+/// The opening of most tests: a fresh topic named after `prefix` with `partitions`
+/// partitions, created on the test broker, and a fresh group for it (`g-<prefix>`).
+pub fn fresh_topic(prefix: &str, partitions: i32) -> (String, String) {
+    fresh_topic_on(broker(), prefix, partitions)
+}
+
+/// [`fresh_topic`] on a broker or cluster of the test's own.
+pub fn fresh_topic_on(b: &Broker, prefix: &str, partitions: i32) -> (String, String) {
+    let topic = unique_name(prefix);
+    let group = unique_name(&format!("g-{prefix}"));
+    create_topic_on(b, &topic, partitions);
+    (topic, group)
+}
