@@ -121,12 +121,12 @@ fn crash_and_resume(
     killed.wait_for_count(is_processed, (n as usize) - stuck.len(), WAIT);
     wait_until(WAIT, || until(&stored(&group, &topic)));
     killed.sigkill();
-    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    killed.assert_exit(128 + libc::SIGKILL, WAIT);
     let (committed, metadata) = stored(&group, &topic);
     let committed = committed.expect("a committed offset");
     // `ackd status` reads the same metadata.
     let status = AckdBuilder::new(&topic, &group).arg("status").spawn();
-    assert_eq!(status.wait_exit(WAIT), 0);
+    status.assert_exit(0, WAIT);
     let status = status.lines();
     let status = status
         .iter()
@@ -140,7 +140,7 @@ fn crash_and_resume(
         seen.len() == n as usize
     });
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     assert_eq!(
         stored(&group, &topic).0,
         Some(n),
@@ -302,7 +302,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
     delivered.extend(produce_with_stuck(&topic, 5, 20, &none));
     ackd.wait_for_count(is_processed, 20, WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let t = tally(&delivered, &processed(&lines), &lines);
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{:?}", t.lost);
@@ -389,7 +389,7 @@ fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     next.wait_for_count(is_processed, (N - 1 - highest) as usize, WAIT);
     next.wait_for_line(|l| at(l, "skipped"), WAIT);
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     let second = next.lines();
     let again: BTreeSet<i64> = processed(&second).iter().map(|m| m.1).collect();
     assert_eq!(again, (highest + 1..N).collect::<BTreeSet<_>>());
@@ -435,7 +435,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
     killed.wait_for_line(|l| at(l, "committed"), WAIT);
     killed.wait_for_count(is_processed, (N / 2) as usize, WAIT);
     killed.sigkill();
-    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    killed.assert_exit(128 + libc::SIGKILL, WAIT);
     let killed_lines = killed.lines();
     let (committed, metadata) = stored(&group, &topic);
     let committed = committed.expect("committed");
@@ -454,7 +454,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
         seen.len() == N as usize
     });
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     let next_lines = next.lines();
     let before: BTreeSet<i64> = processed(&killed_lines).iter().map(|m| m.1).collect();
     let again: BTreeSet<i64> = processed(&next_lines).iter().map(|m| m.1).collect();

@@ -130,7 +130,7 @@ fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
     let ackd = AckdBuilder::new(&topic, &group).spawn();
     ackd.wait_for_count(is_processed, cases.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
 
     // Every line is one whole logfmt line: a raw newline in a value would leave a piece

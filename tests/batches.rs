@@ -60,7 +60,7 @@ fn batches_of_any_size_commit_every_message_once() {
             .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
             .env("ACKD_STOP_AT_END", "true")
             .spawn();
-        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        ackd.assert_exit(0, WAIT);
         let lines = ackd.lines();
         let counts = processed_counts(&lines);
         let duplicated = counts.values().filter(|n| **n > 1).count();
@@ -103,7 +103,7 @@ fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
     let ackd = faulty_batches(&topic, &group, 8)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     // The first batch is offsets 0..=7: 0..=4 are acknowledged, 5 fails, and the rest of
     // the batch (5, 6, 7) is handed over again, twice.
@@ -163,7 +163,7 @@ fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
         .env("ACKD_ON_FAILURE", "skip")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let skipped: Vec<i64> = lines
         .iter()
@@ -195,7 +195,7 @@ fn dead_letters_in_a_batch_are_copied_and_the_rest_processed() {
         .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let dead: Vec<i64> = lines
         .iter()
@@ -231,7 +231,7 @@ fn a_batch_does_not_wait_for_messages_that_do_not_come() {
     produce_payloads(&topic, 0, &["alone"]);
     ackd.wait_for_line(is_processed, WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     assert_eq!(processed_on(&ackd.lines(), 0), vec![0]);
     assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
 }
@@ -248,7 +248,7 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         .spawn();
     ackd.wait_for_count(|l| at(l, "resumed"), log_ends(&delivered).len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     assert!(
         processed(&ackd.lines()).is_empty(),
         "nothing was handed to the processor"
@@ -265,7 +265,7 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         .env("ACKD_BATCH_MAX_WAIT_MS", "0")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(again.wait_exit(WAIT), 0);
+    again.assert_exit(0, WAIT);
     let counts = processed_counts(&again.lines());
     assert_eq!(counts.len(), delivered.len());
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");

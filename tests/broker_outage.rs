@@ -65,7 +65,7 @@ fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
 
     let signalled = Instant::now();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let took = signalled.elapsed();
     assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
     let lines = ackd.lines();
@@ -99,7 +99,7 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.wait_for_line(|l| at(l, "brokers_reachable"), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let t = tally(&delivered, &processed(&lines), &lines);
@@ -159,7 +159,7 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
     });
     let outage = stopped.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let after = &lines[before..];
@@ -268,7 +268,7 @@ fn refused_commits_are_logged_with_their_offsets_and_retried() {
         WAIT,
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let refused: Vec<_> = lines.iter().filter(|l| at(l, "commit_failed")).collect();
     assert_eq!(refused.len(), 3, "{}", lines.join("\n"));

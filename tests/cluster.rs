@@ -82,7 +82,7 @@ fn stop_and_tally(
         m.sigterm();
     }
     for m in members {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
     let lines: Vec<String> = members.iter().flat_map(|m| m.lines()).collect();
     let t = tally(delivered, &all_processed(members), &lines);

@@ -92,7 +92,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     let so_far = processed(&killed.lines()).len();
     killed.wait_for_count(is_processed, so_far + 60, WAIT);
     killed.sigkill();
-    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    killed.assert_exit(128 + libc::SIGKILL, WAIT);
     let killed_lines = killed.lines();
     // What the broker keeps: the last commit the killed process got accepted.
     let stored = committed_with_metadata(&group, &topic, PARTITIONS);
@@ -112,7 +112,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
         seen.is_superset(&expected)
     });
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     let next_lines = next.lines();
     let assigned = last_per_partition(&next_lines, "assigned");
     let mut report = Vec::new();
@@ -164,7 +164,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     let third = member();
     third.wait_for_count(is_processed, more.len(), WAIT);
     third.sigterm();
-    assert_eq!(third.wait_exit(WAIT), 0, "{}", third.lines().join("\n"));
+    third.assert_exit(0, WAIT);
     let third_lines = third.lines();
     let assigned = last_per_partition(&third_lines, "assigned");
     let mut released_report = Vec::new();
@@ -206,7 +206,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
     let run = AckdBuilder::new(&topic, &group).spawn();
     run.wait_for_count(is_processed, 20, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
 
     // 30 more (offsets 20..50); then everything before 35 is deleted, the committed
@@ -233,7 +233,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
     assert_eq!(int(&reset, "to"), Some(35), "{reset}");
     run.wait_for_count(is_processed, 15, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     let lines = run.lines();
     let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
     assert_eq!(int(assigned, "offset"), Some(20), "{assigned}");
@@ -300,7 +300,7 @@ fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
     assert_eq!(int(&reset, "to"), Some(0), "earliest: {reset}");
     run.wait_for_count(is_processed, 10, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     assert_eq!(
         processed(&run.lines()),
         (0..10).map(|o| (0, o)).collect::<Vec<_>>()
@@ -323,7 +323,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     assert_eq!(int(&assigned, "redelivery"), Some(4), "4..=7: {assigned}");
     run.wait_for_count(is_processed, 6, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
     assert_eq!(
         committed_with_metadata(&group, &topic, 1)[&0],
@@ -474,7 +474,7 @@ fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
         o == Some(20) && String::from_utf8_lossy(&m).contains(";a=1-59;")
     });
     held.sigkill();
-    assert_eq!(held.wait_exit(WAIT), 128 + libc::SIGKILL);
+    held.assert_exit(128 + libc::SIGKILL, WAIT);
     let (_, metadata) = stored();
     commit_raw_metadata_on(&bootstrap, &copy, &topic, 0, 5, &metadata);
 
@@ -575,7 +575,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
         }
         let metadata = String::from_utf8(got.1).unwrap();
         next.sigkill();
-        assert_eq!(next.wait_exit(WAIT), 128 + libc::SIGKILL);
+        next.assert_exit(128 + libc::SIGKILL, WAIT);
         assert_eq!(processed_offsets(&next.lines()), first, "{ordering}");
         assert_eq!(
             (got.0, metadata.as_str()),

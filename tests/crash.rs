@@ -62,7 +62,7 @@ fn crash_restarts(kills: usize) {
         let so_far = processed(&run.lines()).len();
         run.wait_for_count(is_processed, so_far + 60, WAIT);
         run.sigkill();
-        assert_eq!(run.wait_exit(WAIT), 128 + libc::SIGKILL);
+        run.assert_exit(128 + libc::SIGKILL, WAIT);
         runs.push(run);
     }
     let last = member(&topic, &group);
@@ -78,7 +78,7 @@ fn crash_restarts(kills: usize) {
         seen.is_superset(&expected)
     });
     last.sigterm();
-    assert_eq!(last.wait_exit(WAIT), 0, "{}", last.lines().join("\n"));
+    last.assert_exit(0, WAIT);
     runs.push(last);
 
     let per_run: Vec<Vec<(i32, i64)>> = runs.iter().map(|r| processed(&r.lines())).collect();

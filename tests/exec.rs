@@ -172,7 +172,7 @@ fn exec_ackd(topic: &str, group: &str, command: &str) -> AckdBuilder {
 /// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
     assert!(
@@ -654,7 +654,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ackd.wait_for_count(is_processed, 1, WAIT);
         let stopping = std::time::Instant::now();
         ackd.sigterm();
-        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        ackd.assert_exit(0, WAIT);
         let stop_took = stopping.elapsed();
         let lines = ackd.lines();
         let stopped = lines
@@ -693,7 +693,7 @@ fn exec_without_a_command_is_a_configuration_error() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd
         .lines()
         .into_iter()
@@ -939,7 +939,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
         "{failed}"
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 1, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(1, WAIT);
     let lines = ackd.lines();
     assert_eq!(
         processed(&lines),

@@ -79,7 +79,7 @@ fn retryable_failures_are_retried_while_other_partitions_flow() {
     );
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     // Three failed attempts, three retries, then success; in order, each once.
     let retries: Vec<_> = lines.iter().filter(|l| is(l, "retry", 0, 1)).collect();
@@ -178,7 +178,7 @@ fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
         .spawn();
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
     assert_eq!(skipped.len(), 2, "{}", lines.join("\n"));
@@ -225,7 +225,7 @@ fn dead_letter_copies_the_message_then_acknowledges_it() {
         .spawn();
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let line = lines
         .iter()

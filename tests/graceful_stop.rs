@@ -51,7 +51,7 @@ fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
     ackd.sigterm();
     // Heroku may send SIGTERM more than once: the second one must not cut the stop short.
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let processed = processed(&lines);
@@ -121,7 +121,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
         .spawn();
     first.wait_for_count(is_processed, 100, WAIT);
     first.sigterm();
-    assert_eq!(first.wait_exit(WAIT), 0);
+    first.assert_exit(0, WAIT);
     let first_processed = processed(&first.lines());
     let committed_after_first = committed(&group, &topic, 4);
     for (p, next) in next_after_processed(&first_processed) {
@@ -139,7 +139,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
     let remaining = total - first_processed.len();
     second.wait_for_count(is_processed, remaining, WAIT);
     second.sigterm();
-    assert_eq!(second.wait_exit(WAIT), 0);
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
 
     // Each partition resumed at the offset the first run committed.
@@ -187,7 +187,7 @@ fn in_flight_messages_finish_before_the_final_commit() {
     ackd.wait_for_count(is_processed, 2, WAIT);
     let signal_at = ackd.line_count();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     assert_signal_line_first(&lines);
     // Messages that were in the processor when SIGTERM arrived completed after it.
@@ -260,7 +260,7 @@ fn a_second_sigint_exits_at_once() {
         WAIT,
     );
     ackd.signal(libc::SIGINT);
-    assert_eq!(ackd.wait_exit(Duration::from_secs(10)), 130);
+    ackd.assert_exit(130, Duration::from_secs(10));
     let lines = ackd.lines();
     assert_signal_line_first(&lines);
     assert!(
@@ -303,7 +303,7 @@ fn a_sigint_after_a_sigterm_still_stops_gracefully() {
         WAIT,
     );
     ackd.signal(libc::SIGINT);
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let all = lines.join("\n");
     assert!(
@@ -329,7 +329,7 @@ fn a_sigint_after_a_sigterm_still_stops_gracefully() {
     let again = AckdBuilder::new(&topic, &group)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(again.wait_exit(WAIT), 0);
+    again.assert_exit(0, WAIT);
     let mut all_processed = processed.clone();
     all_processed.extend(common::lines::processed(&again.lines()));
     assert_no_duplicates(&all_processed);

@@ -430,7 +430,7 @@ fn nothing_listens_by_default() {
     assert_eq!(listening_ports(ackd.pid()), Vec::<u16>::new());
     assert!(!ackd.lines().iter().any(|l| at(l, "health_listening")));
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 }
 
 /// A port that cannot be listened on is a configuration error naming the setting: exit
@@ -443,14 +443,14 @@ fn a_port_in_use_is_a_config_error() {
         .env("ACKD_HEALTH_PORT", port.to_string())
         .env("ACKD_HEALTH_ADDR", "127.0.0.1")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
     assert_eq!(field(&line, "value"), Some(port.to_string()));
     let bad = AckdBuilder::new("any-topic", "any-group")
         .env("ACKD_HEALTH_PORT", "70000")
         .spawn();
-    assert_eq!(bad.wait_exit(WAIT), 78);
+    bad.assert_exit(78, WAIT);
     let line = bad.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
 }
@@ -498,8 +498,8 @@ fn metrics_totals_survive_a_rebalance() {
     let revoked = a.lines().iter().filter(|l| at(l, "revoked")).count();
     a.sigterm();
     b.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0);
-    assert_eq!(b.wait_exit(WAIT), 0);
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     let delivered: Vec<Delivered> = first.into_iter().chain(second).collect();
     assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
     eprintln!(
@@ -545,8 +545,8 @@ fn a_member_without_partitions_is_ready() {
     for p in [&a, &b] {
         p.sigterm();
     }
-    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     eprintln!("health idle member: partitions held {held:?}, both ready, both exit 0");
 }
 
@@ -588,7 +588,7 @@ fn a_probe_is_answered_while_many_idle_connections_are_open() {
     assert_eq!(probe.status, 200, "{}", probe.body);
     drop(idle);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 }
 
 /// Reads until the server closes `s` (EOF or a reset), at most `bound`: what it sent,
@@ -664,7 +664,7 @@ fn idle_and_slow_connections_are_closed_within_seconds() {
         slow_after.as_millis()
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 }
 
 /// An exec handler that takes `seconds` a message, in a fresh directory.

@@ -256,7 +256,7 @@ fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, V
 
 fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), code, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(code, WAIT);
     ackd.lines()
 }
 
@@ -570,7 +570,7 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd
         .lines()
         .into_iter()
@@ -583,7 +583,7 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
         .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
         .env("ACKD_HTTP_HEADERS", "s3cr3t-t0ken-without-a-name")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let lines = ackd.lines();
     let line = lines
         .iter()
@@ -934,7 +934,7 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
         .env("ACKD_HTTP_CONCURRENCY", "8")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let requests = endpoint.requests();
     let offsets: Vec<i64> = requests.iter().map(|r| r.position().1).collect();
     let mut sorted = offsets.clone();

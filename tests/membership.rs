@@ -113,7 +113,7 @@ fn rotate(assignment: Assignment) {
         m.sigterm();
     }
     for m in &live {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
 
     let ms: Vec<&AckdProcess> = stopped.iter().chain(&live).collect();
@@ -243,7 +243,7 @@ fn a_rolling_switch_from_cooperative_to_the_consumer_protocol_loses_nothing_and_
         m.sigterm();
     }
     for m in &new {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
     let new_processed: usize = new.iter().map(|m| processed(&m.lines()).len()).sum();
     let processed = all();

@@ -118,7 +118,7 @@ fn a_budget_too_small_for_the_partitions_is_a_config_error() {
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_MEMORY_MB", "8")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(
         field(&line, "setting").as_deref(),
@@ -165,8 +165,8 @@ fn assignment_changes_are_logged_and_the_handoff_is_exact() {
     });
     a.sigterm();
     b.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0);
-    assert_eq!(b.wait_exit(WAIT), 0);
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     let (a_lines, b_lines) = (a.lines(), b.lines());
     let mut all = processed(&a_lines);
     all.extend(processed(&b_lines));

@@ -114,7 +114,7 @@ fn every_line_is_logfmt_and_the_summaries_add_up() {
         WAIT,
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
 
     assert_all_lines_are_logfmt(&lines);
@@ -183,7 +183,7 @@ fn lag_is_positive_while_a_backlog_is_processed() {
     let lag: i64 = field(&line, "sample#ackd.lag").unwrap().parse().unwrap();
     assert!(lag > 0 && lag <= delivered.len() as i64, "{line}");
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     assert_all_lines_are_logfmt(&lines);
     // The summary's in-flight sample saw the slow processor at work.
@@ -211,7 +211,7 @@ fn the_source_of_metric_lines_can_be_set() {
         WAIT,
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     for l in lines.iter().filter(|l| l.contains('#')) {
         assert_eq!(field(l, "source").as_deref(), Some("consumer.3"), "{l}");
@@ -234,7 +234,7 @@ fn two_hundred_partitions_stay_within_the_memory_table() {
     let assigned = ackd.lines().iter().filter(|l| at(l, "assigned")).count();
     let peak_kib = peak_rss_kib(ackd.pid());
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     eprintln!(
         "200 partitions ({} with messages, {assigned} assigned): 2000 messages processed, ackd's peak RSS {peak_kib} KiB",
         ends.len()

@@ -374,7 +374,7 @@ fn run_all(
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let processed = processed(&lines);
     let (lost, duplicated) = lost_and_duplicated(delivered, &processed);
@@ -450,7 +450,7 @@ fn key_ordering_with_batches_keeps_each_keys_order() {
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     assert_eq!(
@@ -543,7 +543,7 @@ fn read_ahead_past_a_waiting_key(name: &str, max_pending: usize) -> usize {
         .env("ACKD_TEST_DELAY_MS", "20")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let order: Vec<i64> = processed(&ackd.lines())
         .into_iter()
         .map(|(_, o)| o)
@@ -596,7 +596,7 @@ fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
         .env("ACKD_RETRY_MAX_MS", "2000")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
@@ -643,7 +643,7 @@ fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usiz
     first.wait_for_count(is_processed, 150, WAIT);
     let signal_at = first.line_count();
     first.sigterm();
-    assert_eq!(first.wait_exit(WAIT), 0, "{}", first.lines().join("\n"));
+    first.assert_exit(0, WAIT);
     let first_lines = first.lines();
     let finished_after = first_lines[signal_at..]
         .iter()
@@ -680,7 +680,7 @@ fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usiz
     let second = slow(AckdBuilder::new(&topic, &group))
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
     for (p, c) in &final_commits {
         let assigned = second_lines
@@ -783,8 +783,8 @@ fn handoff_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> u
     });
     a.sigterm();
     b.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     let (a_lines, b_lines) = (a.lines(), b.lines());
 
     // Calls of the moving partitions that finished between the revoke's start and its
@@ -932,7 +932,7 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let took = started.elapsed();
     let lines = ackd.lines();
     let ends = log_ends(&delivered);
@@ -981,7 +981,7 @@ fn an_in_process_processor_keeps_key_order_and_commits_behind_the_watermark() {
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let ends = log_ends(&delivered);
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
@@ -1088,7 +1088,7 @@ fn skip_and_dead_letter_under_concurrency_process_everything_else() {
             .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
             .env("ACKD_STOP_AT_END", "true")
             .spawn();
-        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        ackd.assert_exit(0, WAIT);
         let lines = ackd.lines();
         let done = processed(&lines);
         let expected: Vec<Delivered> = delivered
@@ -1150,7 +1150,7 @@ fn a_retry_holds_only_its_key() {
         .env("ACKD_RETRY_MAX_MS", "2000")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
@@ -1217,7 +1217,7 @@ fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
         Instant::now() >= give_up || first.lines()[from..].iter().any(|l| at(l, "committed"))
     });
     first.sigkill();
-    assert_eq!(first.wait_exit(WAIT), 128 + libc::SIGKILL);
+    first.assert_exit(128 + libc::SIGKILL, WAIT);
     let first_lines = first.lines();
     let first_processed = processed(&first_lines);
     let last_commit = first_lines
@@ -1237,7 +1237,7 @@ fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     );
 
     let second = run(&handler).env("ACKD_STOP_AT_END", "true").spawn();
-    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
     let first_set: BTreeSet<(i32, i64)> = first_processed.iter().copied().collect();
     let second_processed = processed(&second_lines);

@@ -58,7 +58,7 @@ fn handoff(assignment: Assignment) {
     b.wait_for_count(is_processed, 20, WAIT);
     // a leaves gracefully: b takes everything.
     a.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
+    a.assert_exit(0, WAIT);
     let delivered = producer.join().expect("producer");
     let a_lines = a.lines();
     let a_processed = processed(&a_lines);
@@ -76,7 +76,7 @@ fn handoff(assignment: Assignment) {
         seen.is_superset(&expected)
     });
     b.sigterm();
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    b.assert_exit(0, WAIT);
     let b_lines = b.lines();
 
     let mut all = a_processed.clone();

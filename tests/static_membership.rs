@@ -41,7 +41,7 @@ fn a_static_member_consumes_commits_and_stops_cleanly() {
     );
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let t = tally(&delivered, &processed(&lines), &lines);
@@ -149,7 +149,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
 
     let restart = std::time::Instant::now();
     m2.sigterm();
-    assert_eq!(m2.wait_exit(WAIT), 0, "{}", m2.lines().join("\n"));
+    m2.assert_exit(0, WAIT);
     let m2_lines = m2.lines();
     let final_commits = per_partition(&m2_lines, "final_commit", "offset");
     assert_eq!(
@@ -216,7 +216,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
         m.sigterm();
     }
     for m in [&m1, &m2b, &m3] {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
     let lines: Vec<String> = runs.iter().flat_map(|r| r.lines()).collect();
     let all: Vec<(i32, i64)> = runs.iter().flat_map(|r| processed(&r.lines())).collect();
@@ -313,7 +313,7 @@ fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
         seen.is_superset(&expected)
     });
     second.sigterm();
-    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
     let all: Vec<(i32, i64)> = processed(&first_lines)
         .into_iter()
@@ -404,7 +404,7 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
 
     new.wait_for_count(is_processed, 10, WAIT);
     new.sigterm();
-    assert_eq!(new.wait_exit(WAIT), 0, "{}", new.lines().join("\n"));
+    new.assert_exit(0, WAIT);
     let new_lines = new.lines();
     let all: Vec<(i32, i64)> = processed(&old_lines)
         .into_iter()
@@ -471,18 +471,13 @@ fn under_the_consumer_protocol_a_second_process_with_the_same_id_is_refused_not_
     delivered.extend(produce_keyed(&topic, 50, 50));
     first.wait_for_count(is_processed, 100, WAIT);
     first.sigterm();
-    assert_eq!(first.wait_exit(WAIT), 0, "{}", first.lines().join("\n"));
+    first.assert_exit(0, WAIT);
 
     delivered.extend(produce_keyed(&topic, 50, 100));
     let replacement = static_member();
     replacement.wait_for_count(is_processed, 50, WAIT);
     replacement.sigterm();
-    assert_eq!(
-        replacement.wait_exit(WAIT),
-        0,
-        "{}",
-        replacement.lines().join("\n")
-    );
+    replacement.assert_exit(0, WAIT);
     let mut lines = first.lines();
     lines.extend(replacement.lines());
     let t = tally(&delivered, &processed(&lines), &lines);

@@ -22,7 +22,7 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
         .env("ACKD_STOP_AT_END", "true")
         .env("ACKD_PROCESSOR", "noop")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let processed: Vec<_> = processed(&lines);
     let expected: BTreeSet<_> = delivered.iter().map(|d| (d.partition, d.offset)).collect();
@@ -55,6 +55,6 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
     let again = AckdBuilder::new(&topic, &group)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(again.wait_exit(WAIT), 0);
+    again.assert_exit(0, WAIT);
     assert!(common::lines::processed(&again.lines()).is_empty());
 }

@@ -132,7 +132,7 @@ fn heroku_variables_consume_and_commit_over_mutual_tls_with_the_prefixed_names()
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
 
     let start = at(&lines, "start");

@@ -390,6 +390,20 @@ impl AckdProcess {
         code
     }
 
+    /// Waits for ackd to exit (as [`AckdProcess::wait_exit`]) and asserts that its exit code
+    /// is `code`; on a mismatch panics with ackd's output.
+    #[track_caller]
+    pub fn assert_exit(&self, code: i32, timeout: Duration) {
+        let got = self.wait_exit(timeout);
+        assert_eq!(
+            got,
+            code,
+            "ackd pid {} exit code; output:\n{}",
+            self.pid,
+            self.lines().join("\n")
+        );
+    }
+
     /// Time since spawn.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
