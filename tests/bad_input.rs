@@ -163,7 +163,7 @@ fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
         .iter()
         .any(|l| at(l, "process_failed") || at(l, "fetch_error")));
     assert_eq!(
-        committed(&group, &topic, 1)[&0],
+        committed_offset(&group, &topic, 0),
         Some(cases.len() as i64),
         "committed = log end"
     );

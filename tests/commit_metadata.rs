@@ -207,7 +207,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
     run.wait_for_count(is_processed, 20, WAIT);
     run.sigterm();
     run.assert_exit(0, WAIT);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 
     // 30 more (offsets 20..50); then everything before 35 is deleted, the committed
     // offset 20 with it.
@@ -243,7 +243,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
         (35..50).map(|o| (0, o)).collect::<Vec<_>>(),
         "what remains, once each, in order"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(50), "the log end");
+    assert_eq!(committed_offset(&group, &topic, 0), Some(50), "the log end");
     eprintln!(
         "out of range: messages {}, committed 20, deleted before 35 (20..35 gone with it), \
          at=offset_reset from=20 to=35, processed 35..50 ({} messages), committed 50, exit 0",
@@ -435,7 +435,7 @@ fn metadata_moved_to_another_offset_skips_nothing() {
         );
         assert!(!lines.iter().any(|l| at(l, "resume_skipped")), "{lines:?}");
         assert_eq!(processed_offsets(&lines), (5..80).collect::<Vec<_>>());
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+        assert_committed(&group, &topic, 0, Some(80));
         eprintln!(
             "metadata {:?} beside offset 5: metadata={state}, processed 5..80 once each (75), skipped 0, committed 80, exit 0",
             String::from_utf8_lossy(metadata)
@@ -488,7 +488,7 @@ fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
     );
     let got = processed_offsets(&lines);
     assert_eq!(got, (5..80).collect::<Vec<_>>(), "{lines:?}");
-    assert_eq!(committed(&copy, &topic, 1)[&0], Some(80));
+    assert_committed(&copy, &topic, 0, Some(80));
 
     // The original, beside the offset it was committed with, skips 21..=79.
     let lines = run_to_end(&topic, &group, &[("ACKD_RETRY_INITIAL_MS", "20")]);
@@ -520,7 +520,7 @@ fn metadata_with_a_trailing_nul_reads_as_written() {
     );
     let expected: Vec<i64> = std::iter::once(5).chain(15..80).collect();
     assert_eq!(processed_offsets(&lines), expected);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+    assert_committed(&group, &topic, 0, Some(80));
     eprintln!("metadata with a trailing NUL at offset 5: read as written, 6..=14 skipped, 5 and 15..80 processed, committed 80");
 }
 
@@ -593,7 +593,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
             "{assigned}"
         );
         assert_eq!(processed_offsets(&lines), again, "{ordering}");
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+        assert_committed(&group, &topic, 0, Some(60));
         eprintln!(
             "inherited ranges 20..=59, next owner under {ordering} ordering: committed {metadata:?}, SIGKILLed; \
              the third processed {again:?} and skipped the rest: each message processed once"
@@ -634,7 +634,7 @@ fn a_topic_deleted_and_created_again_skips_nothing_of_the_new_one() {
     let got = processed_offsets(&lines);
     let from = survived.0.unwrap_or(0);
     assert_eq!(got, (from..30).collect::<Vec<_>>(), "{lines:?}");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!(
         "topic deleted and created again: the group's committed offset and metadata after it: {:?} {:?}; \
          processed {}..30 of the new topic, skipped 0",

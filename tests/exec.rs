@@ -253,7 +253,7 @@ fn a_retry_reply_is_retried_then_acknowledged() {
     // The handler saw offset 1 twice (the retry), the others once.
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 1, 2]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// 3: a child that exits on a message is restarted; the message is retried, nothing lost.
@@ -305,7 +305,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
     );
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 2, 3, 4], "each handled once to the end");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(5));
+    assert_committed(&group, &topic, 0, Some(5));
 }
 
 /// 4: a child that hangs past ACKD_EXEC_TIMEOUT_MS is killed and restarted; the
@@ -347,7 +347,7 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
         "{retry}"
     );
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2)]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// 5: a permanent failure meets ACKD_ON_FAILURE (skip here); the child is kept. Also:
@@ -397,7 +397,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
     );
     assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
     assert!(!lines.iter().any(|l| at(l, "exec_restart")));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 
     let requests: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests"))
         .unwrap()
@@ -459,7 +459,7 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
         first["headers"],
         serde_json::json!([{"name": "tr\u{fffd}ce", "value": "t-1"}])
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+    assert_committed(&group, &topic, 0, Some(2));
 }
 
 /// 6: SIGTERM with a message in the child: it is finished and committed, the child gets
@@ -519,7 +519,7 @@ fn assert_stopped_where_handled(
 ) -> i64 {
     let acked = processed(lines).len() as i64;
     assert!(acked < total, "stopped before the end");
-    let committed_first = committed(group, topic, 1)[&0];
+    let committed_first = committed_offset(group, topic, 0);
     assert_eq!(committed_first, Some(acked), "{}", lines.join("\n"));
     let seen: Vec<i64> = handled(dir).iter().map(|h| h.1).collect();
     assert_eq!(
@@ -554,7 +554,7 @@ fn assert_a_second_run_hands_over_the_rest(
         (0..total).collect::<Vec<_>>(),
         "each handled exactly once"
     );
-    assert_eq!(committed(group, topic, 1)[&0], Some(total));
+    assert_committed(group, topic, 0, Some(total));
 }
 
 /// 7: three children, four partitions: each partition's messages are handled in order,
@@ -628,7 +628,7 @@ fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
     // Offset 1 was handled twice (its reply was lost with the replaced child), 2 once.
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 1, 2]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// A child that does not exit at EOF gets SIGTERM halfway to the deadline; one that
@@ -683,7 +683,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
                 .starts_with('Z')
         });
         assert!(!alive, "handler {pid} still running after {how}");
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+        assert_committed(&group, &topic, 0, Some(1));
     }
 }
 
@@ -948,7 +948,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
     assert_eq!(batches_sent(&dir)[..2], [(0, 0, 8), (0, 8, 8)]);
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, (0..13).collect::<Vec<_>>());
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(13));
+    assert_committed(&group, &topic, 0, Some(13));
 }
 
 /// A retry asked for at offset 13 of the batch 8..15: 8..12 are acknowledged, and 13
@@ -989,7 +989,7 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
         (0..16).map(|o| (0, o)).collect::<Vec<_>>()
     );
     assert!(!lines.iter().any(|l| at(l, "exec_restart")));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(16));
+    assert_committed(&group, &topic, 0, Some(16));
 }
 
 /// A reply naming an offset that is not in the batch is a protocol error: the child is
@@ -1020,7 +1020,7 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 8);
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(8));
+    assert_committed(&group, &topic, 0, Some(8));
 }
 
 /// A child that dies in the middle of the batch 8..15 (after handling 8..11): the
@@ -1063,7 +1063,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
         (0..20).map(|o| (0, o)).collect::<Vec<_>>(),
         "acknowledged once each"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 }
 
 /// SIGTERM in the middle of 150 messages in batches of 5: the batch in the child is
@@ -1134,7 +1134,7 @@ fn exec_batches_stop_at_the_byte_limit() {
         processed(&lines),
         (0..20).map(|o| (0, o)).collect::<Vec<_>>()
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 }
 
 // ---- misbehaving handlers: no line acknowledges a message the handler did not answer ----
@@ -1197,7 +1197,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
         processed(&lines).len(),
         counts.len(),
         restarts.len(),
-        committed(&group, &topic, 1)[&0]
+        committed_offset(&group, &topic, 0)
     );
     assert_eq!(lost, vec![], "acknowledged without being handled");
     assert_eq!(
@@ -1213,7 +1213,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
         );
     }
     assert_eq!(restarts.len(), 4, "{}", lines.join("\n"));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(10));
+    assert_committed(&group, &topic, 0, Some(10));
 }
 
 /// Batches of 5 over 15 messages. The first batch is answered the way a handler that
@@ -1261,7 +1261,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
         "batch answered per message: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {restarts}, committed {:?}",
         processed(&lines).len(),
         counts.len(),
-        committed(&group, &topic, 1)[&0]
+        committed_offset(&group, &topic, 0)
     );
     assert_eq!(lost, vec![], "acknowledged without being handled");
     assert_eq!(
@@ -1270,7 +1270,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
         "each once, in order"
     );
     assert_eq!(restarts, 2, "{}", lines.join("\n"));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(15));
+    assert_committed(&group, &topic, 0, Some(15));
 }
 
 /// A handler that writes a 32 MiB line to stderr and, once, a 32 MiB reply: the stderr
@@ -1336,7 +1336,7 @@ for line in sys.stdin:
         processed(&lines),
         (0..4).map(|o| (0, o)).collect::<Vec<_>>()
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
+    assert_committed(&group, &topic, 0, Some(4));
 }
 
 /// A handler that takes 1 s a message until the file `fast` exists in `dir`.
@@ -1410,7 +1410,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     let acked = processed(&lines).len() as i64;
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, (0..acked).collect::<Vec<_>>(), "handled is acked");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked));
+    assert_committed(&group, &topic, 0, Some(acked));
 
     std::fs::write(dir.join("fast"), "").unwrap();
     let second = queued_behind_one_child(&topic, &group, &command).spawn();
@@ -1430,7 +1430,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
         (0..30).collect::<Vec<_>>(),
         "each handled exactly once"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!(
         "queued stop: handled_before_sigterm={handled_before} handled_by_first={handled_first} acked_first={acked}"
     );

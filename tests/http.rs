@@ -351,7 +351,7 @@ fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2), (0, 3)]);
     let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     assert_eq!(seen, vec![0, 1, 1, 1, 2, 3]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
+    assert_committed(&group, &topic, 0, Some(4));
 }
 
 /// 3: a 429 with `Retry-After: 1`: the next attempt comes at least a second later,
@@ -428,13 +428,13 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
             );
             assert_eq!(field(skipped, "attempts").as_deref(), Some("1"));
             assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
-            assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+            assert_committed(&group, &topic, 0, Some(3));
             assert_eq!(endpoint.requests().len(), 3, "not retried");
         } else {
             ackd.wait_for_line(|l| at_offset(l, "process_failed", 1), WAIT);
             let lines = stop(&ackd, 1);
             assert_eq!(processed(&lines), vec![(0, 0)]);
-            assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+            assert_committed(&group, &topic, 0, Some(1));
             assert_eq!(endpoint.requests().len(), 2, "nothing past the poison");
         }
     }
@@ -488,7 +488,7 @@ fn raw_bodies_are_the_value_with_metadata_in_headers() {
     assert_eq!(r1.header("ackd-key-base64"), Some("//4="));
     let h: Value = serde_json::from_str(r1.header("ackd-headers").unwrap()).unwrap();
     assert_eq!(h, serde_json::json!([{"name":"bin","value_base64":"ww=="}]));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+    assert_committed(&group, &topic, 0, Some(2));
 }
 
 /// 6: SIGTERM with requests in flight to a slow endpoint: they complete, ackd exits 0,
@@ -560,7 +560,7 @@ fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
     let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     assert_eq!(seen, vec![0, 1]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+    assert_committed(&group, &topic, 0, Some(2));
 }
 
 /// ACKD_PROCESSOR=http without a URL, and headers that cannot be parsed, are
@@ -655,7 +655,7 @@ fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
             .contains("HTTP 400 Bad Request: no text value"),
         "{skipped}"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// No answer within ACKD_HTTP_TIMEOUT_MS is retryable: the retry is acked.
@@ -687,7 +687,7 @@ fn a_request_that_times_out_is_retried() {
         "{retry}"
     );
     assert_eq!(endpoint.requests().len(), 2);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+    assert_committed(&group, &topic, 0, Some(1));
 }
 
 /// A Retry-After longer than ACKD_RETRY_MAX_MS waits ACKD_RETRY_MAX_MS.
@@ -783,7 +783,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
     assert_eq!(retries, starts.len(), "one retry per batch start");
     let expected: Vec<(i32, i64)> = (0..30).filter(|o| *o != 12).map(|o| (0, o)).collect();
     assert_eq!(processed(&lines), expected);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
 }
 
 /// A refusal that names no offset of the batch (no `Ackd-Failed-Offset`, one outside
@@ -820,7 +820,7 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
             processed(&lines),
             (0..4).map(|o| (0, o)).collect::<Vec<_>>()
         );
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(4), "{header:?}");
+        assert_eq!(committed_offset(&group, &topic, 0), Some(4), "{header:?}");
     }
 }
 
@@ -851,7 +851,7 @@ fn an_http_error_body_with_an_offset_acknowledges_nothing() {
         .iter()
         .map(Request::batch_offsets)
         .collect();
-    let committed = committed(&group, &topic, 1)[&0];
+    let committed = committed_offset(&group, &topic, 0);
     eprintln!(
         "http offset body: requests={bodies:?} failed_offset={:?} committed={committed:?}",
         field(&failed, "offset")
@@ -908,7 +908,7 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
         "{retry}"
     );
     assert!(field(retry, "delay_ms").unwrap().parse::<u64>().unwrap() >= 1000);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(6));
+    assert_committed(&group, &topic, 0, Some(6));
 }
 
 /// With `ACKD_ORDERING=key` one partition keeps several requests in flight (one per key,
@@ -978,7 +978,7 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
         (3..=6).contains(&peak),
         "expected several requests of the partition in flight (at most one per key): {peak}"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+    assert_committed(&group, &topic, 0, Some(60));
 }
 
 /// An endpoint that takes 1 s a request until `fast` is set.
@@ -1061,7 +1061,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
         posted_sorted, acked,
         "every request posted was acknowledged"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked.len() as i64));
+    assert_committed(&group, &topic, 0, Some(acked.len() as i64));
 
     fast.store(true, std::sync::atomic::Ordering::SeqCst);
     let second = queued().spawn();
@@ -1070,7 +1070,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     let mut all: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     all.sort_unstable();
     assert_eq!(all, (0..30).collect::<Vec<_>>(), "each posted exactly once");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!(
         "http queued stop: posted_before_sigterm={posted_before} posted_by_first={} acked_first={}",
         posted.len(),

@@ -1067,7 +1067,7 @@ fn halt_under_concurrency_lets_in_flight_finish_and_commits_nothing_past_the_fai
         "the partition went on"
     );
     assert_eq!(
-        committed(&group, &topic, 1)[&0],
+        committed_offset(&group, &topic, 0),
         Some(1),
         "committed up to the failed message, not past it"
     );

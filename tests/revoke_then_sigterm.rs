@@ -122,7 +122,7 @@ fn sigterm_during_a_slow_revoke_keeps_the_deadline_and_commits_the_rest() {
     }
     // `move/0`: what was acknowledged before the stuck message is committed by the revoke.
     assert_eq!(
-        committed(&group, &moved, 1)[&0],
+        committed_offset(&group, &moved, 0),
         Some(5),
         "{moved}/0 committed"
     );

@@ -400,7 +400,7 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
     assert_eq!(not_committed, BTreeMap::from([(0, 21)]), "{all_old}");
     assert!(processed(&old_lines).contains(&(0, 20)), "{all_old}");
     assert_eq!(int(&assigned, "offset"), Some(20), "{assigned}");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 
     new.wait_for_count(is_processed, 10, WAIT);
     new.sigterm();

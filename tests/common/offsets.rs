@@ -38,6 +38,21 @@ pub fn assert_committed_to_ends(
     }
 }
 
+/// The committed offset of `group` on `topic`/`partition` (None where nothing is committed).
+pub fn committed_offset(group: &str, topic: &str, partition: i32) -> Option<i64> {
+    committed(group, topic, partition + 1)[&partition]
+}
+
+/// Asserts that `group`'s committed offset on `topic`/`partition` is `expected`.
+#[track_caller]
+pub fn assert_committed(group: &str, topic: &str, partition: i32, expected: Option<i64>) {
+    assert_eq!(
+        committed_offset(group, topic, partition),
+        expected,
+        "committed offset of group {group} on {topic}/{partition}"
+    );
+}
+
 /// Committed offsets of `group` for partitions `0..partitions` of `topic`
 /// (None where nothing is committed). Uses a consumer that never subscribes.
 pub fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, Option<i64>> {
