@@ -13,10 +13,6 @@ use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
 /// Produces `payloads` to `partition` in order (keys `k-<i>`); returns their offsets.
 fn produce_payloads(topic: &str, partition: i32, payloads: &[&str]) -> Vec<i64> {
     let keys: Vec<String> = (0..payloads.len()).map(|i| format!("k-{i}")).collect();
@@ -46,8 +42,7 @@ fn faulty_batches(topic: &str, group: &str, max: usize) -> AckdBuilder {
     AckdBuilder::new(topic, group)
         .env("ACKD_PROCESSOR", "faulty")
         .batches(max)
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
+        .quick_retries()
 }
 
 #[test]

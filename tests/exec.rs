@@ -11,28 +11,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
-fn at_offset(line: &str, what: &str, offset: i64) -> bool {
-    at(line, what) && field(line, "offset") == Some(offset.to_string())
-}
-
-/// A fresh directory for one test's handler and its files.
-fn work_dir(name: &str) -> PathBuf {
-    let dir = log_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// The `n`th (from 1) Python block of docs/exec.md ("exec processor"), exactly as
 /// written there: 1 is the handler, 2 the batched handler.
@@ -142,33 +127,6 @@ fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
     triples(dir, "handled")
 }
 
-/// Offsets per partition in the order given.
-fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, Vec<i64>> {
-    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
-    for (p, o) in pairs {
-        map.entry(p).or_default().push(o);
-    }
-    map
-}
-
-/// A message to produce: key, value, headers.
-type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
-
-/// Produces values (with optional key bytes and headers) to partition 0, in order.
-fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let records: Vec<common::produce::Record<'_>> =
-        messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
-    produce_records(topic, &records);
-}
-
-fn exec_ackd(topic: &str, group: &str, command: &str) -> AckdBuilder {
-    AckdBuilder::new(topic, group)
-        .env("ACKD_PROCESSOR", "exec")
-        .env("ACKD_EXEC_COMMAND", command)
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
-}
-
 /// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
     ackd.sigterm();
@@ -191,7 +149,7 @@ fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
 #[test]
 fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     let (topic, group) = fresh_topic("exec-readme", 2);
-    let dir = work_dir("exec-readme");
+    let dir = fresh_dir("exec-readme");
     let path = dir.join("handler.py");
     std::fs::write(&path, readme_handler(1)).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
@@ -203,7 +161,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-    for (p, offsets) in per_partition(processed(&lines)) {
+    for (p, offsets) in offsets_by_partition(processed(&lines)) {
         assert_eq!(offsets, (0..ends[&p]).collect::<Vec<_>>(), "partition {p}");
     }
     assert_committed_to_ends(&group, &topic, 2, &ends);
@@ -228,7 +186,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
 #[test]
 fn a_retry_reply_is_retried_then_acknowledged() {
     let (topic, group) = fresh_topic("exec-retry", 1);
-    let dir = work_dir("exec-retry");
+    let dir = fresh_dir("exec-retry");
     let command = test_handler(
         &dir,
         r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
@@ -260,7 +218,7 @@ fn a_retry_reply_is_retried_then_acknowledged() {
 #[test]
 fn a_crashing_child_is_restarted_and_its_message_retried() {
     let (topic, group) = fresh_topic("exec-crash", 1);
-    let dir = work_dir("exec-crash");
+    let dir = fresh_dir("exec-crash");
     let command = test_handler(
         &dir,
         r#"if v == "crash" and once("crash-%d-%d" % (p, o)):
@@ -313,7 +271,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
 #[test]
 fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
     let (topic, group) = fresh_topic("exec-hang", 1);
-    let dir = work_dir("exec-hang");
+    let dir = fresh_dir("exec-hang");
     let command = test_handler(
         &dir,
         r#"if v == "hang" and once("hang-%d-%d" % (p, o)):
@@ -355,7 +313,7 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
 #[test]
 fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
     let (topic, group) = fresh_topic("exec-fail", 1);
-    let dir = work_dir("exec-fail");
+    let dir = fresh_dir("exec-fail");
     let command = test_handler(
         &dir,
         r#"if v == "bad":
@@ -435,7 +393,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
 #[test]
 fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
     let (topic, group) = fresh_topic("exec-hdr", 1);
-    let dir = work_dir("exec-hdr");
+    let dir = fresh_dir("exec-hdr");
     let command = test_handler(&dir, "");
     produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
     produce_values(&topic, &[(None, b"after", &[])]);
@@ -468,7 +426,7 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
 #[test]
 fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
     let (topic, group) = fresh_topic("exec-stop", 1);
-    let dir = work_dir("exec-stop");
+    let dir = fresh_dir("exec-stop");
     let command = test_handler(&dir, "time.sleep(0.1)");
     produce_numbered(&topic, 40);
 
@@ -562,7 +520,7 @@ fn assert_a_second_run_hands_over_the_rest(
 #[test]
 fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
     let (topic, group) = fresh_topic("exec-pool", 4);
-    let dir = work_dir("exec-pool");
+    let dir = fresh_dir("exec-pool");
     let command = test_handler(&dir, "time.sleep(0.01)");
     let delivered = produce_keyed(&topic, 120, 0);
     let ends = log_ends(&delivered);
@@ -581,16 +539,16 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
     assert_eq!(started, ["0", "1", "2"].map(String::from).into());
     assert_eq!(lines.iter().filter(|l| at(l, "exec_stopped")).count(), 3);
     let handled = handled(&dir);
-    let by_child = per_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
+    let by_child = offsets_by_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
     assert!(by_child.len() >= 2, "the pool was used: {by_child:?}");
     let expected: BTreeMap<i32, Vec<i64>> =
         ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
     assert_eq!(
-        per_partition(handled.iter().map(|h| (h.0, h.1))),
+        offsets_by_partition(handled.iter().map(|h| (h.0, h.1))),
         expected,
         "the handlers saw each partition in order, each message once"
     );
-    assert_eq!(per_partition(processed(&lines)), expected);
+    assert_eq!(offsets_by_partition(processed(&lines)), expected);
     assert_committed_to_ends(&group, &topic, 4, &ends);
 }
 
@@ -599,7 +557,7 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
 #[test]
 fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
     let (topic, group) = fresh_topic("exec-stray", 1);
-    let dir = work_dir("exec-stray");
+    let dir = fresh_dir("exec-stray");
     let command = test_handler(
         &dir,
         r#"if v == "chatty" and once("chatty-%d-%d" % (p, o)):
@@ -643,7 +601,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ("sigkill", "time.sleep(3600)"),
     ] {
         let (topic, group) = fresh_topic("exec-linger", 1);
-        let dir = work_dir("exec-linger");
+        let dir = fresh_dir("exec-linger");
         let command = test_handler_with(&dir, "", at_eof);
         produce_values(&topic, &[(None, b"ok", &[])]);
         let ackd = exec_ackd(&topic, &group, &command)
@@ -721,7 +679,7 @@ const EXEC_SECRETS: &[(&str, &str)] = &[
 fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let (topic, group) = fresh_topic(name, 1);
     produce_values(&topic, &[(None, b"one", &[])]);
-    let dir = work_dir(name);
+    let dir = fresh_dir(name);
     let command = test_handler(
         &dir,
         r#"if once("env"):
@@ -786,7 +744,7 @@ fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
     const PYTHON_LITERAL: &str = r#""q\"uo\\te\x01-Zq9x""#;
     let (topic, group) = fresh_topic("exec-scrub", 1);
     produce_values(&topic, &[(None, b"one", &[])]);
-    let dir = work_dir("exec-scrub");
+    let dir = fresh_dir("exec-scrub");
     let command = test_handler(
         &dir,
         &format!(
@@ -861,7 +819,7 @@ fn assert_batches_tile(batches: &[(i32, i64, usize)], ends: &BTreeMap<i32, i64>,
 fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
     for max in [2usize, 3, 7, 100] {
         let (topic, group) = fresh_topic(&format!("exec-batch{max}"), 3);
-        let dir = work_dir("exec-batch");
+        let dir = fresh_dir("exec-batch");
         let command = batch_handler(&dir, "");
         let delivered = produce_keyed(&topic, 120, 0);
         let ends = log_ends(&delivered);
@@ -884,11 +842,18 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
         let expected: BTreeMap<i32, Vec<i64>> =
             ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
         let handled = handled(&dir);
-        assert_eq!(per_partition(handled.iter().map(|h| (h.0, h.1))), expected);
+        assert_eq!(
+            offsets_by_partition(handled.iter().map(|h| (h.0, h.1))),
+            expected
+        );
         let counts = processed_counts(&lines);
         assert_eq!(counts.len(), 120, "max {max}");
         assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-        assert_eq!(per_partition(processed(&lines)), expected, "max {max}");
+        assert_eq!(
+            offsets_by_partition(processed(&lines)),
+            expected,
+            "max {max}"
+        );
         let committed = committed(&group, &topic, 3);
         for (p, end) in &ends {
             assert_eq!(committed[p], Some(*end), "max {max}, partition {p}");
@@ -902,7 +867,7 @@ fn the_readme_batch_handler_acks_everything_once() {
     let (topic, group) = fresh_topic("exec-readme-batch", 2);
     let code = readme_handler(2);
     assert!(code.contains("batch = json.loads(line)"), "{code}");
-    let dir = work_dir("exec-readme-batch");
+    let dir = fresh_dir("exec-readme-batch");
     let path = dir.join("handler.py");
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
@@ -924,7 +889,7 @@ fn the_readme_batch_handler_acks_everything_once() {
 #[test]
 fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
     let (topic, group) = fresh_topic("exec-batch-halt", 1);
-    let dir = work_dir("exec-batch-halt");
+    let dir = fresh_dir("exec-batch-halt");
     let command = batch_handler(
         &dir,
         r#"if o == 13:
@@ -956,7 +921,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
 #[test]
 fn an_exec_batch_retry_at_an_offset_resends_from_there() {
     let (topic, group) = fresh_topic("exec-batch-retry", 1);
-    let dir = work_dir("exec-batch-retry");
+    let dir = fresh_dir("exec-batch-retry");
     let command = batch_handler(
         &dir,
         r#"if o == 13 and once("retry-13"):
@@ -997,7 +962,7 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
 #[test]
 fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
     let (topic, group) = fresh_topic("exec-batch-outside", 1);
-    let dir = work_dir("exec-batch-outside");
+    let dir = fresh_dir("exec-batch-outside");
     let command = batch_handler(
         &dir,
         r#"if o == 5 and once("outside"):
@@ -1029,7 +994,7 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
 #[test]
 fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
     let (topic, group) = fresh_topic("exec-batch-crash", 1);
-    let dir = work_dir("exec-batch-crash");
+    let dir = fresh_dir("exec-batch-crash");
     let command = batch_handler(
         &dir,
         r#"if o == 12 and once("crash-12"):
@@ -1072,7 +1037,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
 #[test]
 fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
     let (topic, group) = fresh_topic("exec-batch-stop", 1);
-    let dir = work_dir("exec-batch-stop");
+    let dir = fresh_dir("exec-batch-stop");
     let command = batch_handler(&dir, "time.sleep(0.01)");
     produce_numbered(&topic, 150);
 
@@ -1095,7 +1060,7 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
 #[test]
 fn exec_batches_stop_at_the_byte_limit() {
     let (topic, group) = fresh_topic("exec-batch-bytes", 1);
-    let dir = work_dir("exec-batch-bytes");
+    let dir = fresh_dir("exec-batch-bytes");
     let command = batch_handler(&dir, "");
     let values: Vec<Vec<u8>> = (0..20)
         .map(|i| {
@@ -1103,7 +1068,7 @@ fn exec_batches_stop_at_the_byte_limit() {
             format!("{i:0>len$}").into_bytes()
         })
         .collect();
-    let messages: Vec<Record<'_>> = values
+    let messages: Vec<ValueRecord<'_>> = values
         .iter()
         .map(|v| (None, v.as_slice(), &[][..]))
         .collect();
@@ -1159,7 +1124,7 @@ fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {
 #[test]
 fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
     let (topic, group) = fresh_topic("exec-misbehave", 1);
-    let dir = work_dir("exec-misbehave");
+    let dir = fresh_dir("exec-misbehave");
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1225,7 +1190,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
 #[test]
 fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer() {
     let (topic, group) = fresh_topic("exec-batch-misbehave", 1);
-    let dir = work_dir("exec-batch-misbehave");
+    let dir = fresh_dir("exec-batch-misbehave");
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1280,7 +1245,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
 #[test]
 fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
     let (topic, group) = fresh_topic("exec-huge", 1);
-    let dir = work_dir("exec-huge");
+    let dir = fresh_dir("exec-huge");
     let command = write_handler(
         &dir,
         r#"HUGE = 32 * 1024 * 1024
@@ -1401,7 +1366,7 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
 #[test]
 fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     let (topic, group) = fresh_topic("exec-queued-stop", 1);
-    let dir = work_dir("exec-queued-stop");
+    let dir = fresh_dir("exec-queued-stop");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 1, 30);
 
@@ -1442,7 +1407,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
 #[test]
 fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     let (topic, group) = fresh_topic("exec-queued-revoke", 2);
-    let dir = work_dir("exec-queued-revoke");
+    let dir = fresh_dir("exec-queued-revoke");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 2, 20);
 
@@ -1498,14 +1463,14 @@ fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdB
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_other_partitions() {
     let (topic, group) = fresh_topic("exec-partition-queued-stop", 6);
-    let dir = work_dir("exec-partition-queued-stop");
+    let dir = fresh_dir("exec-partition-queued-stop");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 6, 5);
 
     let (lines, handled_before, handled_first) =
         stop_with_calls_queued(partitions_behind_one_child(&topic, &group, &command), &dir);
-    let acked = per_partition(processed(&lines));
-    let seen = per_partition(handled(&dir).iter().map(|h| (h.0, h.1)));
+    let acked = offsets_by_partition(processed(&lines));
+    let seen = offsets_by_partition(handled(&dir).iter().map(|h| (h.0, h.1)));
     assert_eq!(seen, acked, "handled is acked");
     let committed_first = committed(&group, &topic, 6);
     for p in 0..6 {

@@ -10,10 +10,6 @@ use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
 fn is(line: &str, what: &str, partition: i32, offset: i64) -> bool {
     (if what == "processed" {
         is_processed(line)

@@ -669,8 +669,7 @@ fn idle_and_slow_connections_are_closed_within_seconds() {
 
 /// An exec handler that takes `seconds` a message, in a fresh directory.
 fn slow_exec_handler(name: &str, seconds: f64) -> String {
-    let dir = log_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir(name);
     let handler = dir.join("handler.py");
     std::fs::write(
         &handler,

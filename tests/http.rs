@@ -216,42 +216,12 @@ fn serve(conn: TcpStream, recorded: &Recorded, respond: &Responder) {
     }
 }
 
-/// A message to produce: key, value, headers.
-type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
-
-/// Produces values (with optional key bytes and headers) to partition 0, in order.
-fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let records: Vec<common::produce::Record<'_>> =
-        messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
-    produce_records(topic, &records);
-}
-
 fn values(topic: &str, values: &[&str]) {
-    let records: Vec<Record<'_>> = values
+    let records: Vec<ValueRecord<'_>> = values
         .iter()
         .map(|v| (None, v.as_bytes(), &[][..]))
         .collect();
     produce_values(topic, &records);
-}
-
-fn http_ackd(topic: &str, group: &str, url: &str) -> AckdBuilder {
-    AckdBuilder::new(topic, group)
-        .env("ACKD_PROCESSOR", "http")
-        .env("ACKD_HTTP_URL", url)
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
-}
-
-fn at_offset(line: &str, what: &str, offset: i64) -> bool {
-    at(line, what) && field(line, "offset") == Some(offset.to_string())
-}
-
-fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, Vec<i64>> {
-    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
-    for (p, o) in pairs {
-        map.entry(p).or_default().push(o);
-    }
-    map
 }
 
 fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
@@ -283,10 +253,10 @@ fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
     let expected: BTreeMap<i32, Vec<i64>> =
         ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
-    assert_eq!(per_partition(processed(&lines)), expected);
+    assert_eq!(offsets_by_partition(processed(&lines)), expected);
     let requests = endpoint.requests();
     assert_eq!(
-        per_partition(requests.iter().map(Request::position)),
+        offsets_by_partition(requests.iter().map(Request::position)),
         expected,
         "the endpoint saw each partition in order, each message once"
     );
@@ -510,11 +480,11 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
     // Every request the endpoint got was answered and acknowledged: none abandoned.
     let posted_first: Vec<(i32, i64)> = endpoint.requests().iter().map(Request::position).collect();
     assert_eq!(
-        per_partition(posted_first.clone()),
-        per_partition(acked_first.clone())
+        offsets_by_partition(posted_first.clone()),
+        offsets_by_partition(acked_first.clone())
     );
     let committed_first = committed(&group, &topic, 2);
-    for (p, offsets) in per_partition(acked_first.clone()) {
+    for (p, offsets) in offsets_by_partition(acked_first.clone()) {
         assert_eq!(
             committed_first[&p],
             Some(offsets.len() as i64),
@@ -532,9 +502,13 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
         .collect();
     let expected: BTreeMap<i32, Vec<i64>> =
         ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
-    assert_eq!(per_partition(all), expected, "each acked once, in order");
     assert_eq!(
-        per_partition(endpoint.requests().iter().map(Request::position)),
+        offsets_by_partition(all),
+        expected,
+        "each acked once, in order"
+    );
+    assert_eq!(
+        offsets_by_partition(endpoint.requests().iter().map(Request::position)),
         expected,
         "each posted once, in order"
     );
@@ -616,8 +590,7 @@ fn readme_endpoint() -> String {
 #[test]
 fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
     let (topic, group) = fresh_topic("http-readme", 1);
-    let dir = log_dir().join(unique_name("http-readme"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("http-readme");
     let script = dir.join("endpoint.py");
     std::fs::write(&script, readme_endpoint()).unwrap();
     let port = free_port();
@@ -919,7 +892,7 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
     let (topic, group) = fresh_topic("http-key", 1);
     let keys: Vec<String> = (0..60).map(|i| format!("k{}", i % 6)).collect();
     let vals: Vec<String> = (0..60).map(|i| format!("v{i}")).collect();
-    let records: Vec<Record<'_>> = (0..60)
+    let records: Vec<ValueRecord<'_>> = (0..60)
         .map(|i| (Some(keys[i].as_bytes()), vals[i].as_bytes(), &[][..]))
         .collect();
     produce_values(&topic, &records);
@@ -1040,7 +1013,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
-    let records: Vec<Record<'_>> = keys
+    let records: Vec<ValueRecord<'_>> = keys
         .iter()
         .map(|k| (Some(k.as_bytes()), k.as_bytes(), &[][..]))
         .collect();

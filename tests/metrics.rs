@@ -11,10 +11,6 @@ use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
 /// l2met: `count#`/`measure#`/`sample#` + a name of `[A-Za-z0-9._-]` under the prefix;
 /// the value a non-negative decimal number with an optional letters-only unit.
 fn assert_l2met(line: &str, key: &str, value: &str) {

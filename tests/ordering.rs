@@ -136,8 +136,7 @@ struct Handler {
 
 impl Handler {
     fn new(name: &str) -> Handler {
-        let dir = log_dir().join(unique_name(name));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir(name);
         let script = format!("DIR = {:?}\n{HANDLER}", dir.to_str().unwrap());
         std::fs::write(dir.join("handler.py"), script).unwrap();
         Handler { dir }
@@ -186,7 +185,7 @@ fn calls_in(dir: &Path) -> Vec<Call> {
 /// ackd with the exec processor running `handler` in `children` processes, `ordering`
 /// and (unless `partition`, where any value but the default is refused) `concurrency`
 /// calls in flight per partition.
-fn exec_ackd(
+fn ordered_exec_ackd(
     topic: &str,
     group: &str,
     handler: &Handler,
@@ -370,7 +369,7 @@ fn run_all(
     let group = unique_name(&format!("g-{name}"));
     let handler = Handler::new(name);
     let started = Instant::now();
-    let ackd = exec_ackd(topic, &group, &handler, 16, ordering, concurrency).spawn();
+    let ackd = ordered_exec_ackd(topic, &group, &handler, 16, ordering, concurrency).spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
@@ -443,7 +442,7 @@ fn key_ordering_with_batches_keeps_each_keys_order() {
     );
     let handler = Handler::new("key-batch");
     let started = Instant::now();
-    let ackd = exec_ackd(&topic, &group, &handler, 16, "key", CONCURRENCY)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 16, "key", CONCURRENCY)
         .env("ACKD_BATCH_MAX_MESSAGES", "5")
         .env("ACKD_BATCH_MAX_WAIT_MS", "50")
         .spawn();
@@ -927,7 +926,7 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
     );
     let handler = Handler::new("watermark");
     let started = Instant::now();
-    let ackd = exec_ackd(&topic, &group, &handler, 16, "key", 8)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 16, "key", 8)
         .env("ACKD_COMMIT_INTERVAL_MS", "100")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
@@ -1028,7 +1027,7 @@ fn halt_under_concurrency_lets_in_flight_finish_and_commits_nothing_past_the_fai
     let (topic, group) = fresh_topic("halt", 1);
     let delivered = failing_log(&topic);
     let handler = Handler::new("halt");
-    let ackd = exec_ackd(&topic, &group, &handler, 8, "key", CONCURRENCY)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 8, "key", CONCURRENCY)
         .env("ACKD_ON_FAILURE", "halt")
         .env("ACKD_METRICS_INTERVAL_MS", "300")
         .spawn();
@@ -1083,7 +1082,7 @@ fn skip_and_dead_letter_under_concurrency_process_everything_else() {
         create_topic(&dlq, 1);
         let delivered = failing_log(&topic);
         let handler = Handler::new(policy);
-        let ackd = exec_ackd(&topic, &group, &handler, 8, "key", 4)
+        let ackd = ordered_exec_ackd(&topic, &group, &handler, 8, "key", 4)
             .env("ACKD_ON_FAILURE", policy)
             .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
             .env("ACKD_STOP_AT_END", "true")
@@ -1144,7 +1143,7 @@ fn a_retry_holds_only_its_key() {
     }));
     let delivered = produce_specs(&topic, &s);
     let handler = Handler::new("retry");
-    let ackd = exec_ackd(&topic, &group, &handler, 8, "key", 8)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 8, "key", 8)
         // At least 0.5 + 1 s of backoff: room for slow-starting children under load.
         .env("ACKD_RETRY_INITIAL_MS", "1000")
         .env("ACKD_RETRY_MAX_MS", "2000")
@@ -1203,7 +1202,8 @@ fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     let delivered = produce_specs(&topic, &s);
     let handler = Handler::new("crash");
     let run = |h: &Handler| {
-        exec_ackd(&topic, &group, h, 16, "key", CONCURRENCY).env("ACKD_COMMIT_INTERVAL_MS", "100")
+        ordered_exec_ackd(&topic, &group, h, 16, "key", CONCURRENCY)
+            .env("ACKD_COMMIT_INTERVAL_MS", "100")
     };
     let started = Instant::now();
     let first = run(&handler).spawn();

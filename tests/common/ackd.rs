@@ -75,6 +75,13 @@ impl AckdBuilder {
             .env("ACKD_BATCH_MAX_WAIT_MS", "2000")
     }
 
+    /// Quick retries (50 ms, at most 200 ms) so that a test's retried messages come again
+    /// within its waits.
+    pub fn quick_retries(self) -> Self {
+        self.env("ACKD_RETRY_INITIAL_MS", "50")
+            .env("ACKD_RETRY_MAX_MS", "200")
+    }
+
     /// Adds a command-line argument.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
@@ -137,6 +144,22 @@ impl AckdBuilder {
             _readers: readers,
         }
     }
+}
+
+/// ackd with the exec processor running `command`, and quick retries.
+pub fn exec_ackd(topic: &str, group: &str, command: &str) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "exec")
+        .env("ACKD_EXEC_COMMAND", command)
+        .quick_retries()
+}
+
+/// ackd with the http processor POSTing to `url`, and quick retries.
+pub fn http_ackd(topic: &str, group: &str, url: &str) -> AckdBuilder {
+    AckdBuilder::new(topic, group)
+        .env("ACKD_PROCESSOR", "http")
+        .env("ACKD_HTTP_URL", url)
+        .quick_retries()
 }
 
 #[derive(Default)]

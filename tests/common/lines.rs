@@ -1,6 +1,6 @@
 //! Reading ackd's output lines: logfmt fields, processed messages, refused commits.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Parses a logfmt line into (key, value) pairs: `k=v`, `k="quoted \"v\" \\"`, bare `k`
 /// (value ""). Words without `=` (e.g. a level prefix) come out as bare keys.
@@ -103,6 +103,22 @@ pub fn processed_counts(lines: &[String]) -> HashMap<(i32, i64), usize> {
 /// True if the line's `at=` is `what`.
 pub fn at(line: &str, what: &str) -> bool {
     field(line, "at").as_deref() == Some(what)
+}
+
+/// True if the line's `at=` is `what` and its `offset=` is `offset`.
+pub fn at_offset(line: &str, what: &str, offset: i64) -> bool {
+    at(line, what) && field(line, "offset") == Some(offset.to_string())
+}
+
+/// Offsets per partition, in the order given.
+pub fn offsets_by_partition(
+    pairs: impl IntoIterator<Item = (i32, i64)>,
+) -> BTreeMap<i32, Vec<i64>> {
+    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (p, o) in pairs {
+        map.entry(p).or_default().push(o);
+    }
+    map
 }
 
 /// Partition -> highest offset whose commit a member logged as refused (`at=commit_failed`).

@@ -379,3 +379,12 @@ impl SteadyProducer {
         }
     }
 }
+
+/// A message to produce to partition 0: key, value, headers.
+pub type ValueRecord<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
+
+/// Produces values (with optional key bytes and headers) to partition 0, in order.
+pub fn produce_values(topic: &str, messages: &[ValueRecord<'_>]) {
+    let records: Vec<Record<'_>> = messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
+    produce_records(topic, &records);
+}

@@ -93,6 +93,13 @@ pub fn passthrough_env() -> Vec<(String, String)> {
         .collect()
 }
 
+/// A fresh directory under [`log_dir`] for one test's files (a handler, its markers).
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = log_dir().join(super::topics::unique_name(name));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub fn read_lossy(path: &Path) -> String {
     let mut buf = Vec::new();
     match File::open(path).and_then(|mut f| f.read_to_end(&mut buf)) {
