@@ -16,7 +16,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 const METADATA_MAX: usize = 300;
@@ -106,9 +108,7 @@ fn crash_and_resume(
     until: impl Fn(&(Option<i64>, String)) -> bool,
 ) -> Crash {
     kafka();
-    let topic = unique_name("acked-meta");
-    let group = unique_name("g-acked-meta");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-meta", 1);
     let first_stuck = *stuck.first().unwrap();
     let mut delivered = produce_with_stuck(&topic, 0, n / 2, stuck);
 
@@ -121,12 +121,12 @@ fn crash_and_resume(
     killed.wait_for_count(is_processed, (n as usize) - stuck.len(), WAIT);
     wait_until(WAIT, || until(&stored(&group, &topic)));
     killed.sigkill();
-    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    killed.assert_exit(128 + libc::SIGKILL, WAIT);
     let (committed, metadata) = stored(&group, &topic);
     let committed = committed.expect("a committed offset");
     // `ackd status` reads the same metadata.
     let status = AckdBuilder::new(&topic, &group).arg("status").spawn();
-    assert_eq!(status.wait_exit(WAIT), 0);
+    status.assert_exit(0, WAIT);
     let status = status.lines();
     let status = status
         .iter()
@@ -140,7 +140,7 @@ fn crash_and_resume(
         seen.len() == n as usize
     });
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     assert_eq!(
         stored(&group, &topic).0,
         Some(n),
@@ -276,9 +276,7 @@ fn ranges_the_broker_refuses_cost_redelivery_never_a_commit() {
 #[test]
 fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
     kafka();
-    let topic = unique_name("acked-reset");
-    let group = unique_name("g-acked-reset");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-reset", 1);
     let none = BTreeSet::new();
     let mut delivered = produce_with_stuck(&topic, 0, 5, &none);
     // Committed 10, acknowledged 12..=15: none of it exists yet.
@@ -304,7 +302,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
     delivered.extend(produce_with_stuck(&topic, 5, 20, &none));
     ackd.wait_for_count(is_processed, 20, WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let t = tally(&delivered, &processed(&lines), &lines);
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{:?}", t.lost);
@@ -326,9 +324,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
 #[test]
 fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     kafka();
-    let topic = unique_name("acked-halt");
-    let group = unique_name("g-acked-halt");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-halt", 1);
     const N: i64 = 300;
     let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..N)
         .map(|i| match i {
@@ -393,7 +389,7 @@ fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     next.wait_for_count(is_processed, (N - 1 - highest) as usize, WAIT);
     next.wait_for_line(|l| at(l, "skipped"), WAIT);
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     let second = next.lines();
     let again: BTreeSet<i64> = processed(&second).iter().map(|m| m.1).collect();
     assert_eq!(again, (highest + 1..N).collect::<BTreeSet<_>>());
@@ -422,9 +418,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
     kafka();
     const N: i64 = 2000;
     const CONCURRENCY: usize = 16;
-    let topic = unique_name("acked-mid");
-    let group = unique_name("g-acked-mid");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("acked-mid", 1);
     let slow: BTreeSet<i64> = (0..N).filter(|i| i % 25 == 7).collect();
     let delivered = produce_with_stuck(&topic, 0, N, &slow);
     let run = |retry_ms: &str| {
@@ -441,7 +435,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
     killed.wait_for_line(|l| at(l, "committed"), WAIT);
     killed.wait_for_count(is_processed, (N / 2) as usize, WAIT);
     killed.sigkill();
-    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    killed.assert_exit(128 + libc::SIGKILL, WAIT);
     let killed_lines = killed.lines();
     let (committed, metadata) = stored(&group, &topic);
     let committed = committed.expect("committed");
@@ -460,7 +454,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
         seen.len() == N as usize
     });
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     let next_lines = next.lines();
     let before: BTreeSet<i64> = processed(&killed_lines).iter().map(|m| m.1).collect();
     let again: BTreeSet<i64> = processed(&next_lines).iter().map(|m| m.1).collect();

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 
@@ -67,10 +67,8 @@ fn odd_headers() -> OwnedHeaders {
 
 #[test]
 fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
-    let topic = unique_name("bad-input");
-    let group = unique_name("g-bad-input");
     // One partition: offsets are the produce order.
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("bad-input", 1);
 
     let big = vec![b'x'; 900 * 1024];
     let mut cases = vec![
@@ -132,7 +130,7 @@ fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
     let ackd = AckdBuilder::new(&topic, &group).spawn();
     ackd.wait_for_count(is_processed, cases.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
 
     // Every line is one whole logfmt line: a raw newline in a value would leave a piece
@@ -165,7 +163,7 @@ fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
         .iter()
         .any(|l| at(l, "process_failed") || at(l, "fetch_error")));
     assert_eq!(
-        committed(&group, &topic, 1)[&0],
+        committed_offset(&group, &topic, 0),
         Some(cases.len() as i64),
         "committed = log end"
     );

@@ -9,13 +9,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
 
 /// Produces `payloads` to `partition` in order (keys `k-<i>`); returns their offsets.
 fn produce_payloads(topic: &str, partition: i32, payloads: &[&str]) -> Vec<i64> {
@@ -46,23 +42,20 @@ fn faulty_batches(topic: &str, group: &str, max: usize) -> AckdBuilder {
     AckdBuilder::new(topic, group)
         .env("ACKD_PROCESSOR", "faulty")
         .batches(max)
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
+        .quick_retries()
 }
 
 #[test]
 fn batches_of_any_size_commit_every_message_once() {
     for max in [2usize, 7, 64, 1000] {
-        let topic = unique_name(&format!("batch{max}"));
-        let group = unique_name("g-batch");
-        create_topic(&topic, 3);
+        let (topic, group) = fresh_topic(&format!("batch{max}"), 3);
         let delivered = produce_keyed(&topic, 450, 0);
         let ackd = AckdBuilder::new(&topic, &group)
             .env("ACKD_PROCESSOR", "log")
             .env("ACKD_BATCH_MAX_MESSAGES", max.to_string())
             .env("ACKD_STOP_AT_END", "true")
             .spawn();
-        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        ackd.assert_exit(0, WAIT);
         let lines = ackd.lines();
         let counts = processed_counts(&lines);
         let duplicated = counts.values().filter(|n| **n > 1).count();
@@ -98,16 +91,14 @@ fn batches_of_any_size_commit_every_message_once() {
 
 #[test]
 fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
-    let topic = unique_name("batch-retry");
-    let group = unique_name("g-batch-retry");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("batch-retry", 1);
     let mut payloads = vec!["ok"; 20];
     payloads[5] = "retry:2";
     produce_payloads(&topic, 0, &payloads);
     let ackd = faulty_batches(&topic, &group, 8)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     // The first batch is offsets 0..=7: 0..=4 are acknowledged, 5 fails, and the rest of
     // the batch (5, 6, 7) is handed over again, twice.
@@ -122,14 +113,12 @@ fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
         (0..20).collect::<Vec<_>>(),
         "each once, in order"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 }
 
 #[test]
 fn a_permanent_failure_in_a_batch_halts_the_partition_at_that_message() {
-    let topic = unique_name("batch-halt");
-    let group = unique_name("g-batch-halt");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("batch-halt", 2);
     let mut payloads = vec!["ok"; 12];
     payloads[5] = "fail";
     produce_payloads(&topic, 0, &payloads);
@@ -159,9 +148,7 @@ fn a_permanent_failure_in_a_batch_halts_the_partition_at_that_message() {
 
 #[test]
 fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
-    let topic = unique_name("batch-skip");
-    let group = unique_name("g-batch-skip");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("batch-skip", 1);
     let mut payloads = vec!["ok"; 30];
     payloads[3] = "panic";
     payloads[4] = "fail";
@@ -171,7 +158,7 @@ fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
         .env("ACKD_ON_FAILURE", "skip")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let skipped: Vec<i64> = lines
         .iter()
@@ -181,7 +168,7 @@ fn skipped_messages_in_a_batch_do_not_hold_back_the_rest() {
     assert_eq!(skipped, vec![3, 4, 17]);
     let expected: Vec<i64> = (0..30).filter(|o| !skipped.contains(o)).collect();
     assert_eq!(processed_on(&lines, 0), expected);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
 }
 
 /// Dead-letter in batches: each failed message is copied to the dead-letter topic as it
@@ -203,7 +190,7 @@ fn dead_letters_in_a_batch_are_copied_and_the_rest_processed() {
         .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let dead: Vec<i64> = lines
         .iter()
@@ -213,7 +200,7 @@ fn dead_letters_in_a_batch_are_copied_and_the_rest_processed() {
     assert_eq!(dead, vec![5, 12]);
     let expected: Vec<i64> = (0..20).filter(|o| !dead.contains(o)).collect();
     assert_eq!(processed_on(&lines, 0), expected);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
     let copies = read_back(&dlq, 2, WAIT);
     let sources: Vec<&str> = copies
         .iter()
@@ -228,9 +215,7 @@ fn dead_letters_in_a_batch_are_copied_and_the_rest_processed() {
 
 #[test]
 fn a_batch_does_not_wait_for_messages_that_do_not_come() {
-    let topic = unique_name("batch-wait");
-    let group = unique_name("g-batch-wait");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("batch-wait", 1);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "log")
         .env("ACKD_BATCH_MAX_MESSAGES", "500")
@@ -241,16 +226,14 @@ fn a_batch_does_not_wait_for_messages_that_do_not_come() {
     produce_payloads(&topic, 0, &["alone"]);
     ackd.wait_for_line(is_processed, WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     assert_eq!(processed_on(&ackd.lines(), 0), vec![0]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+    assert_committed(&group, &topic, 0, Some(1));
 }
 
 #[test]
 fn a_stop_while_a_batch_is_gathered_loses_nothing() {
-    let topic = unique_name("batch-stop");
-    let group = unique_name("g-batch-stop");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("batch-stop", 2);
     let delivered = produce_keyed(&topic, 6, 0);
     // Batches of 1000 waiting a minute: the six messages are gathered, never started.
     let ackd = AckdBuilder::new(&topic, &group)
@@ -260,7 +243,7 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         .spawn();
     ackd.wait_for_count(|l| at(l, "resumed"), log_ends(&delivered).len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     assert!(
         processed(&ackd.lines()).is_empty(),
         "nothing was handed to the processor"
@@ -277,7 +260,7 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         .env("ACKD_BATCH_MAX_WAIT_MS", "0")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(again.wait_exit(WAIT), 0);
+    again.assert_exit(0, WAIT);
     let counts = processed_counts(&again.lines());
     assert_eq!(counts.len(), delivered.len());
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");

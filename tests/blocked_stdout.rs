@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*};
 
 const MESSAGES: usize = 20_000;
 const WAIT: Duration = Duration::from_secs(90);
@@ -33,9 +33,7 @@ fn spawn_unread(topic: &str, group: &str) -> Child {
 /// Setup: a topic with a backlog whose per-message lines (~4 MB) are far more than a pipe
 /// (64 KiB) and ackd's line buffer (1 MiB) hold. Returns (topic, group, log ends).
 fn backlog(name: &str) -> (String, String, std::collections::BTreeMap<i32, i64>) {
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic(name, 2);
     let delivered = produce_keyed(&topic, MESSAGES, 0);
     (topic, group, log_ends(&delivered))
 }

@@ -1,6 +1,6 @@
 //! Broker trouble: no broker at start, a broker that appears later, and a broker that
 //! goes away mid-run and comes back. Each test runs a single-node Kafka cluster of its own
-//! ([`common::start_broker_on`] on a port ackd was given first, or [`common::Broker::start`])
+//! ([`common::broker::start_broker_on`] on a port ackd was given first, or [`common::broker::Broker::start`])
 //! so that it can stop and start it. A Kafka node started again keeps its data: topics,
 //! records and the group's committed offsets.
 
@@ -9,7 +9,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -62,7 +65,7 @@ fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
 
     let signalled = Instant::now();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let took = signalled.elapsed();
     assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
     let lines = ackd.lines();
@@ -96,7 +99,7 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.wait_for_line(|l| at(l, "brokers_reachable"), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let t = tally(&delivered, &processed(&lines), &lines);
@@ -114,9 +117,7 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
 #[test]
 fn a_broker_stopped_and_started_again_is_reconnected_to() {
     let broker = Broker::start(BrokerOptions::default());
-    let topic = unique_name("again");
-    let group = unique_name("g-again");
-    create_topic_on(&broker, &topic, 3);
+    let (topic, group) = fresh_topic_on(&broker, "again", 3);
     let producer = producer_for(&broker.bootstrap());
     let batch1 = produce_with(&producer, &topic, &keyed_messages(90, 0));
     let ackd = AckdBuilder::on(&broker.bootstrap(), &topic, &group)
@@ -158,7 +159,7 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
     });
     let outage = stopped.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let after = &lines[before..];
@@ -267,7 +268,7 @@ fn refused_commits_are_logged_with_their_offsets_and_retried() {
         WAIT,
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let refused: Vec<_> = lines.iter().filter(|l| at(l, "commit_failed")).collect();
     assert_eq!(refused.len(), 3, "{}", lines.join("\n"));

@@ -9,7 +9,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -241,9 +244,7 @@ fn check_validates_the_processor_settings_as_the_daemon_does() {
 /// the harness produced and what the group committed; members shown, then "-".
 #[test]
 fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
-    let topic = unique_name("st");
-    let group = unique_name("g-st");
-    create_topic(&topic, 3);
+    let (topic, group) = fresh_topic("st", 3);
     let delivered = produce_keyed(&topic, 60, 0);
     let ends = log_ends(&delivered);
 
@@ -333,7 +334,7 @@ fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
     );
 
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let t = tally(&delivered, &processed(&ackd.lines()), &ackd.lines());
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
 
@@ -447,9 +448,7 @@ fn status_and_check_describe_a_kip848_group_too() {
     use rdkafka::consumer::CommitMode;
     use rdkafka::Message as _;
 
-    let topic = unique_name("st848");
-    let group = unique_name("g-st848");
-    create_topic(&topic, 3);
+    let (topic, group) = fresh_topic("st848", 3);
     let delivered = produce_keyed(&topic, 30, 0);
     let ends = log_ends(&delivered);
     let mut config = broker().client_config();
@@ -522,9 +521,7 @@ fn status_and_check_describe_a_kip848_group_too() {
 /// terminal shows its control characters escaped, never raw (issue 19, item 13).
 #[test]
 fn status_on_a_terminal_escapes_control_characters_of_a_member() {
-    let topic = unique_name("st-esc");
-    let group = unique_name("g-st-esc");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("st-esc", 1);
     let mut config = broker().client_config();
     config
         .set("group.id", &group)

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -30,9 +30,7 @@ fn stdout_text(p: &AckdProcess) -> String {
 
 #[test]
 fn version_with_the_environment_set_consumes_nothing() {
-    let topic = unique_name("cli-version");
-    let group = unique_name("g-cli-version");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("cli-version", 2);
     let delivered = produce_keyed(&topic, 20, 0);
     assert_eq!(delivered.len(), 20);
     for flag in ["--version", "-V"] {
@@ -152,9 +150,7 @@ fn help_lists_every_setting_of_the_readme_with_its_default() {
 
 #[test]
 fn unknown_arguments_exit_64_with_the_usage() {
-    let topic = unique_name("cli-unknown");
-    let group = unique_name("g-cli-unknown");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("cli-unknown", 1);
     produce_keyed(&topic, 5, 0);
     for args in [
         &["--frobnicate"][..],

@@ -8,7 +8,7 @@
 //! ackd keeps consuming through it all and stops with SIGTERM: nothing lost, nothing
 //! processed twice unless a refused commit (`at=commit_failed`) was logged for it, and the
 //! group committed at every partition's log end. The producer rides through the restarts
-//! ([`common::producer_riding_restarts`]).
+//! ([`common::produce::producer_riding_restarts`]).
 //!
 //! Members use a 30 s session (librdkafka's default is 45 s): a coordinator moving takes
 //! seconds, and the harness's 1 s session would make every move an eviction, which is a
@@ -22,7 +22,9 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(180);
 const PARTITIONS: i32 = 6;
@@ -80,7 +82,7 @@ fn stop_and_tally(
         m.sigterm();
     }
     for m in members {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
     let lines: Vec<String> = members.iter().flat_map(|m| m.lines()).collect();
     let t = tally(delivered, &all_processed(members), &lines);
@@ -129,9 +131,7 @@ fn rolling_restart(members: usize) {
     let _one = one_at_a_time();
     let began = Instant::now();
     let b = three_nodes();
-    let topic = unique_name("rolling");
-    let group = unique_name("g-rolling");
-    create_topic_on(&b, &topic, PARTITIONS);
+    let (topic, group) = fresh_topic_on(&b, "rolling", PARTITIONS);
     // ~100 messages/s.
     let producer = SteadyProducer::start_with(
         producer_riding_restarts(&b),
@@ -190,9 +190,7 @@ fn the_group_coordinators_broker_killed_mid_stream_loses_nothing() {
     let _one = one_at_a_time();
     let began = Instant::now();
     let b = three_nodes();
-    let topic = unique_name("coordinator");
-    let group = unique_name("g-coordinator");
-    create_topic_on(&b, &topic, PARTITIONS);
+    let (topic, group) = fresh_topic_on(&b, "coordinator", PARTITIONS);
     let producer = SteadyProducer::start_with(
         producer_riding_restarts(&b),
         &topic,

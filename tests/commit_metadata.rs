@@ -12,7 +12,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -76,9 +78,7 @@ fn counted_redelivery(earlier: &[String], later: &[String], p: i32) -> i64 {
 #[test]
 fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after_a_sigkill() {
     const PARTITIONS: i32 = 4;
-    let topic = unique_name("meta-crash");
-    let group = unique_name("g-meta-crash");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("meta-crash", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
     let member = || {
         AckdBuilder::new(&topic, &group)
@@ -92,7 +92,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     let so_far = processed(&killed.lines()).len();
     killed.wait_for_count(is_processed, so_far + 60, WAIT);
     killed.sigkill();
-    assert_eq!(killed.wait_exit(WAIT), 128 + libc::SIGKILL);
+    killed.assert_exit(128 + libc::SIGKILL, WAIT);
     let killed_lines = killed.lines();
     // What the broker keeps: the last commit the killed process got accepted.
     let stored = committed_with_metadata(&group, &topic, PARTITIONS);
@@ -112,7 +112,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
         seen.is_superset(&expected)
     });
     next.sigterm();
-    assert_eq!(next.wait_exit(WAIT), 0, "{}", next.lines().join("\n"));
+    next.assert_exit(0, WAIT);
     let next_lines = next.lines();
     let assigned = last_per_partition(&next_lines, "assigned");
     let mut report = Vec::new();
@@ -164,7 +164,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     let third = member();
     third.wait_for_count(is_processed, more.len(), WAIT);
     third.sigterm();
-    assert_eq!(third.wait_exit(WAIT), 0, "{}", third.lines().join("\n"));
+    third.assert_exit(0, WAIT);
     let third_lines = third.lines();
     let assigned = last_per_partition(&third_lines, "assigned");
     let mut released_report = Vec::new();
@@ -200,16 +200,14 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
 
 #[test]
 fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
-    let topic = unique_name("deleted");
-    let group = unique_name("g-deleted");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("deleted", 1);
     let first = produce_numbered_keyed(&topic, 0, 20);
 
     let run = AckdBuilder::new(&topic, &group).spawn();
     run.wait_for_count(is_processed, 20, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    run.assert_exit(0, WAIT);
+    assert_committed(&group, &topic, 0, Some(20));
 
     // 30 more (offsets 20..50); then everything before 35 is deleted, the committed
     // offset 20 with it.
@@ -235,7 +233,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
     assert_eq!(int(&reset, "to"), Some(35), "{reset}");
     run.wait_for_count(is_processed, 15, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     let lines = run.lines();
     let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
     assert_eq!(int(assigned, "offset"), Some(20), "{assigned}");
@@ -245,7 +243,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
         (35..50).map(|o| (0, o)).collect::<Vec<_>>(),
         "what remains, once each, in order"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(50), "the log end");
+    assert_eq!(committed_offset(&group, &topic, 0), Some(50), "the log end");
     eprintln!(
         "out of range: messages {}, committed 20, deleted before 35 (20..35 gone with it), \
          at=offset_reset from=20 to=35, processed 35..50 ({} messages), committed 50, exit 0",
@@ -292,9 +290,7 @@ fn commit_by_hand(group: &str, topic: &str, offset: i64, metadata: &str) {
 
 #[test]
 fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
-    let topic = unique_name("past-end");
-    let group = unique_name("g-past-end");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("past-end", 1);
     let delivered = produce_numbered_keyed(&topic, 0, 10);
     commit_by_hand(&group, &topic, 1000, "");
 
@@ -304,7 +300,7 @@ fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
     assert_eq!(int(&reset, "to"), Some(0), "earliest: {reset}");
     run.wait_for_count(is_processed, 10, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     assert_eq!(
         processed(&run.lines()),
         (0..10).map(|o| (0, o)).collect::<Vec<_>>()
@@ -315,9 +311,7 @@ fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
 
 #[test]
 fn a_release_past_what_was_committed_says_how_much_comes_again() {
-    let topic = unique_name("meta-hand");
-    let group = unique_name("g-meta-hand");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("meta-hand", 1);
     let delivered = produce_numbered_keyed(&topic, 0, 10);
     // A previous owner that had processed through 7 when it released the partition at 4.
     commit_by_hand(&group, &topic, 4, "ackd/2:o=4;p=7;r;end");
@@ -329,7 +323,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     assert_eq!(int(&assigned, "redelivery"), Some(4), "4..=7: {assigned}");
     run.wait_for_count(is_processed, 6, WAIT);
     run.sigterm();
-    assert_eq!(run.wait_exit(WAIT), 0, "{}", run.lines().join("\n"));
+    run.assert_exit(0, WAIT);
     assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
     assert_eq!(
         committed_with_metadata(&group, &topic, 1)[&0],
@@ -343,9 +337,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
 /// keeps them as they are.
 #[test]
 fn metadata_another_client_wrote_is_ignored() {
-    let topic = unique_name("foreign-meta");
-    let group = unique_name("g-foreign-meta");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("foreign-meta", 1);
     produce_numbered(&topic, 10);
     // Another client committed offset 4 with metadata that is not UTF-8.
     let foreign: &[u8] = b"\xff\xfe\xc3(";
@@ -430,9 +422,7 @@ fn metadata_moved_to_another_offset_skips_nothing() {
         (b"ackd/3:o=5;p=29;a=1-9;L=4;r;end", "newer_format"),
         (b"ackd/2:o=5;p=29;a=1-9", "foreign"),
     ] {
-        let topic = unique_name("meta-moved");
-        let group = unique_name("g-meta-moved");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("meta-moved", 1);
         produce_numbered_keyed(&topic, 0, 80);
         commit_raw_metadata_on(&broker().bootstrap(), &group, &topic, 0, 5, metadata);
         let lines = run_to_end(&topic, &group, &[]);
@@ -445,7 +435,7 @@ fn metadata_moved_to_another_offset_skips_nothing() {
         );
         assert!(!lines.iter().any(|l| at(l, "resume_skipped")), "{lines:?}");
         assert_eq!(processed_offsets(&lines), (5..80).collect::<Vec<_>>());
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+        assert_committed(&group, &topic, 0, Some(80));
         eprintln!(
             "metadata {:?} beside offset 5: metadata={state}, processed 5..80 once each (75), skipped 0, committed 80, exit 0",
             String::from_utf8_lossy(metadata)
@@ -484,7 +474,7 @@ fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
         o == Some(20) && String::from_utf8_lossy(&m).contains(";a=1-59;")
     });
     held.sigkill();
-    assert_eq!(held.wait_exit(WAIT), 128 + libc::SIGKILL);
+    held.assert_exit(128 + libc::SIGKILL, WAIT);
     let (_, metadata) = stored();
     commit_raw_metadata_on(&bootstrap, &copy, &topic, 0, 5, &metadata);
 
@@ -498,7 +488,7 @@ fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
     );
     let got = processed_offsets(&lines);
     assert_eq!(got, (5..80).collect::<Vec<_>>(), "{lines:?}");
-    assert_eq!(committed(&copy, &topic, 1)[&0], Some(80));
+    assert_committed(&copy, &topic, 0, Some(80));
 
     // The original, beside the offset it was committed with, skips 21..=79.
     let lines = run_to_end(&topic, &group, &[("ACKD_RETRY_INITIAL_MS", "20")]);
@@ -515,9 +505,7 @@ fn ackd_metadata_copied_beside_another_offset_skips_nothing() {
 /// parse: ackd's metadata so stored reads as written.
 #[test]
 fn metadata_with_a_trailing_nul_reads_as_written() {
-    let topic = unique_name("meta-nul");
-    let group = unique_name("g-meta-nul");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("meta-nul", 1);
     produce_numbered_keyed(&topic, 0, 80);
     let mut metadata = predecessor_metadata(5, 29, "1-9", true).into_bytes();
     metadata.push(0);
@@ -532,7 +520,7 @@ fn metadata_with_a_trailing_nul_reads_as_written() {
     );
     let expected: Vec<i64> = std::iter::once(5).chain(15..80).collect();
     assert_eq!(processed_offsets(&lines), expected);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(80));
+    assert_committed(&group, &topic, 0, Some(80));
     eprintln!("metadata with a trailing NUL at offset 5: read as written, 6..=14 skipped, 5 and 15..80 processed, committed 80");
 }
 
@@ -554,9 +542,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
         ("partition", "a=10-49", (0..10).collect::<Vec<i64>>()),
         ("key", "a=1-49", (0..20).filter(|o| *o != 10).collect()),
     ] {
-        let topic = unique_name("meta-inherit");
-        let group = unique_name("g-meta-inherit");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("meta-inherit", 1);
         let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..60)
             .map(|i| match i {
                 10 => (None, b"retry:1".to_vec()),
@@ -589,7 +575,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
         }
         let metadata = String::from_utf8(got.1).unwrap();
         next.sigkill();
-        assert_eq!(next.wait_exit(WAIT), 128 + libc::SIGKILL);
+        next.assert_exit(128 + libc::SIGKILL, WAIT);
         assert_eq!(processed_offsets(&next.lines()), first, "{ordering}");
         assert_eq!(
             (got.0, metadata.as_str()),
@@ -607,7 +593,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
             "{assigned}"
         );
         assert_eq!(processed_offsets(&lines), again, "{ordering}");
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+        assert_committed(&group, &topic, 0, Some(60));
         eprintln!(
             "inherited ranges 20..=59, next owner under {ordering} ordering: committed {metadata:?}, SIGKILLed; \
              the third processed {again:?} and skipped the rest: each message processed once"
@@ -621,9 +607,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
 /// ackd's metadata named of the old topic, no message of the new one is skipped.
 #[test]
 fn a_topic_deleted_and_created_again_skips_nothing_of_the_new_one() {
-    let topic = unique_name("meta-recreated");
-    let group = unique_name("g-meta-recreated");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("meta-recreated", 1);
     produce_numbered_keyed(&topic, 0, 20);
     let bootstrap = broker().bootstrap();
     let old = predecessor_metadata(10, 19, "1-9", true);
@@ -650,7 +634,7 @@ fn a_topic_deleted_and_created_again_skips_nothing_of_the_new_one() {
     let got = processed_offsets(&lines);
     let from = survived.0.unwrap_or(0);
     assert_eq!(got, (from..30).collect::<Vec<_>>(), "{lines:?}");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!(
         "topic deleted and created again: the group's committed offset and metadata after it: {:?} {:?}; \
          processed {}..30 of the new topic, skipped 0",

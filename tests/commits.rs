@@ -13,8 +13,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    at, broker_keeping_metadata, committed, create_topic, field, is_processed, processed,
-    produce_records, unique_name, AckdBuilder, Broker,
+    ackd::AckdBuilder,
+    broker::{broker_keeping_metadata, Broker},
+    lines::{at, field, is_processed, processed},
+    offsets::committed,
+    produce::produce_records,
+    topics::fresh_topic,
 };
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -42,9 +46,7 @@ fn on(line: &str, what: &str, partition: i32) -> bool {
 #[test]
 fn a_partition_the_broker_refuses_does_not_fail_the_others() {
     kafka();
-    let topic = unique_name("per-partition");
-    let group = unique_name("g-per-partition");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("per-partition", 2);
     // Partition 0: offsets 0..=7, metadata up to "ackd/2:o=8;p=7;r;end" (20 bytes): accepted.
     // Partition 1: offsets 0..=119, metadata "ackd/2:o=120;p=119;end" (22 bytes): refused.
     produce_to(&topic, 0, 5);

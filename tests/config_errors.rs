@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{field, logfmt};
+use common::lines::{field, logfmt};
 
 /// Runs the real binary with exactly `env` (plus PATH) and returns (code, output lines).
 /// A configuration error ends ackd at once; one that does not is killed after 30 s so
@@ -25,7 +25,7 @@ fn run_command(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<String>) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = common::spawn_tied(cmd).expect("run ackd");
+    let child = common::spawn::spawn_tied(cmd).expect("run ackd");
     let pid = child.id() as libc::pid_t;
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {

@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 4;
@@ -50,9 +50,7 @@ fn commit_and_last(lines: &[String]) -> BTreeMap<i32, (i64, Option<i64>)> {
 }
 
 fn crash_restarts(kills: usize) {
-    let topic = unique_name("crash");
-    let group = unique_name("g-crash");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("crash", PARTITIONS);
     // ~200 messages/s, ~50 per partition and second.
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
 
@@ -64,7 +62,7 @@ fn crash_restarts(kills: usize) {
         let so_far = processed(&run.lines()).len();
         run.wait_for_count(is_processed, so_far + 60, WAIT);
         run.sigkill();
-        assert_eq!(run.wait_exit(WAIT), 128 + libc::SIGKILL);
+        run.assert_exit(128 + libc::SIGKILL, WAIT);
         runs.push(run);
     }
     let last = member(&topic, &group);
@@ -80,7 +78,7 @@ fn crash_restarts(kills: usize) {
         seen.is_superset(&expected)
     });
     last.sigterm();
-    assert_eq!(last.wait_exit(WAIT), 0, "{}", last.lines().join("\n"));
+    last.assert_exit(0, WAIT);
     runs.push(last);
 
     let per_run: Vec<Vec<(i32, i64)>> = runs.iter().map(|r| processed(&r.lines())).collect();

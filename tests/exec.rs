@@ -11,28 +11,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
-fn at_offset(line: &str, what: &str, offset: i64) -> bool {
-    at(line, what) && field(line, "offset") == Some(offset.to_string())
-}
-
-/// A fresh directory for one test's handler and its files.
-fn work_dir(name: &str) -> PathBuf {
-    let dir = log_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// The `n`th (from 1) Python block of docs/exec.md ("exec processor"), exactly as
 /// written there: 1 is the handler, 2 the batched handler.
@@ -142,37 +127,10 @@ fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
     triples(dir, "handled")
 }
 
-/// Offsets per partition in the order given.
-fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, Vec<i64>> {
-    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
-    for (p, o) in pairs {
-        map.entry(p).or_default().push(o);
-    }
-    map
-}
-
-/// A message to produce: key, value, headers.
-type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
-
-/// Produces values (with optional key bytes and headers) to partition 0, in order.
-fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let records: Vec<common::Record<'_>> =
-        messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
-    produce_records(topic, &records);
-}
-
-fn exec_ackd(topic: &str, group: &str, command: &str) -> AckdBuilder {
-    AckdBuilder::new(topic, group)
-        .env("ACKD_PROCESSOR", "exec")
-        .env("ACKD_EXEC_COMMAND", command)
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
-}
-
 /// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
     assert!(
@@ -190,10 +148,8 @@ fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
 /// partition, committed to the log end; the child's stderr is in ackd's log, tagged.
 #[test]
 fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
-    let topic = unique_name("exec-readme");
-    let group = unique_name("g-exec-readme");
-    create_topic(&topic, 2);
-    let dir = work_dir("exec-readme");
+    let (topic, group) = fresh_topic("exec-readme", 2);
+    let dir = fresh_dir("exec-readme");
     let path = dir.join("handler.py");
     std::fs::write(&path, readme_handler(1)).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
@@ -205,7 +161,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-    for (p, offsets) in per_partition(processed(&lines)) {
+    for (p, offsets) in offsets_by_partition(processed(&lines)) {
         assert_eq!(offsets, (0..ends[&p]).collect::<Vec<_>>(), "partition {p}");
     }
     assert_committed_to_ends(&group, &topic, 2, &ends);
@@ -229,10 +185,8 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
 /// 2: a retry asked for once is retried, then acknowledged; the child is kept.
 #[test]
 fn a_retry_reply_is_retried_then_acknowledged() {
-    let topic = unique_name("exec-retry");
-    let group = unique_name("g-exec-retry");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-retry");
+    let (topic, group) = fresh_topic("exec-retry", 1);
+    let dir = fresh_dir("exec-retry");
     let command = test_handler(
         &dir,
         r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
@@ -257,16 +211,14 @@ fn a_retry_reply_is_retried_then_acknowledged() {
     // The handler saw offset 1 twice (the retry), the others once.
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 1, 2]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// 3: a child that exits on a message is restarted; the message is retried, nothing lost.
 #[test]
 fn a_crashing_child_is_restarted_and_its_message_retried() {
-    let topic = unique_name("exec-crash");
-    let group = unique_name("g-exec-crash");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-crash");
+    let (topic, group) = fresh_topic("exec-crash", 1);
+    let dir = fresh_dir("exec-crash");
     let command = test_handler(
         &dir,
         r#"if v == "crash" and once("crash-%d-%d" % (p, o)):
@@ -311,17 +263,15 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
     );
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 2, 3, 4], "each handled once to the end");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(5));
+    assert_committed(&group, &topic, 0, Some(5));
 }
 
 /// 4: a child that hangs past ACKD_EXEC_TIMEOUT_MS is killed and restarted; the
 /// message is retried.
 #[test]
 fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
-    let topic = unique_name("exec-hang");
-    let group = unique_name("g-exec-hang");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-hang");
+    let (topic, group) = fresh_topic("exec-hang", 1);
+    let dir = fresh_dir("exec-hang");
     let command = test_handler(
         &dir,
         r#"if v == "hang" and once("hang-%d-%d" % (p, o)):
@@ -355,17 +305,15 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
         "{retry}"
     );
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2)]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// 5: a permanent failure meets ACKD_ON_FAILURE (skip here); the child is kept. Also:
 /// what a request looks like for a message with headers and bytes that are not UTF-8.
 #[test]
 fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
-    let topic = unique_name("exec-fail");
-    let group = unique_name("g-exec-fail");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-fail");
+    let (topic, group) = fresh_topic("exec-fail", 1);
+    let dir = fresh_dir("exec-fail");
     let command = test_handler(
         &dir,
         r#"if v == "bad":
@@ -407,7 +355,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
     );
     assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
     assert!(!lines.iter().any(|l| at(l, "exec_restart")));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 
     let requests: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests"))
         .unwrap()
@@ -444,10 +392,8 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
 /// and the message is acknowledged like any other.
 #[test]
 fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
-    let topic = unique_name("exec-hdr");
-    let group = unique_name("g-exec-hdr");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-hdr");
+    let (topic, group) = fresh_topic("exec-hdr", 1);
+    let dir = fresh_dir("exec-hdr");
     let command = test_handler(&dir, "");
     produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
     produce_values(&topic, &[(None, b"after", &[])]);
@@ -471,7 +417,7 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
         first["headers"],
         serde_json::json!([{"name": "tr\u{fffd}ce", "value": "t-1"}])
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+    assert_committed(&group, &topic, 0, Some(2));
 }
 
 /// 6: SIGTERM with a message in the child: it is finished and committed, the child gets
@@ -479,10 +425,8 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
 /// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.
 #[test]
 fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
-    let topic = unique_name("exec-stop");
-    let group = unique_name("g-exec-stop");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-stop");
+    let (topic, group) = fresh_topic("exec-stop", 1);
+    let dir = fresh_dir("exec-stop");
     let command = test_handler(&dir, "time.sleep(0.1)");
     produce_numbered(&topic, 40);
 
@@ -533,7 +477,7 @@ fn assert_stopped_where_handled(
 ) -> i64 {
     let acked = processed(lines).len() as i64;
     assert!(acked < total, "stopped before the end");
-    let committed_first = committed(group, topic, 1)[&0];
+    let committed_first = committed_offset(group, topic, 0);
     assert_eq!(committed_first, Some(acked), "{}", lines.join("\n"));
     let seen: Vec<i64> = handled(dir).iter().map(|h| h.1).collect();
     assert_eq!(
@@ -568,17 +512,15 @@ fn assert_a_second_run_hands_over_the_rest(
         (0..total).collect::<Vec<_>>(),
         "each handled exactly once"
     );
-    assert_eq!(committed(group, topic, 1)[&0], Some(total));
+    assert_committed(group, topic, 0, Some(total));
 }
 
 /// 7: three children, four partitions: each partition's messages are handled in order,
 /// each once, and the pool is used.
 #[test]
 fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
-    let topic = unique_name("exec-pool");
-    let group = unique_name("g-exec-pool");
-    create_topic(&topic, 4);
-    let dir = work_dir("exec-pool");
+    let (topic, group) = fresh_topic("exec-pool", 4);
+    let dir = fresh_dir("exec-pool");
     let command = test_handler(&dir, "time.sleep(0.01)");
     let delivered = produce_keyed(&topic, 120, 0);
     let ends = log_ends(&delivered);
@@ -597,16 +539,16 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
     assert_eq!(started, ["0", "1", "2"].map(String::from).into());
     assert_eq!(lines.iter().filter(|l| at(l, "exec_stopped")).count(), 3);
     let handled = handled(&dir);
-    let by_child = per_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
+    let by_child = offsets_by_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
     assert!(by_child.len() >= 2, "the pool was used: {by_child:?}");
     let expected: BTreeMap<i32, Vec<i64>> =
         ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
     assert_eq!(
-        per_partition(handled.iter().map(|h| (h.0, h.1))),
+        offsets_by_partition(handled.iter().map(|h| (h.0, h.1))),
         expected,
         "the handlers saw each partition in order, each message once"
     );
-    assert_eq!(per_partition(processed(&lines)), expected);
+    assert_eq!(offsets_by_partition(processed(&lines)), expected);
     assert_committed_to_ends(&group, &topic, 4, &ends);
 }
 
@@ -614,10 +556,8 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
 /// retried on a new child, and the message after it is not acknowledged by mistake.
 #[test]
 fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
-    let topic = unique_name("exec-stray");
-    let group = unique_name("g-exec-stray");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-stray");
+    let (topic, group) = fresh_topic("exec-stray", 1);
+    let dir = fresh_dir("exec-stray");
     let command = test_handler(
         &dir,
         r#"if v == "chatty" and once("chatty-%d-%d" % (p, o)):
@@ -646,7 +586,7 @@ fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
     // Offset 1 was handled twice (its reply was lost with the replaced child), 2 once.
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, vec![0, 1, 1, 2]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// A child that does not exit at EOF gets SIGTERM halfway to the deadline; one that
@@ -660,10 +600,8 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ),
         ("sigkill", "time.sleep(3600)"),
     ] {
-        let topic = unique_name("exec-linger");
-        let group = unique_name("g-exec-linger");
-        create_topic(&topic, 1);
-        let dir = work_dir("exec-linger");
+        let (topic, group) = fresh_topic("exec-linger", 1);
+        let dir = fresh_dir("exec-linger");
         let command = test_handler_with(&dir, "", at_eof);
         produce_values(&topic, &[(None, b"ok", &[])]);
         let ackd = exec_ackd(&topic, &group, &command)
@@ -674,7 +612,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ackd.wait_for_count(is_processed, 1, WAIT);
         let stopping = std::time::Instant::now();
         ackd.sigterm();
-        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        ackd.assert_exit(0, WAIT);
         let stop_took = stopping.elapsed();
         let lines = ackd.lines();
         let stopped = lines
@@ -703,7 +641,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
                 .starts_with('Z')
         });
         assert!(!alive, "handler {pid} still running after {how}");
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+        assert_committed(&group, &topic, 0, Some(1));
     }
 }
 
@@ -713,7 +651,7 @@ fn exec_without_a_command_is_a_configuration_error() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd
         .lines()
         .into_iter()
@@ -739,11 +677,9 @@ const EXEC_SECRETS: &[(&str, &str)] = &[
 /// Runs a handler that writes its environment (JSON) to `env` on the first message,
 /// with [`EXEC_SECRETS`] and `extra` set; returns that environment.
 fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic(name, 1);
     produce_values(&topic, &[(None, b"one", &[])]);
-    let dir = work_dir(name);
+    let dir = fresh_dir(name);
     let command = test_handler(
         &dir,
         r#"if once("env"):
@@ -806,11 +742,9 @@ fn exec_children_get_ackd_secrets_only_when_named() {
 fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
     const SECRET: &str = "q\"uo\\te\u{1}-Zq9x";
     const PYTHON_LITERAL: &str = r#""q\"uo\\te\x01-Zq9x""#;
-    let topic = unique_name("exec-scrub");
-    let group = unique_name("g-exec-scrub");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("exec-scrub", 1);
     produce_values(&topic, &[(None, b"one", &[])]);
-    let dir = work_dir("exec-scrub");
+    let dir = fresh_dir("exec-scrub");
     let command = test_handler(
         &dir,
         &format!(
@@ -884,10 +818,8 @@ fn assert_batches_tile(batches: &[(i32, i64, usize)], ends: &BTreeMap<i32, i64>,
 #[test]
 fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
     for max in [2usize, 3, 7, 100] {
-        let topic = unique_name(&format!("exec-batch{max}"));
-        let group = unique_name("g-exec-batch");
-        create_topic(&topic, 3);
-        let dir = work_dir("exec-batch");
+        let (topic, group) = fresh_topic(&format!("exec-batch{max}"), 3);
+        let dir = fresh_dir("exec-batch");
         let command = batch_handler(&dir, "");
         let delivered = produce_keyed(&topic, 120, 0);
         let ends = log_ends(&delivered);
@@ -910,11 +842,18 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
         let expected: BTreeMap<i32, Vec<i64>> =
             ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
         let handled = handled(&dir);
-        assert_eq!(per_partition(handled.iter().map(|h| (h.0, h.1))), expected);
+        assert_eq!(
+            offsets_by_partition(handled.iter().map(|h| (h.0, h.1))),
+            expected
+        );
         let counts = processed_counts(&lines);
         assert_eq!(counts.len(), 120, "max {max}");
         assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-        assert_eq!(per_partition(processed(&lines)), expected, "max {max}");
+        assert_eq!(
+            offsets_by_partition(processed(&lines)),
+            expected,
+            "max {max}"
+        );
         let committed = committed(&group, &topic, 3);
         for (p, end) in &ends {
             assert_eq!(committed[p], Some(*end), "max {max}, partition {p}");
@@ -925,12 +864,10 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
 /// docs/exec.md's batched handler, exactly as written there, acknowledges everything.
 #[test]
 fn the_readme_batch_handler_acks_everything_once() {
-    let topic = unique_name("exec-readme-batch");
-    let group = unique_name("g-exec-readme-batch");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("exec-readme-batch", 2);
     let code = readme_handler(2);
     assert!(code.contains("batch = json.loads(line)"), "{code}");
-    let dir = work_dir("exec-readme-batch");
+    let dir = fresh_dir("exec-readme-batch");
     let path = dir.join("handler.py");
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
@@ -951,10 +888,8 @@ fn the_readme_batch_handler_acks_everything_once() {
 /// partition stops, nothing after it is acknowledged, and ackd exits 1.
 #[test]
 fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
-    let topic = unique_name("exec-batch-halt");
-    let group = unique_name("g-exec-batch-halt");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-halt");
+    let (topic, group) = fresh_topic("exec-batch-halt", 1);
+    let dir = fresh_dir("exec-batch-halt");
     let command = batch_handler(
         &dir,
         r#"if o == 13:
@@ -969,7 +904,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
         "{failed}"
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 1, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(1, WAIT);
     let lines = ackd.lines();
     assert_eq!(
         processed(&lines),
@@ -978,17 +913,15 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
     assert_eq!(batches_sent(&dir)[..2], [(0, 0, 8), (0, 8, 8)]);
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, (0..13).collect::<Vec<_>>());
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(13));
+    assert_committed(&group, &topic, 0, Some(13));
 }
 
 /// A retry asked for at offset 13 of the batch 8..15: 8..12 are acknowledged, and 13
 /// with the rest of the batch (13, 14, 15) comes again as a batch of its own.
 #[test]
 fn an_exec_batch_retry_at_an_offset_resends_from_there() {
-    let topic = unique_name("exec-batch-retry");
-    let group = unique_name("g-exec-batch-retry");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-retry");
+    let (topic, group) = fresh_topic("exec-batch-retry", 1);
+    let dir = fresh_dir("exec-batch-retry");
     let command = batch_handler(
         &dir,
         r#"if o == 13 and once("retry-13"):
@@ -1021,17 +954,15 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
         (0..16).map(|o| (0, o)).collect::<Vec<_>>()
     );
     assert!(!lines.iter().any(|l| at(l, "exec_restart")));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(16));
+    assert_committed(&group, &topic, 0, Some(16));
 }
 
 /// A reply naming an offset that is not in the batch is a protocol error: the child is
 /// replaced and the batch retried, nothing acknowledged by mistake.
 #[test]
 fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
-    let topic = unique_name("exec-batch-outside");
-    let group = unique_name("g-exec-batch-outside");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-outside");
+    let (topic, group) = fresh_topic("exec-batch-outside", 1);
+    let dir = fresh_dir("exec-batch-outside");
     let command = batch_handler(
         &dir,
         r#"if o == 5 and once("outside"):
@@ -1054,7 +985,7 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 8);
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(8));
+    assert_committed(&group, &topic, 0, Some(8));
 }
 
 /// A child that dies in the middle of the batch 8..15 (after handling 8..11): the
@@ -1062,10 +993,8 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
 /// once), ackd acknowledges every message once and commits to the end.
 #[test]
 fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
-    let topic = unique_name("exec-batch-crash");
-    let group = unique_name("g-exec-batch-crash");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-crash");
+    let (topic, group) = fresh_topic("exec-batch-crash", 1);
+    let dir = fresh_dir("exec-batch-crash");
     let command = batch_handler(
         &dir,
         r#"if o == 12 and once("crash-12"):
@@ -1099,7 +1028,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
         (0..20).map(|o| (0, o)).collect::<Vec<_>>(),
         "acknowledged once each"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 }
 
 /// SIGTERM in the middle of 150 messages in batches of 5: the batch in the child is
@@ -1107,10 +1036,8 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
 /// rest: the handler saw every message exactly once.
 #[test]
 fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
-    let topic = unique_name("exec-batch-stop");
-    let group = unique_name("g-exec-batch-stop");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-stop");
+    let (topic, group) = fresh_topic("exec-batch-stop", 1);
+    let dir = fresh_dir("exec-batch-stop");
     let command = batch_handler(&dir, "time.sleep(0.01)");
     produce_numbered(&topic, 150);
 
@@ -1132,10 +1059,8 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
 /// a batch of its own. Every message is acknowledged once and committed.
 #[test]
 fn exec_batches_stop_at_the_byte_limit() {
-    let topic = unique_name("exec-batch-bytes");
-    let group = unique_name("g-exec-batch-bytes");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-bytes");
+    let (topic, group) = fresh_topic("exec-batch-bytes", 1);
+    let dir = fresh_dir("exec-batch-bytes");
     let command = batch_handler(&dir, "");
     let values: Vec<Vec<u8>> = (0..20)
         .map(|i| {
@@ -1143,7 +1068,7 @@ fn exec_batches_stop_at_the_byte_limit() {
             format!("{i:0>len$}").into_bytes()
         })
         .collect();
-    let messages: Vec<Record<'_>> = values
+    let messages: Vec<ValueRecord<'_>> = values
         .iter()
         .map(|v| (None, v.as_slice(), &[][..]))
         .collect();
@@ -1174,7 +1099,7 @@ fn exec_batches_stop_at_the_byte_limit() {
         processed(&lines),
         (0..20).map(|o| (0, o)).collect::<Vec<_>>()
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 }
 
 // ---- misbehaving handlers: no line acknowledges a message the handler did not answer ----
@@ -1198,10 +1123,8 @@ fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {
 /// child, the message in flight comes again, and every acknowledged message was handled.
 #[test]
 fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
-    let topic = unique_name("exec-misbehave");
-    let group = unique_name("g-exec-misbehave");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-misbehave");
+    let (topic, group) = fresh_topic("exec-misbehave", 1);
+    let dir = fresh_dir("exec-misbehave");
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1239,7 +1162,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
         processed(&lines).len(),
         counts.len(),
         restarts.len(),
-        committed(&group, &topic, 1)[&0]
+        committed_offset(&group, &topic, 0)
     );
     assert_eq!(lost, vec![], "acknowledged without being handled");
     assert_eq!(
@@ -1255,7 +1178,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
         );
     }
     assert_eq!(restarts.len(), 4, "{}", lines.join("\n"));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(10));
+    assert_committed(&group, &topic, 0, Some(10));
 }
 
 /// Batches of 5 over 15 messages. The first batch is answered the way a handler that
@@ -1266,10 +1189,8 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
 /// come again, and every acknowledged message was handled.
 #[test]
 fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer() {
-    let topic = unique_name("exec-batch-misbehave");
-    let group = unique_name("g-exec-batch-misbehave");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-batch-misbehave");
+    let (topic, group) = fresh_topic("exec-batch-misbehave", 1);
+    let dir = fresh_dir("exec-batch-misbehave");
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1305,7 +1226,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
         "batch answered per message: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {restarts}, committed {:?}",
         processed(&lines).len(),
         counts.len(),
-        committed(&group, &topic, 1)[&0]
+        committed_offset(&group, &topic, 0)
     );
     assert_eq!(lost, vec![], "acknowledged without being handled");
     assert_eq!(
@@ -1314,7 +1235,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
         "each once, in order"
     );
     assert_eq!(restarts, 2, "{}", lines.join("\n"));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(15));
+    assert_committed(&group, &topic, 0, Some(15));
 }
 
 /// A handler that writes a 32 MiB line to stderr and, once, a 32 MiB reply: the stderr
@@ -1323,10 +1244,8 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
 /// far below the size of one such line.
 #[test]
 fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
-    let topic = unique_name("exec-huge");
-    let group = unique_name("g-exec-huge");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-huge");
+    let (topic, group) = fresh_topic("exec-huge", 1);
+    let dir = fresh_dir("exec-huge");
     let command = write_handler(
         &dir,
         r#"HUGE = 32 * 1024 * 1024
@@ -1382,7 +1301,7 @@ for line in sys.stdin:
         processed(&lines),
         (0..4).map(|o| (0, o)).collect::<Vec<_>>()
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
+    assert_committed(&group, &topic, 0, Some(4));
 }
 
 /// A handler that takes 1 s a message until the file `fast` exists in `dir`.
@@ -1399,7 +1318,7 @@ fn produce_distinct_keys(topic: &str, partitions: i32, n: usize) {
     let keys: Vec<(i32, String)> = (0..partitions)
         .flat_map(|p| (0..n).map(move |i| (p, format!("p{p}-k{i}"))))
         .collect();
-    let records: Vec<common::Record<'_>> = keys
+    let records: Vec<common::produce::Record<'_>> = keys
         .iter()
         .map(|(p, k)| (*p, Some(k.as_bytes()), k.as_bytes(), &[][..]))
         .collect();
@@ -1446,10 +1365,8 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
 /// restart handles the rest: each message handled once.
 #[test]
 fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let topic = unique_name("exec-queued-stop");
-    let group = unique_name("g-exec-queued-stop");
-    create_topic(&topic, 1);
-    let dir = work_dir("exec-queued-stop");
+    let (topic, group) = fresh_topic("exec-queued-stop", 1);
+    let dir = fresh_dir("exec-queued-stop");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 1, 30);
 
@@ -1458,7 +1375,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     let acked = processed(&lines).len() as i64;
     let seen: Vec<i64> = handled(&dir).iter().map(|h| h.1).collect();
     assert_eq!(seen, (0..acked).collect::<Vec<_>>(), "handled is acked");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked));
+    assert_committed(&group, &topic, 0, Some(acked));
 
     std::fs::write(dir.join("fast"), "").unwrap();
     let second = queued_behind_one_child(&topic, &group, &command).spawn();
@@ -1478,7 +1395,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
         (0..30).collect::<Vec<_>>(),
         "each handled exactly once"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!(
         "queued stop: handled_before_sigterm={handled_before} handled_by_first={handled_first} acked_first={acked}"
     );
@@ -1489,10 +1406,8 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
 /// ones go to the new owner, and across both members each message is handled once.
 #[test]
 fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let topic = unique_name("exec-queued-revoke");
-    let group = unique_name("g-exec-queued-revoke");
-    create_topic(&topic, 2);
-    let dir = work_dir("exec-queued-revoke");
+    let (topic, group) = fresh_topic("exec-queued-revoke", 2);
+    let dir = fresh_dir("exec-queued-revoke");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 2, 20);
 
@@ -1547,17 +1462,15 @@ fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdB
 /// what it acknowledged, and a restart handles the rest: each message handled once.
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_other_partitions() {
-    let topic = unique_name("exec-partition-queued-stop");
-    let group = unique_name("g-exec-partition-queued-stop");
-    create_topic(&topic, 6);
-    let dir = work_dir("exec-partition-queued-stop");
+    let (topic, group) = fresh_topic("exec-partition-queued-stop", 6);
+    let dir = fresh_dir("exec-partition-queued-stop");
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 6, 5);
 
     let (lines, handled_before, handled_first) =
         stop_with_calls_queued(partitions_behind_one_child(&topic, &group, &command), &dir);
-    let acked = per_partition(processed(&lines));
-    let seen = per_partition(handled(&dir).iter().map(|h| (h.0, h.1)));
+    let acked = offsets_by_partition(processed(&lines));
+    let seen = offsets_by_partition(handled(&dir).iter().map(|h| (h.0, h.1)));
     assert_eq!(seen, acked, "handled is acked");
     let committed_first = committed(&group, &topic, 6);
     for p in 0..6 {

@@ -6,13 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
 
 fn is(line: &str, what: &str, partition: i32, offset: i64) -> bool {
     (if what == "processed" {
@@ -32,7 +28,7 @@ fn produce_to(topic: &str, messages: &[Spec<'_>]) -> Vec<(i32, i64)> {
         .iter()
         .map(|(_, _, _, h)| h.iter().map(|(k, v)| (*k, v.as_bytes())).collect())
         .collect();
-    let records: Vec<common::Record<'_>> = messages
+    let records: Vec<common::produce::Record<'_>> = messages
         .iter()
         .zip(&headers)
         .map(|((p, k, v, _), h)| (*p, Some(k.as_bytes()), v.as_bytes(), h.as_slice()))
@@ -42,9 +38,7 @@ fn produce_to(topic: &str, messages: &[Spec<'_>]) -> Vec<(i32, i64)> {
 
 #[test]
 fn retryable_failures_are_retried_while_other_partitions_flow() {
-    let topic = unique_name("retry");
-    let group = unique_name("g-retry");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("retry", 2);
     produce_to(
         &topic,
         &[
@@ -81,7 +75,7 @@ fn retryable_failures_are_retried_while_other_partitions_flow() {
     );
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     // Three failed attempts, three retries, then success; in order, each once.
     let retries: Vec<_> = lines.iter().filter(|l| is(l, "retry", 0, 1)).collect();
@@ -118,9 +112,7 @@ fn retryable_failures_are_retried_while_other_partitions_flow() {
 
 #[test]
 fn a_permanent_failure_halts_only_its_partition_and_the_exit_says_so() {
-    let topic = unique_name("halt");
-    let group = unique_name("g-halt");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("halt", 2);
     produce_to(
         &topic,
         &[
@@ -165,9 +157,7 @@ fn a_permanent_failure_halts_only_its_partition_and_the_exit_says_so() {
 
 #[test]
 fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
-    let topic = unique_name("skip");
-    let group = unique_name("g-skip");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("skip", 1);
     produce_to(
         &topic,
         &[
@@ -184,7 +174,7 @@ fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
         .spawn();
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
     assert_eq!(skipped.len(), 2, "{}", lines.join("\n"));
@@ -206,7 +196,7 @@ fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
     assert!(!lines
         .iter()
         .any(|l| l.contains("RUST_BACKTRACE") || l.starts_with("thread ")));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 #[test]
@@ -231,7 +221,7 @@ fn dead_letter_copies_the_message_then_acknowledges_it() {
         .spawn();
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let line = lines
         .iter()
@@ -243,7 +233,7 @@ fn dead_letter_copies_the_message_then_acknowledges_it() {
         Some(dlq.clone()),
         "{line}"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 
     // Read the dead-letter topic back.
     let got = read_back(&dlq, 1, WAIT);

@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -40,9 +40,7 @@ fn assert_no_duplicates(processed: &[(i32, i64)]) {
 
 #[test]
 fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
-    let topic = unique_name("all");
-    let group = unique_name("g-all");
-    create_topic(&topic, 3);
+    let (topic, group) = fresh_topic("all", 3);
     let delivered = produce_keyed(&topic, 300, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -53,7 +51,7 @@ fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
     ackd.sigterm();
     // Heroku may send SIGTERM more than once: the second one must not cut the stop short.
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let processed = processed(&lines);
@@ -105,9 +103,7 @@ fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
 
 #[test]
 fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
-    let topic = unique_name("resume");
-    let group = unique_name("g-resume");
-    create_topic(&topic, 4);
+    let (topic, group) = fresh_topic("resume", 4);
 
     // A steady producer in the background: 30 batches of 20.
     let producer_topic = topic.clone();
@@ -125,7 +121,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
         .spawn();
     first.wait_for_count(is_processed, 100, WAIT);
     first.sigterm();
-    assert_eq!(first.wait_exit(WAIT), 0);
+    first.assert_exit(0, WAIT);
     let first_processed = processed(&first.lines());
     let committed_after_first = committed(&group, &topic, 4);
     for (p, next) in next_after_processed(&first_processed) {
@@ -143,7 +139,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
     let remaining = total - first_processed.len();
     second.wait_for_count(is_processed, remaining, WAIT);
     second.sigterm();
-    assert_eq!(second.wait_exit(WAIT), 0);
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
 
     // Each partition resumed at the offset the first run committed.
@@ -180,9 +176,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
 
 #[test]
 fn in_flight_messages_finish_before_the_final_commit() {
-    let topic = unique_name("inflight");
-    let group = unique_name("g-inflight");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("inflight", 2);
     let delivered = produce_keyed(&topic, 40, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -193,7 +187,7 @@ fn in_flight_messages_finish_before_the_final_commit() {
     ackd.wait_for_count(is_processed, 2, WAIT);
     let signal_at = ackd.line_count();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     assert_signal_line_first(&lines);
     // Messages that were in the processor when SIGTERM arrived completed after it.
@@ -220,9 +214,7 @@ fn in_flight_messages_finish_before_the_final_commit() {
 
 #[test]
 fn past_the_deadline_the_exit_is_non_zero_and_nothing_unacked_is_committed() {
-    let topic = unique_name("deadline");
-    let group = unique_name("g-deadline");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("deadline", 1);
     produce_keyed(&topic, 5, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -247,7 +239,7 @@ fn past_the_deadline_the_exit_is_non_zero_and_nothing_unacked_is_committed() {
         lines.join("\n")
     );
     assert_eq!(
-        committed(&group, &topic, 1)[&0],
+        committed_offset(&group, &topic, 0),
         None,
         "nothing was acked, nothing may be committed"
     );
@@ -255,9 +247,7 @@ fn past_the_deadline_the_exit_is_non_zero_and_nothing_unacked_is_committed() {
 
 #[test]
 fn a_second_sigint_exits_at_once() {
-    let topic = unique_name("sigint");
-    let group = unique_name("g-sigint");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("sigint", 1);
     produce_keyed(&topic, 3, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")
@@ -270,7 +260,7 @@ fn a_second_sigint_exits_at_once() {
         WAIT,
     );
     ackd.signal(libc::SIGINT);
-    assert_eq!(ackd.wait_exit(Duration::from_secs(10)), 130);
+    ackd.assert_exit(130, Duration::from_secs(10));
     let lines = ackd.lines();
     assert_signal_line_first(&lines);
     assert!(
@@ -298,9 +288,7 @@ fn assert_signal_line_first(lines: &[String]) {
 /// terminal's Ctrl-C sends SIGINT to the same process group: one stop, not a forced exit.
 #[test]
 fn a_sigint_after_a_sigterm_still_stops_gracefully() {
-    let topic = unique_name("term-int");
-    let group = unique_name("g-term-int");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("term-int", 1);
     let delivered = produce_keyed(&topic, 6, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")
@@ -315,7 +303,7 @@ fn a_sigint_after_a_sigterm_still_stops_gracefully() {
         WAIT,
     );
     ackd.signal(libc::SIGINT);
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let all = lines.join("\n");
     assert!(
@@ -332,7 +320,7 @@ fn a_sigint_after_a_sigterm_still_stops_gracefully() {
     );
     let next = next_after_processed(&processed);
     assert_eq!(
-        committed(&group, &topic, 1)[&0],
+        committed_offset(&group, &topic, 0),
         next.get(&0).copied(),
         "{all}"
     );
@@ -341,9 +329,9 @@ fn a_sigint_after_a_sigterm_still_stops_gracefully() {
     let again = AckdBuilder::new(&topic, &group)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(again.wait_exit(WAIT), 0);
+    again.assert_exit(0, WAIT);
     let mut all_processed = processed.clone();
-    all_processed.extend(common::processed(&again.lines()));
+    all_processed.extend(common::lines::processed(&again.lines()));
     assert_no_duplicates(&all_processed);
     assert_eq!(all_processed.len(), delivered.len());
 }

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use common::*;
+use common::{broker::*, lines::*, offsets::*, produce::*, topics::*};
 
 #[test]
 fn harness_smoke_broker_topic_produce_committed() {

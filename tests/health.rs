@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -330,9 +330,7 @@ fn ready_follows_the_assignment_and_metrics_count_what_was_produced() {
 /// the drain waits for it; the call finishes and is committed: exit 0.
 #[test]
 fn a_stuck_processor_call_fails_live_naming_its_partition() {
-    let topic = unique_name("health-stuck");
-    let group = unique_name("g-health-stuck");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("health-stuck", 2);
     let port = free_port();
     let delay = Duration::from_millis(4000);
     let ackd = AckdBuilder::new(&topic, &group)
@@ -424,9 +422,7 @@ fn a_stuck_processor_call_fails_live_naming_its_partition() {
 /// Off by default: without ACKD_HEALTH_PORT ackd listens on no port at all.
 #[test]
 fn nothing_listens_by_default() {
-    let topic = unique_name("health-off");
-    let group = unique_name("g-health-off");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("health-off", 1);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "noop")
         .spawn();
@@ -434,7 +430,7 @@ fn nothing_listens_by_default() {
     assert_eq!(listening_ports(ackd.pid()), Vec::<u16>::new());
     assert!(!ackd.lines().iter().any(|l| at(l, "health_listening")));
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 }
 
 /// A port that cannot be listened on is a configuration error naming the setting: exit
@@ -447,14 +443,14 @@ fn a_port_in_use_is_a_config_error() {
         .env("ACKD_HEALTH_PORT", port.to_string())
         .env("ACKD_HEALTH_ADDR", "127.0.0.1")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
     assert_eq!(field(&line, "value"), Some(port.to_string()));
     let bad = AckdBuilder::new("any-topic", "any-group")
         .env("ACKD_HEALTH_PORT", "70000")
         .spawn();
-    assert_eq!(bad.wait_exit(WAIT), 78);
+    bad.assert_exit(78, WAIT);
     let line = bad.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
 }
@@ -465,9 +461,7 @@ fn a_port_in_use_is_a_config_error() {
 /// exactly what was produced (cooperative rebalance, committed on revoke: nothing twice).
 #[test]
 fn metrics_totals_survive_a_rebalance() {
-    let topic = unique_name("health-rebalance");
-    let group = unique_name("g-health-rebalance");
-    create_topic(&topic, 4);
+    let (topic, group) = fresh_topic("health-rebalance", 4);
     let (port_a, port_b) = (free_port(), free_port());
     let spawn = |port: u16| {
         AckdBuilder::new(&topic, &group)
@@ -504,8 +498,8 @@ fn metrics_totals_survive_a_rebalance() {
     let revoked = a.lines().iter().filter(|l| at(l, "revoked")).count();
     a.sigterm();
     b.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0);
-    assert_eq!(b.wait_exit(WAIT), 0);
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     let delivered: Vec<Delivered> = first.into_iter().chain(second).collect();
     assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
     eprintln!(
@@ -519,9 +513,7 @@ fn metrics_totals_survive_a_rebalance() {
 /// waiting for every replica (a rollout) does not wait forever.
 #[test]
 fn a_member_without_partitions_is_ready() {
-    let topic = unique_name("health-idle");
-    let group = unique_name("g-health-idle");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("health-idle", 1);
     let member = |port: u16| {
         AckdBuilder::new(&topic, &group)
             .env("ACKD_PROCESSOR", "noop")
@@ -553,8 +545,8 @@ fn a_member_without_partitions_is_ready() {
     for p in [&a, &b] {
         p.sigterm();
     }
-    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     eprintln!("health idle member: partitions held {held:?}, both ready, both exit 0");
 }
 
@@ -596,7 +588,7 @@ fn a_probe_is_answered_while_many_idle_connections_are_open() {
     assert_eq!(probe.status, 200, "{}", probe.body);
     drop(idle);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 }
 
 /// Reads until the server closes `s` (EOF or a reset), at most `bound`: what it sent,
@@ -672,13 +664,12 @@ fn idle_and_slow_connections_are_closed_within_seconds() {
         slow_after.as_millis()
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
 }
 
 /// An exec handler that takes `seconds` a message, in a fresh directory.
 fn slow_exec_handler(name: &str, seconds: f64) -> String {
-    let dir = log_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir(name);
     let handler = dir.join("handler.py");
     std::fs::write(
         &handler,
@@ -732,9 +723,7 @@ fn live_through_backlog(ackd: &AckdProcess, port: u16, n: usize) -> (usize, Vec<
 /// 200 throughout a run of 30 messages (15 s), polled until the last is acknowledged.
 #[test]
 fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
-    let topic = unique_name("health-backlog");
-    let group = unique_name("g-health-backlog");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("health-backlog", 1);
     let command = slow_exec_handler("health-backlog", 0.5);
     let port = free_port();
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
@@ -753,7 +742,7 @@ fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
         in_flight_seen.contains(&1) && in_flight_seen.iter().all(|n| *n <= 1),
         "ackd_in_flight seen: {in_flight_seen:?}"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!("health backlog: live_polls={polls} not_live=0");
 }
 
@@ -763,9 +752,7 @@ fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
 /// throughout the run (32 messages), and in flight is the one call the child has.
 #[test]
 fn partitions_waiting_for_one_exec_child_are_live_while_every_call_ends_in_time() {
-    let topic = unique_name("health-partition-backlog");
-    let group = unique_name("g-health-partition-backlog");
-    create_topic(&topic, 16);
+    let (topic, group) = fresh_topic("health-partition-backlog", 16);
     let command = slow_exec_handler("health-partition-backlog", 0.5);
     let port = free_port();
     let values: Vec<(i32, String)> = (0..16)

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
 
 use serde_json::Value;
 
@@ -216,47 +216,17 @@ fn serve(conn: TcpStream, recorded: &Recorded, respond: &Responder) {
     }
 }
 
-/// A message to produce: key, value, headers.
-type Record<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])]);
-
-/// Produces values (with optional key bytes and headers) to partition 0, in order.
-fn produce_values(topic: &str, messages: &[Record<'_>]) {
-    let records: Vec<common::Record<'_>> =
-        messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
-    produce_records(topic, &records);
-}
-
 fn values(topic: &str, values: &[&str]) {
-    let records: Vec<Record<'_>> = values
+    let records: Vec<ValueRecord<'_>> = values
         .iter()
         .map(|v| (None, v.as_bytes(), &[][..]))
         .collect();
     produce_values(topic, &records);
 }
 
-fn http_ackd(topic: &str, group: &str, url: &str) -> AckdBuilder {
-    AckdBuilder::new(topic, group)
-        .env("ACKD_PROCESSOR", "http")
-        .env("ACKD_HTTP_URL", url)
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
-}
-
-fn at_offset(line: &str, what: &str, offset: i64) -> bool {
-    at(line, what) && field(line, "offset") == Some(offset.to_string())
-}
-
-fn per_partition(pairs: impl IntoIterator<Item = (i32, i64)>) -> BTreeMap<i32, Vec<i64>> {
-    let mut map: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
-    for (p, o) in pairs {
-        map.entry(p).or_default().push(o);
-    }
-    map
-}
-
 fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), code, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(code, WAIT);
     ackd.lines()
 }
 
@@ -264,9 +234,7 @@ fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
 /// partition, committed to the log end; the auth header arrived and is on no line.
 #[test]
 fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
-    let topic = unique_name("http-all");
-    let group = unique_name("g-http-all");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("http-all", 2);
     let endpoint = Endpoint::start(|_, _| ok());
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
@@ -285,10 +253,10 @@ fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
     let expected: BTreeMap<i32, Vec<i64>> =
         ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
-    assert_eq!(per_partition(processed(&lines)), expected);
+    assert_eq!(offsets_by_partition(processed(&lines)), expected);
     let requests = endpoint.requests();
     assert_eq!(
-        per_partition(requests.iter().map(Request::position)),
+        offsets_by_partition(requests.iter().map(Request::position)),
         expected,
         "the endpoint saw each partition in order, each message once"
     );
@@ -324,9 +292,7 @@ fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
 /// and the body, with the auth token the endpoint echoed redacted.
 #[test]
 fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
-    let topic = unique_name("http-500");
-    let group = unique_name("g-http-500");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-500", 1);
     let endpoint = Endpoint::start(|r, before| {
         if r.value() == "flaky" && before < 2 {
             let auth = r.header("authorization").unwrap_or("").to_string();
@@ -355,16 +321,14 @@ fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1), (0, 2), (0, 3)]);
     let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     assert_eq!(seen, vec![0, 1, 1, 1, 2, 3]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(4));
+    assert_committed(&group, &topic, 0, Some(4));
 }
 
 /// 3: a 429 with `Retry-After: 1`: the next attempt comes at least a second later,
 /// though the worker's own backoff is 50 ms.
 #[test]
 fn a_429_with_retry_after_waits_that_long() {
-    let topic = unique_name("http-429");
-    let group = unique_name("g-http-429");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-429", 1);
     let endpoint = Endpoint::start(|r, before| {
         if r.value() == "busy" && before == 0 {
             let mut resp = status(429, "slow down");
@@ -406,9 +370,7 @@ fn a_429_with_retry_after_waits_that_long() {
 #[test]
 fn a_400_is_permanent_and_meets_the_failure_policy() {
     for policy in ["skip", "halt"] {
-        let topic = unique_name("http-400");
-        let group = unique_name("g-http-400");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("http-400", 1);
         let endpoint = Endpoint::start(|r, _| {
             if r.value() == "poison" {
                 status(400, "bad message")
@@ -436,13 +398,13 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
             );
             assert_eq!(field(skipped, "attempts").as_deref(), Some("1"));
             assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
-            assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+            assert_committed(&group, &topic, 0, Some(3));
             assert_eq!(endpoint.requests().len(), 3, "not retried");
         } else {
             ackd.wait_for_line(|l| at_offset(l, "process_failed", 1), WAIT);
             let lines = stop(&ackd, 1);
             assert_eq!(processed(&lines), vec![(0, 0)]);
-            assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+            assert_committed(&group, &topic, 0, Some(1));
             assert_eq!(endpoint.requests().len(), 2, "nothing past the poison");
         }
     }
@@ -451,9 +413,7 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
 /// 5: raw bodies: the value bytes as they are, the metadata in Ackd-* headers.
 #[test]
 fn raw_bodies_are_the_value_with_metadata_in_headers() {
-    let topic = unique_name("http-raw");
-    let group = unique_name("g-http-raw");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-raw", 1);
     let endpoint = Endpoint::start(|_, _| ok());
     produce_values(
         &topic,
@@ -498,16 +458,14 @@ fn raw_bodies_are_the_value_with_metadata_in_headers() {
     assert_eq!(r1.header("ackd-key-base64"), Some("//4="));
     let h: Value = serde_json::from_str(r1.header("ackd-headers").unwrap()).unwrap();
     assert_eq!(h, serde_json::json!([{"name":"bin","value_base64":"ww=="}]));
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+    assert_committed(&group, &topic, 0, Some(2));
 }
 
 /// 6: SIGTERM with requests in flight to a slow endpoint: they complete, ackd exits 0,
 /// and a second run resumes at the next message: nothing lost, nothing posted twice.
 #[test]
 fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
-    let topic = unique_name("http-stop");
-    let group = unique_name("g-http-stop");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("http-stop", 2);
     let endpoint = Endpoint::start(|_, _| Response {
         delay: Duration::from_millis(200),
         ..ok()
@@ -522,11 +480,11 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
     // Every request the endpoint got was answered and acknowledged: none abandoned.
     let posted_first: Vec<(i32, i64)> = endpoint.requests().iter().map(Request::position).collect();
     assert_eq!(
-        per_partition(posted_first.clone()),
-        per_partition(acked_first.clone())
+        offsets_by_partition(posted_first.clone()),
+        offsets_by_partition(acked_first.clone())
     );
     let committed_first = committed(&group, &topic, 2);
-    for (p, offsets) in per_partition(acked_first.clone()) {
+    for (p, offsets) in offsets_by_partition(acked_first.clone()) {
         assert_eq!(
             committed_first[&p],
             Some(offsets.len() as i64),
@@ -544,9 +502,13 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
         .collect();
     let expected: BTreeMap<i32, Vec<i64>> =
         ends.iter().map(|(p, e)| (*p, (0..*e).collect())).collect();
-    assert_eq!(per_partition(all), expected, "each acked once, in order");
     assert_eq!(
-        per_partition(endpoint.requests().iter().map(Request::position)),
+        offsets_by_partition(all),
+        expected,
+        "each acked once, in order"
+    );
+    assert_eq!(
+        offsets_by_partition(endpoint.requests().iter().map(Request::position)),
         expected,
         "each posted once, in order"
     );
@@ -556,9 +518,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
 /// 7: the endpoint is down (connection refused): retryable; once it is up, acked.
 #[test]
 fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
-    let topic = unique_name("http-down");
-    let group = unique_name("g-http-down");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-down", 1);
     values(&topic, &["a", "b"]);
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}/kafka/messages");
@@ -574,7 +534,7 @@ fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
     let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     assert_eq!(seen, vec![0, 1]);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(2));
+    assert_committed(&group, &topic, 0, Some(2));
 }
 
 /// ACKD_PROCESSOR=http without a URL, and headers that cannot be parsed, are
@@ -584,7 +544,7 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd
         .lines()
         .into_iter()
@@ -597,7 +557,7 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
         .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
         .env("ACKD_HTTP_HEADERS", "s3cr3t-t0ken-without-a-name")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let lines = ackd.lines();
     let line = lines
         .iter()
@@ -629,11 +589,8 @@ fn readme_endpoint() -> String {
 /// here), and a restart of nothing is needed: everything is committed.
 #[test]
 fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
-    let topic = unique_name("http-readme");
-    let group = unique_name("g-http-readme");
-    create_topic(&topic, 1);
-    let dir = log_dir().join(unique_name("http-readme"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (topic, group) = fresh_topic("http-readme", 1);
+    let dir = fresh_dir("http-readme");
     let script = dir.join("endpoint.py");
     std::fs::write(&script, readme_endpoint()).unwrap();
     let port = free_port();
@@ -671,15 +628,13 @@ fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
             .contains("HTTP 400 Bad Request: no text value"),
         "{skipped}"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(3));
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 /// No answer within ACKD_HTTP_TIMEOUT_MS is retryable: the retry is acked.
 #[test]
 fn a_request_that_times_out_is_retried() {
-    let topic = unique_name("http-timeout");
-    let group = unique_name("g-http-timeout");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-timeout", 1);
     let endpoint = Endpoint::start(|_, before| Response {
         delay: if before == 0 {
             Duration::from_millis(1500)
@@ -705,15 +660,13 @@ fn a_request_that_times_out_is_retried() {
         "{retry}"
     );
     assert_eq!(endpoint.requests().len(), 2);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(1));
+    assert_committed(&group, &topic, 0, Some(1));
 }
 
 /// A Retry-After longer than ACKD_RETRY_MAX_MS waits ACKD_RETRY_MAX_MS.
 #[test]
 fn retry_after_is_capped_at_the_retry_maximum() {
-    let topic = unique_name("http-cap");
-    let group = unique_name("g-http-cap");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-cap", 1);
     let endpoint = Endpoint::start(|_, before| {
         if before == 0 {
             let mut resp = status(503, "maintenance");
@@ -752,9 +705,7 @@ fn retry_after_is_capped_at_the_retry_maximum() {
 /// in order, and the commit reaches the end.
 #[test]
 fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
-    let topic = unique_name("http-batch");
-    let group = unique_name("g-http-batch");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-batch", 1);
     let endpoint = Endpoint::start(|r, before| {
         if before == 0 {
             status(500, "warming up")
@@ -805,7 +756,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
     assert_eq!(retries, starts.len(), "one retry per batch start");
     let expected: Vec<(i32, i64)> = (0..30).filter(|o| *o != 12).map(|o| (0, o)).collect();
     assert_eq!(processed(&lines), expected);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
 }
 
 /// A refusal that names no offset of the batch (no `Ackd-Failed-Offset`, one outside
@@ -814,9 +765,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
 #[test]
 fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() {
     for header in [None, Some("999"), Some("six")] {
-        let topic = unique_name("http-batch-first");
-        let group = unique_name("g-http-batch-first");
-        create_topic(&topic, 1);
+        let (topic, group) = fresh_topic("http-batch-first", 1);
         let endpoint = Endpoint::start(move |r, _| {
             if r.position().1 == 0 {
                 return ok();
@@ -844,7 +793,7 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
             processed(&lines),
             (0..4).map(|o| (0, o)).collect::<Vec<_>>()
         );
-        assert_eq!(committed(&group, &topic, 1)[&0], Some(4), "{header:?}");
+        assert_eq!(committed_offset(&group, &topic, 0), Some(4), "{header:?}");
     }
 }
 
@@ -855,9 +804,7 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
 /// out, then fails at 4 under halt, committed exactly up to 4.
 #[test]
 fn an_http_error_body_with_an_offset_acknowledges_nothing() {
-    let topic = unique_name("http-batch-offset-body");
-    let group = unique_name("g-http-batch-offset-body");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-batch-offset-body", 1);
     let endpoint = Endpoint::start(|r, _| {
         if r.position().1 == 0 {
             ok()
@@ -877,7 +824,7 @@ fn an_http_error_body_with_an_offset_acknowledges_nothing() {
         .iter()
         .map(Request::batch_offsets)
         .collect();
-    let committed = committed(&group, &topic, 1)[&0];
+    let committed = committed_offset(&group, &topic, 0);
     eprintln!(
         "http offset body: requests={bodies:?} failed_offset={:?} committed={committed:?}",
         field(&failed, "offset")
@@ -904,9 +851,7 @@ fn an_http_error_body_with_an_offset_acknowledges_nothing() {
 /// earliest, though the worker's own backoff is 50 ms.
 #[test]
 fn an_http_batch_answered_429_waits_for_retry_after() {
-    let topic = unique_name("http-batch-429");
-    let group = unique_name("g-http-batch-429");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-batch-429", 1);
     let endpoint = Endpoint::start(|_, before| {
         if before == 0 {
             let mut resp = status(429, "slow down");
@@ -936,7 +881,7 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
         "{retry}"
     );
     assert!(field(retry, "delay_ms").unwrap().parse::<u64>().unwrap() >= 1000);
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(6));
+    assert_committed(&group, &topic, 0, Some(6));
 }
 
 /// With `ACKD_ORDERING=key` one partition keeps several requests in flight (one per key,
@@ -944,12 +889,10 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
 /// still POSTed one at a time, in offset order: 60 messages of 6 keys, 100 ms each.
 #[test]
 fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order() {
-    let topic = unique_name("http-key");
-    let group = unique_name("g-http-key");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-key", 1);
     let keys: Vec<String> = (0..60).map(|i| format!("k{}", i % 6)).collect();
     let vals: Vec<String> = (0..60).map(|i| format!("v{i}")).collect();
-    let records: Vec<Record<'_>> = (0..60)
+    let records: Vec<ValueRecord<'_>> = (0..60)
         .map(|i| (Some(keys[i].as_bytes()), vals[i].as_bytes(), &[][..]))
         .collect();
     produce_values(&topic, &records);
@@ -964,7 +907,7 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
         .env("ACKD_HTTP_CONCURRENCY", "8")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let requests = endpoint.requests();
     let offsets: Vec<i64> = requests.iter().map(|r| r.position().1).collect();
     let mut sorted = offsets.clone();
@@ -1008,7 +951,7 @@ fn key_ordering_keeps_requests_of_different_keys_in_flight_and_each_key_in_order
         (3..=6).contains(&peak),
         "expected several requests of the partition in flight (at most one per key): {peak}"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(60));
+    assert_committed(&group, &topic, 0, Some(60));
 }
 
 /// An endpoint that takes 1 s a request until `fast` is set.
@@ -1066,13 +1009,11 @@ fn stop_with_requests_queued(
 /// message posted once.
 #[test]
 fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() {
-    let topic = unique_name("http-queued-stop");
-    let group = unique_name("g-http-queued-stop");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("http-queued-stop", 1);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
-    let records: Vec<Record<'_>> = keys
+    let records: Vec<ValueRecord<'_>> = keys
         .iter()
         .map(|k| (Some(k.as_bytes()), k.as_bytes(), &[][..]))
         .collect();
@@ -1093,7 +1034,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
         posted_sorted, acked,
         "every request posted was acknowledged"
     );
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(acked.len() as i64));
+    assert_committed(&group, &topic, 0, Some(acked.len() as i64));
 
     fast.store(true, std::sync::atomic::Ordering::SeqCst);
     let second = queued().spawn();
@@ -1102,7 +1043,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     let mut all: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     all.sort_unstable();
     assert_eq!(all, (0..30).collect::<Vec<_>>(), "each posted exactly once");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(30));
+    assert_committed(&group, &topic, 0, Some(30));
     eprintln!(
         "http queued stop: posted_before_sigterm={posted_before} posted_by_first={} acked_first={}",
         posted.len(),
@@ -1117,15 +1058,13 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
 /// restart posts the rest: each message posted once.
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_other_partitions() {
-    let topic = unique_name("http-partition-queued-stop");
-    let group = unique_name("g-http-partition-queued-stop");
-    create_topic(&topic, 6);
+    let (topic, group) = fresh_topic("http-partition-queued-stop", 6);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
     let values: Vec<(i32, String)> = (0..6)
         .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
         .collect();
-    let records: Vec<common::Record<'_>> = values
+    let records: Vec<common::produce::Record<'_>> = values
         .iter()
         .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
         .collect();

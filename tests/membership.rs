@@ -2,7 +2,7 @@
 //! three members, each in turn stopped with SIGTERM and replaced by a new one (the next
 //! rotation waits for the replacement's assignment), then all stopped. Every handoff is
 //! graceful, so on Kafka nothing may be lost and nothing processed twice, and no commit
-//! may be refused but periodic ones racing a classic rebalance ([`common::split_refusals`]):
+//! may be refused but periodic ones racing a classic rebalance ([`common::lines::split_refusals`]):
 //! for each of the classic protocol's cooperative-sticky (ackd's default) and eager
 //! (range) assignors, and the consumer protocol (KIP-848).
 
@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(120);
 const PARTITIONS: i32 = 6;
@@ -63,9 +63,7 @@ fn three_consumer_protocol_members_rotated_one_by_one_under_load_lose_nothing_an
 
 fn rotate(assignment: Assignment) {
     let started = std::time::Instant::now();
-    let topic = unique_name("members");
-    let group = unique_name("g-members");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("members", PARTITIONS);
     // ~200 messages/s.
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
 
@@ -115,7 +113,7 @@ fn rotate(assignment: Assignment) {
         m.sigterm();
     }
     for m in &live {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
 
     let ms: Vec<&AckdProcess> = stopped.iter().chain(&live).collect();
@@ -175,9 +173,7 @@ fn rotate(assignment: Assignment) {
 fn a_rolling_switch_from_cooperative_to_the_consumer_protocol_loses_nothing_and_redelivers_nothing()
 {
     let started = std::time::Instant::now();
-    let topic = unique_name("switch");
-    let group = unique_name("g-switch");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("switch", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
     let old: Vec<AckdProcess> = (0..MEMBERS)
         .map(|_| member(&topic, &group, Assignment::Cooperative))
@@ -247,7 +243,7 @@ fn a_rolling_switch_from_cooperative_to_the_consumer_protocol_loses_nothing_and_
         m.sigterm();
     }
     for m in &new {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
     let new_processed: usize = new.iter().map(|m| processed(&m.lines()).len()).sum();
     let processed = all();

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
 use rdkafka::producer::FutureProducer;
 use rdkafka::ClientConfig;
 
@@ -41,9 +43,7 @@ const SESSION_TIMEOUT_MS: &str = "10000";
 /// the 16 MiB per partition of the defaults), with `ACKD_MEMORY_MB=8` 205 KiB.
 #[test]
 fn a_budget_bounds_peak_rss_whatever_the_backlog() {
-    let topic = unique_name("memory");
-    let group = unique_name("g-memory");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("memory", PARTITIONS);
     // Record batches of at most 16 KiB, as the Java client writes them by default: a
     // fetch returns at least one whole record batch, so a producer's batch is the least
     // a partition prefetches, whatever the budget (docs/performance.md).
@@ -114,13 +114,11 @@ fn a_budget_bounds_peak_rss_whatever_the_backlog() {
 /// A budget below 64 KiB per partition of the topics stops ackd before it consumes.
 #[test]
 fn a_budget_too_small_for_the_partitions_is_a_config_error() {
-    let topic = unique_name("memory-small");
-    let group = unique_name("g-memory-small");
-    create_topic(&topic, 200);
+    let (topic, group) = fresh_topic("memory-small", 200);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_MEMORY_MB", "8")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 78);
+    ackd.assert_exit(78, WAIT);
     let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
     assert_eq!(
         field(&line, "setting").as_deref(),
@@ -136,9 +134,7 @@ fn a_budget_too_small_for_the_partitions_is_a_config_error() {
 /// each member says what it holds now, and the handoff loses and repeats nothing.
 #[test]
 fn assignment_changes_are_logged_and_the_handoff_is_exact() {
-    let topic = unique_name("memory-rebalance");
-    let group = unique_name("g-memory-rebalance");
-    create_topic(&topic, 8);
+    let (topic, group) = fresh_topic("memory-rebalance", 8);
     let first = produce(&topic, &sized_messages(400, 1024));
     let member = || {
         AckdBuilder::new(&topic, &group)
@@ -169,8 +165,8 @@ fn assignment_changes_are_logged_and_the_handoff_is_exact() {
     });
     a.sigterm();
     b.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0);
-    assert_eq!(b.wait_exit(WAIT), 0);
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     let (a_lines, b_lines) = (a.lines(), b.lines());
     let mut all = processed(&a_lines);
     all.extend(processed(&b_lines));

@@ -7,13 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
 
 /// l2met: `count#`/`measure#`/`sample#` + a name of `[A-Za-z0-9._-]` under the prefix;
 /// the value a non-negative decimal number with an optional letters-only unit.
@@ -51,7 +47,7 @@ fn assert_all_lines_are_logfmt(lines: &[String]) {
     for line in lines {
         let pairs = logfmt::parse(line);
         assert!(!pairs.is_empty(), "not logfmt: {line}");
-        let ours = common::logfmt(line);
+        let ours = common::lines::logfmt(line);
         assert_eq!(pairs.len(), ours.len(), "parsers disagree on {line}");
         for (pair, (key, value)) in pairs.iter().zip(&ours) {
             assert_eq!(&pair.key, key, "{line}");
@@ -84,9 +80,7 @@ fn sum(lines: &[String], key: &str) -> u64 {
 
 #[test]
 fn every_line_is_logfmt_and_the_summaries_add_up() {
-    let topic = unique_name("metrics");
-    let group = unique_name("g-metrics");
-    create_topic(&topic, 3);
+    let (topic, group) = fresh_topic("metrics", 3);
     let delivered = produce_keyed(&topic, 500, 0);
     // A key that needs quoting and one that is not UTF-8 must not break a line.
     let mut odd = produce(
@@ -116,7 +110,7 @@ fn every_line_is_logfmt_and_the_summaries_add_up() {
         WAIT,
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
 
     assert_all_lines_are_logfmt(&lines);
@@ -171,9 +165,7 @@ fn every_line_is_logfmt_and_the_summaries_add_up() {
 
 #[test]
 fn lag_is_positive_while_a_backlog_is_processed() {
-    let topic = unique_name("lag");
-    let group = unique_name("g-lag");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("lag", 1);
     let delivered = produce_keyed(&topic, 200, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_PROCESSOR", "slow")
@@ -187,7 +179,7 @@ fn lag_is_positive_while_a_backlog_is_processed() {
     let lag: i64 = field(&line, "sample#ackd.lag").unwrap().parse().unwrap();
     assert!(lag > 0 && lag <= delivered.len() as i64, "{line}");
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     assert_all_lines_are_logfmt(&lines);
     // The summary's in-flight sample saw the slow processor at work.
@@ -198,9 +190,7 @@ fn lag_is_positive_while_a_backlog_is_processed() {
 
 #[test]
 fn the_source_of_metric_lines_can_be_set() {
-    let topic = unique_name("source");
-    let group = unique_name("g-source");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("source", 1);
     produce_keyed(&topic, 5, 0);
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_METRICS_INTERVAL_MS", "300")
@@ -217,7 +207,7 @@ fn the_source_of_metric_lines_can_be_set() {
         WAIT,
     );
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     for l in lines.iter().filter(|l| l.contains('#')) {
         assert_eq!(field(l, "source").as_deref(), Some("consumer.3"), "{l}");
@@ -232,9 +222,7 @@ fn the_source_of_metric_lines_can_be_set() {
 /// peaked at 57 MiB.
 #[test]
 fn two_hundred_partitions_stay_within_the_memory_table() {
-    let topic = unique_name("mem-200");
-    let group = unique_name("g-mem-200");
-    create_topic(&topic, 200);
+    let (topic, group) = fresh_topic("mem-200", 200);
     let delivered = produce_keyed(&topic, 2000, 0);
     let ends = log_ends(&delivered);
     let ackd = AckdBuilder::new(&topic, &group).spawn();
@@ -242,7 +230,7 @@ fn two_hundred_partitions_stay_within_the_memory_table() {
     let assigned = ackd.lines().iter().filter(|l| at(l, "assigned")).count();
     let peak_kib = peak_rss_kib(ackd.pid());
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     eprintln!(
         "200 partitions ({} with messages, {assigned} assigned): 2000 messages processed, ackd's peak RSS {peak_kib} KiB",
         ends.len()

@@ -13,8 +13,9 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    at, commit_raw_metadata_on, committed_raw_metadata_on, field, is_processed, AckdBuilder,
-    AckdProcess,
+    ackd::{AckdBuilder, AckdProcess},
+    lines::{at, field, is_processed},
+    offsets::{commit_raw_metadata_on, committed_raw_metadata_on},
 };
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
@@ -99,7 +100,7 @@ fn an_out_of_range_offset_follows_the_start_policy_and_the_reset_is_logged() {
     );
     ackd.wait_for_count(is_processed, 10, WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0);
+    ackd.assert_exit(0, WAIT);
     assert_eq!(
         committed(&mock.bootstrap_servers(), group, topic).0,
         Offset::Offset(10)
@@ -133,7 +134,7 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
     );
     ackd.wait_for_count(is_processed, 6, WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     // ackd's own final commit writes the metadata for the next owner.
     let (offset, metadata) = committed(&bootstrap, group, topic);
@@ -168,7 +169,7 @@ fn commit_metadata_that_is_not_utf8_is_ignored_not_a_crash() {
     let code = ackd.wait_exit(WAIT);
     let lines = ackd.lines();
     assert_eq!(code, 0, "{}", lines.join("\n"));
-    let offsets: Vec<i64> = common::processed(&lines)
+    let offsets: Vec<i64> = common::lines::processed(&lines)
         .into_iter()
         .map(|(_, o)| o)
         .collect();

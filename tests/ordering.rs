@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::FutureRecord;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -133,8 +136,7 @@ struct Handler {
 
 impl Handler {
     fn new(name: &str) -> Handler {
-        let dir = log_dir().join(unique_name(name));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir(name);
         let script = format!("DIR = {:?}\n{HANDLER}", dir.to_str().unwrap());
         std::fs::write(dir.join("handler.py"), script).unwrap();
         Handler { dir }
@@ -183,7 +185,7 @@ fn calls_in(dir: &Path) -> Vec<Call> {
 /// ackd with the exec processor running `handler` in `children` processes, `ordering`
 /// and (unless `partition`, where any value but the default is refused) `concurrency`
 /// calls in flight per partition.
-fn exec_ackd(
+fn ordered_exec_ackd(
     topic: &str,
     group: &str,
     handler: &Handler,
@@ -367,11 +369,11 @@ fn run_all(
     let group = unique_name(&format!("g-{name}"));
     let handler = Handler::new(name);
     let started = Instant::now();
-    let ackd = exec_ackd(topic, &group, &handler, 16, ordering, concurrency).spawn();
+    let ackd = ordered_exec_ackd(topic, &group, &handler, 16, ordering, concurrency).spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let processed = processed(&lines);
     let (lost, duplicated) = lost_and_duplicated(delivered, &processed);
@@ -428,9 +430,7 @@ fn key_ordering_keeps_each_keys_order_while_keys_run_concurrently() {
 #[test]
 fn key_ordering_with_batches_keeps_each_keys_order() {
     const CONCURRENCY: usize = 4;
-    let topic = unique_name("key-batch");
-    let group = unique_name("g-key-batch");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("key-batch", 2);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -442,14 +442,14 @@ fn key_ordering_with_batches_keeps_each_keys_order() {
     );
     let handler = Handler::new("key-batch");
     let started = Instant::now();
-    let ackd = exec_ackd(&topic, &group, &handler, 16, "key", CONCURRENCY)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 16, "key", CONCURRENCY)
         .env("ACKD_BATCH_MAX_MESSAGES", "5")
         .env("ACKD_BATCH_MAX_WAIT_MS", "50")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     assert_eq!(
@@ -520,9 +520,7 @@ fn no_ordering_processes_every_message_once_and_commits_to_the_end() {
 /// offset `100 - max_pending` was processed. Returns how many hot messages were
 /// processed before the first message of another key.
 fn read_ahead_past_a_waiting_key(name: &str, max_pending: usize) -> usize {
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic(name, 1);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -544,7 +542,7 @@ fn read_ahead_past_a_waiting_key(name: &str, max_pending: usize) -> usize {
         .env("ACKD_TEST_DELAY_MS", "20")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let order: Vec<i64> = processed(&ackd.lines())
         .into_iter()
         .map(|(_, o)| o)
@@ -582,9 +580,7 @@ fn at_max_pending_a_partition_stops_reading() {
 /// read all 199 others while offset 0 waited.)
 #[test]
 fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
-    let topic = unique_name("ahead");
-    let group = unique_name("g-ahead");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("ahead", 1);
     let specs: Vec<Spec> = (0..200)
         .map(|i| {
             let payload = if i == 0 { "retry:2" } else { "ok" };
@@ -599,7 +595,7 @@ fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
         .env("ACKD_RETRY_MAX_MS", "2000")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
@@ -633,9 +629,7 @@ fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
 /// messages the first run acknowledged above its final commit.
 fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usize {
     const PARTITIONS: i32 = 2;
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic(name, PARTITIONS);
     let delivered = produce_specs(&topic, &specs(1200, PARTITIONS, key, |i| format!("m-{i}")));
     let slow = |b: AckdBuilder| {
         ordered(b, "key", 50)
@@ -648,7 +642,7 @@ fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usiz
     first.wait_for_count(is_processed, 150, WAIT);
     let signal_at = first.line_count();
     first.sigterm();
-    assert_eq!(first.wait_exit(WAIT), 0, "{}", first.lines().join("\n"));
+    first.assert_exit(0, WAIT);
     let first_lines = first.lines();
     let finished_after = first_lines[signal_at..]
         .iter()
@@ -685,7 +679,7 @@ fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usiz
     let second = slow(AckdBuilder::new(&topic, &group))
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
     for (p, c) in &final_commits {
         let assigned = second_lines
@@ -760,9 +754,7 @@ fn a_graceful_stop_with_keys_waiting_loses_and_repeats_nothing() {
 /// there. Across both members every message is processed once.
 fn handoff_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usize {
     const PARTITIONS: i32 = 4;
-    let topic = unique_name(name);
-    let group = unique_name(&format!("g-{name}"));
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic(name, PARTITIONS);
     let delivered = produce_specs(&topic, &specs(1600, PARTITIONS, key, |i| format!("m-{i}")));
     let started = Instant::now();
     let member = || {
@@ -790,8 +782,8 @@ fn handoff_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> u
     });
     a.sigterm();
     b.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    a.assert_exit(0, WAIT);
+    b.assert_exit(0, WAIT);
     let (a_lines, b_lines) = (a.lines(), b.lines());
 
     // Calls of the moving partitions that finished between the revoke's start and its
@@ -922,9 +914,7 @@ fn assert_commits_behind_processed(
 #[test]
 fn periodic_commits_never_pass_an_unacknowledged_message() {
     const PARTITIONS: i32 = 2;
-    let topic = unique_name("watermark");
-    let group = unique_name("g-watermark");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("watermark", PARTITIONS);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -936,12 +926,12 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
     );
     let handler = Handler::new("watermark");
     let started = Instant::now();
-    let ackd = exec_ackd(&topic, &group, &handler, 16, "key", 8)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 16, "key", 8)
         .env("ACKD_COMMIT_INTERVAL_MS", "100")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let took = started.elapsed();
     let lines = ackd.lines();
     let ends = log_ends(&delivered);
@@ -971,9 +961,7 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
 /// concurrency 16: per-key order, once each, every commit behind what was processed.
 #[test]
 fn an_in_process_processor_keeps_key_order_and_commits_behind_the_watermark() {
-    let topic = unique_name("in-process");
-    let group = unique_name("g-in-process");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("in-process", 1);
     let delivered = produce_specs(
         &topic,
         &specs(
@@ -992,7 +980,7 @@ fn an_in_process_processor_keeps_key_order_and_commits_behind_the_watermark() {
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let ends = log_ends(&delivered);
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
@@ -1036,12 +1024,10 @@ fn failing_log(topic: &str) -> Vec<Delivered> {
 #[test]
 fn halt_under_concurrency_lets_in_flight_finish_and_commits_nothing_past_the_failure() {
     const CONCURRENCY: usize = 4;
-    let topic = unique_name("halt");
-    let group = unique_name("g-halt");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("halt", 1);
     let delivered = failing_log(&topic);
     let handler = Handler::new("halt");
-    let ackd = exec_ackd(&topic, &group, &handler, 8, "key", CONCURRENCY)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 8, "key", CONCURRENCY)
         .env("ACKD_ON_FAILURE", "halt")
         .env("ACKD_METRICS_INTERVAL_MS", "300")
         .spawn();
@@ -1080,7 +1066,7 @@ fn halt_under_concurrency_lets_in_flight_finish_and_commits_nothing_past_the_fai
         "the partition went on"
     );
     assert_eq!(
-        committed(&group, &topic, 1)[&0],
+        committed_offset(&group, &topic, 0),
         Some(1),
         "committed up to the failed message, not past it"
     );
@@ -1096,12 +1082,12 @@ fn skip_and_dead_letter_under_concurrency_process_everything_else() {
         create_topic(&dlq, 1);
         let delivered = failing_log(&topic);
         let handler = Handler::new(policy);
-        let ackd = exec_ackd(&topic, &group, &handler, 8, "key", 4)
+        let ackd = ordered_exec_ackd(&topic, &group, &handler, 8, "key", 4)
             .env("ACKD_ON_FAILURE", policy)
             .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
             .env("ACKD_STOP_AT_END", "true")
             .spawn();
-        assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+        ackd.assert_exit(0, WAIT);
         let lines = ackd.lines();
         let done = processed(&lines);
         let expected: Vec<Delivered> = delivered
@@ -1144,9 +1130,7 @@ fn skip_and_dead_letter_under_concurrency_process_everything_else() {
 
 #[test]
 fn a_retry_holds_only_its_key() {
-    let topic = unique_name("retry");
-    let group = unique_name("g-retry");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("retry", 1);
     // Offset 0 (key r) fails twice; offset 5 is key r again; the rest other keys.
     let mut s: Vec<Spec> = vec![(0, Some("r".into()), "retry:2".into())];
     s.extend((1..30).map(|i| {
@@ -1159,13 +1143,13 @@ fn a_retry_holds_only_its_key() {
     }));
     let delivered = produce_specs(&topic, &s);
     let handler = Handler::new("retry");
-    let ackd = exec_ackd(&topic, &group, &handler, 8, "key", 8)
+    let ackd = ordered_exec_ackd(&topic, &group, &handler, 8, "key", 8)
         // At least 0.5 + 1 s of backoff: room for slow-starting children under load.
         .env("ACKD_RETRY_INITIAL_MS", "1000")
         .env("ACKD_RETRY_MAX_MS", "2000")
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
@@ -1204,9 +1188,7 @@ fn a_retry_holds_only_its_key() {
 fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     const CONCURRENCY: usize = 8;
     const STUCK: i64 = 20;
-    let topic = unique_name("crash");
-    let group = unique_name("g-crash");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("crash", 1);
     // Offsets 0..20 are quick (they get committed); offset 20 takes 8 s and holds the
     // watermark there, while the other keys' messages (100-300 ms each, ~40 a second)
     // are acknowledged above it.
@@ -1220,7 +1202,8 @@ fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     let delivered = produce_specs(&topic, &s);
     let handler = Handler::new("crash");
     let run = |h: &Handler| {
-        exec_ackd(&topic, &group, h, 16, "key", CONCURRENCY).env("ACKD_COMMIT_INTERVAL_MS", "100")
+        ordered_exec_ackd(&topic, &group, h, 16, "key", CONCURRENCY)
+            .env("ACKD_COMMIT_INTERVAL_MS", "100")
     };
     let started = Instant::now();
     let first = run(&handler).spawn();
@@ -1234,7 +1217,7 @@ fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
         Instant::now() >= give_up || first.lines()[from..].iter().any(|l| at(l, "committed"))
     });
     first.sigkill();
-    assert_eq!(first.wait_exit(WAIT), 128 + libc::SIGKILL);
+    first.assert_exit(128 + libc::SIGKILL, WAIT);
     let first_lines = first.lines();
     let first_processed = processed(&first_lines);
     let last_commit = first_lines
@@ -1254,7 +1237,7 @@ fn after_a_sigkill_redelivery_is_at_most_the_concurrency() {
     );
 
     let second = run(&handler).env("ACKD_STOP_AT_END", "true").spawn();
-    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
     let first_set: BTreeSet<(i32, i64)> = first_processed.iter().copied().collect();
     let second_processed = processed(&second_lines);

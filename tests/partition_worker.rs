@@ -13,7 +13,9 @@ use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::{Offset, TopicPartitionList};
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -39,9 +41,7 @@ fn number(line: &str, key: &str) -> i64 {
 /// count, as a gap (no message there), not as messages that failed.
 #[test]
 fn a_jump_forward_mid_stream_is_a_line_with_from_to_and_count() {
-    let topic = unique_name("gap");
-    let group = unique_name("g-gap");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("gap", 1);
     // One at a time: each message its own record batch, so that a fetch brings few.
     let bodies: Vec<Vec<u8>> = (0..300).map(|i| format!("m-{i}").into_bytes()).collect();
     let records: Vec<Record<'_>> = bodies
@@ -143,9 +143,7 @@ fn a_jump_forward_mid_stream_is_a_line_with_from_to_and_count() {
 /// reading the queue already would stall for good.
 #[test]
 fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
-    let topic = unique_name("comeback");
-    let group = unique_name("g-comeback");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("comeback", 2);
     let release = log_dir().join(unique_name("release"));
     let block = format!("block:{}", release.display());
     // A blocking message at the head of each partition: whichever partition moves,
@@ -177,7 +175,7 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
     b.wait_for_line(|l| at(l, "assigned") && partition_of(l) == moved, WAIT);
     // b leaves: the partition comes back to a, whose old worker is still stuck.
     b.sigterm();
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    b.assert_exit(0, WAIT);
     let after_revoke = a
         .lines()
         .iter()
@@ -326,9 +324,7 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
 #[test]
 fn a_batch_that_fails_its_crc_check_halts_the_partition_at_it() {
     let b = Broker::start(BrokerOptions::default());
-    let topic = unique_name("crc");
-    let group = unique_name("g-crc");
-    create_topic_on(&b, &topic, 1);
+    let (topic, group) = fresh_topic_on(&b, "crc", 1);
     let producer = producer_for(&b.bootstrap());
     const POISON: &str = "poison-0123456789";
     let mut bodies: Vec<String> = (0..20).map(|i| format!("m-{i}")).collect();
@@ -408,9 +404,7 @@ fn a_batch_that_fails_its_crc_check_halts_the_partition_at_it() {
 #[test]
 fn transaction_markers_are_counted_not_a_line_each() {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let topic = unique_name("txn");
-    let group = unique_name("g-txn");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("txn", 1);
     let producer: BaseProducer = broker()
         .client_config()
         .set("transactional.id", unique_name("txn-producer"))

@@ -2,7 +2,7 @@
 //! partitions are drained and committed before they are released, so the member that
 //! gets them resumes at exactly the next message: nothing lost, nothing processed twice,
 //! no commit refused but periodic ones racing a classic rebalance
-//! ([`common::split_refusals`]). The classic protocol with the cooperative-sticky default and an
+//! ([`common::lines::split_refusals`]). The classic protocol with the cooperative-sticky default and an
 //! eager assignor (range), and the consumer protocol (KIP-848).
 
 mod common;
@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use common::*;
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 4;
@@ -28,9 +28,7 @@ enum Assignment {
 
 fn handoff(assignment: Assignment) {
     let started = std::time::Instant::now();
-    let topic = unique_name("rebalance");
-    let group = unique_name("g-rebalance");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("rebalance", PARTITIONS);
 
     let producer_topic = topic.clone();
     let producer = std::thread::spawn(move || {
@@ -60,7 +58,7 @@ fn handoff(assignment: Assignment) {
     b.wait_for_count(is_processed, 20, WAIT);
     // a leaves gracefully: b takes everything.
     a.sigterm();
-    assert_eq!(a.wait_exit(WAIT), 0, "{}", a.lines().join("\n"));
+    a.assert_exit(0, WAIT);
     let delivered = producer.join().expect("producer");
     let a_lines = a.lines();
     let a_processed = processed(&a_lines);
@@ -78,7 +76,7 @@ fn handoff(assignment: Assignment) {
         seen.is_superset(&expected)
     });
     b.sigterm();
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    b.assert_exit(0, WAIT);
     let b_lines = b.lines();
 
     let mut all = a_processed.clone();

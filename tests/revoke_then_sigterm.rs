@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const SHUTDOWN_MS: u64 = 10_000;
@@ -122,7 +122,7 @@ fn sigterm_during_a_slow_revoke_keeps_the_deadline_and_commits_the_rest() {
     }
     // `move/0`: what was acknowledged before the stuck message is committed by the revoke.
     assert_eq!(
-        committed(&group, &moved, 1)[&0],
+        committed_offset(&group, &moved, 0),
         Some(5),
         "{moved}/0 committed"
     );
@@ -131,7 +131,7 @@ fn sigterm_during_a_slow_revoke_keeps_the_deadline_and_commits_the_rest() {
     std::fs::write(&release, b"").expect("release the blocked message");
     b.wait_for_count(is_processed, 6, WAIT);
     b.sigterm();
-    assert_eq!(b.wait_exit(WAIT), 0, "{}", b.lines().join("\n"));
+    b.assert_exit(0, WAIT);
     let b_processed = processed_in(&b.lines());
     let mut seen = BTreeSet::new();
     let mut duplicated = 0;

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::pki::Pki;
-use common::*;
+use common::{accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// How long an authentication failure may take to stop ackd.

@@ -18,15 +18,15 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use common::{
+    accounting::*, ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 
 #[test]
 fn a_static_member_consumes_commits_and_stops_cleanly() {
-    let topic = unique_name("static");
-    let group = unique_name("g-static");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("static", 2);
     let delivered = produce_keyed(&topic, 50, 0);
 
     let ackd = AckdBuilder::new(&topic, &group)
@@ -41,7 +41,7 @@ fn a_static_member_consumes_commits_and_stops_cleanly() {
     );
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
 
     let lines = ackd.lines();
     let t = tally(&delivered, &processed(&lines), &lines);
@@ -113,9 +113,7 @@ fn processed_by_partition(lines: &[String]) -> BTreeMap<i32, Vec<i64>> {
 #[test]
 fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
     const PARTITIONS: i32 = 6;
-    let topic = unique_name("static-restart");
-    let group = unique_name("g-static-restart");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("static-restart", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 6, Duration::from_millis(50));
 
     let m1 = static_member(&topic, &group, "consumer.1", 500);
@@ -151,7 +149,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
 
     let restart = std::time::Instant::now();
     m2.sigterm();
-    assert_eq!(m2.wait_exit(WAIT), 0, "{}", m2.lines().join("\n"));
+    m2.assert_exit(0, WAIT);
     let m2_lines = m2.lines();
     let final_commits = per_partition(&m2_lines, "final_commit", "offset");
     assert_eq!(
@@ -218,7 +216,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
         m.sigterm();
     }
     for m in [&m1, &m2b, &m3] {
-        assert_eq!(m.wait_exit(WAIT), 0, "{}", m.lines().join("\n"));
+        m.assert_exit(0, WAIT);
     }
     let lines: Vec<String> = runs.iter().flat_map(|r| r.lines()).collect();
     let all: Vec<(i32, i64)> = runs.iter().flat_map(|r| processed(&r.lines())).collect();
@@ -237,9 +235,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
 #[test]
 fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
     const PARTITIONS: i32 = 2;
-    let topic = unique_name("static-fence");
-    let group = unique_name("g-static-fence");
-    create_topic(&topic, PARTITIONS);
+    let (topic, group) = fresh_topic("static-fence", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 4, Duration::from_millis(50));
 
     let first = static_member(&topic, &group, "consumer.1", 500);
@@ -317,7 +313,7 @@ fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
         seen.is_superset(&expected)
     });
     second.sigterm();
-    assert_eq!(second.wait_exit(WAIT), 0, "{}", second.lines().join("\n"));
+    second.assert_exit(0, WAIT);
     let second_lines = second.lines();
     let all: Vec<(i32, i64)> = processed(&first_lines)
         .into_iter()
@@ -351,9 +347,7 @@ fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
 /// so the fence always comes during the drain.
 #[test]
 fn a_replacement_started_while_the_old_process_drains_fences_it() {
-    let topic = unique_name("static-drain");
-    let group = unique_name("g-static-drain");
-    create_topic(&topic, 1);
+    let (topic, group) = fresh_topic("static-drain", 1);
     let hold = log_dir().join(format!("{}.hold", unique_name("static-drain")));
     let handler = format!(
         // Replies name the offset they answer (the exec protocol).
@@ -406,11 +400,11 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
     assert_eq!(not_committed, BTreeMap::from([(0, 21)]), "{all_old}");
     assert!(processed(&old_lines).contains(&(0, 20)), "{all_old}");
     assert_eq!(int(&assigned, "offset"), Some(20), "{assigned}");
-    assert_eq!(committed(&group, &topic, 1)[&0], Some(20));
+    assert_committed(&group, &topic, 0, Some(20));
 
     new.wait_for_count(is_processed, 10, WAIT);
     new.sigterm();
-    assert_eq!(new.wait_exit(WAIT), 0, "{}", new.lines().join("\n"));
+    new.assert_exit(0, WAIT);
     let new_lines = new.lines();
     let all: Vec<(i32, i64)> = processed(&old_lines)
         .into_iter()
@@ -445,9 +439,7 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
 /// the partitions back at the committed offsets.
 #[test]
 fn under_the_consumer_protocol_a_second_process_with_the_same_id_is_refused_not_the_first() {
-    let topic = unique_name("static848");
-    let group = unique_name("g-static848");
-    create_topic(&topic, 2);
+    let (topic, group) = fresh_topic("static848", 2);
     let mut delivered = produce_keyed(&topic, 50, 0);
     let static_member = || {
         AckdBuilder::new(&topic, &group)
@@ -479,18 +471,13 @@ fn under_the_consumer_protocol_a_second_process_with_the_same_id_is_refused_not_
     delivered.extend(produce_keyed(&topic, 50, 50));
     first.wait_for_count(is_processed, 100, WAIT);
     first.sigterm();
-    assert_eq!(first.wait_exit(WAIT), 0, "{}", first.lines().join("\n"));
+    first.assert_exit(0, WAIT);
 
     delivered.extend(produce_keyed(&topic, 50, 100));
     let replacement = static_member();
     replacement.wait_for_count(is_processed, 50, WAIT);
     replacement.sigterm();
-    assert_eq!(
-        replacement.wait_exit(WAIT),
-        0,
-        "{}",
-        replacement.lines().join("\n")
-    );
+    replacement.assert_exit(0, WAIT);
     let mut lines = first.lines();
     lines.extend(replacement.lines());
     let t = tally(&delivered, &processed(&lines), &lines);

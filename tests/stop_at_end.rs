@@ -6,16 +6,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
-    let topic = unique_name("end");
-    let group = unique_name("g-end");
     // More partitions than keys guarantee at least one empty partition.
-    create_topic(&topic, 6);
+    let (topic, group) = fresh_topic("end", 6);
     let delivered = produce_keyed(&topic, 3, 0);
     let more = produce_keyed(&topic, 400, 3);
     let delivered: Vec<_> = delivered.into_iter().chain(more).collect();
@@ -24,7 +22,7 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
         .env("ACKD_STOP_AT_END", "true")
         .env("ACKD_PROCESSOR", "noop")
         .spawn();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let processed: Vec<_> = processed(&lines);
     let expected: BTreeSet<_> = delivered.iter().map(|d| (d.partition, d.offset)).collect();
@@ -57,6 +55,6 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
     let again = AckdBuilder::new(&topic, &group)
         .env("ACKD_STOP_AT_END", "true")
         .spawn();
-    assert_eq!(again.wait_exit(WAIT), 0);
-    assert!(common::processed(&again.lines()).is_empty());
+    again.assert_exit(0, WAIT);
+    assert!(common::lines::processed(&again.lines()).is_empty());
 }

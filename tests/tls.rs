@@ -20,7 +20,10 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use common::pki::Pki;
-use common::*;
+use common::{
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+    wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// How long an authentication failure may take to stop ackd.
@@ -129,7 +132,7 @@ fn heroku_variables_consume_and_commit_over_mutual_tls_with_the_prefixed_names()
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
 
     let start = at(&lines, "start");
@@ -431,9 +434,7 @@ fn when_the_broker_stops_accepting_the_certificate_at_run_time_ackd_stops_with_7
     let pki = pki();
     // A cluster of this test's own, restarted with another truststore.
     let b = Broker::start(mtls_options(pki));
-    let topic = unique_name("rotated");
-    let group = unique_name("g-rotated");
-    create_topic_on(&b, &topic, 2);
+    let (topic, group) = fresh_topic_on(&b, "rotated", 2);
     let delivered = produce_with(&producer_on(&b), &topic, &keyed_messages(20, 0));
     let ackd = heroku(AckdBuilder::on(&ssl_url(&b), &topic, &group))
         // Only the stop commits: what was acked is still to commit when the failure comes.

@@ -20,7 +20,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::{accounting::*, ackd::*, broker::*, lines::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 6;
@@ -73,9 +73,7 @@ fn woken_after_session(consumer_protocol: bool) {
     } else {
         "classic"
     };
-    let topic = unique_name("woken");
-    let group = unique_name("g-woken");
-    create_topic_on(broker_heartbeating_slowly(), &topic, PARTITIONS);
+    let (topic, group) = fresh_topic_on(broker_heartbeating_slowly(), "woken", PARTITIONS);
     // ~600 messages/s.
     let producer = SteadyProducer::start_with(
         producer_on(broker_heartbeating_slowly()),

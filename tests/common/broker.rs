@@ -22,7 +22,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::{free_port, log_dir, passthrough_env, read_lossy, spawn_tied, unique_name};
+use super::spawn::{free_port, log_dir, passthrough_env, read_lossy, spawn_tied};
+use super::topics::unique_name;
 
 /// How long a cluster may take to answer metadata with every node (a cold JVM on 2 busy
 /// cores takes 5-15 s; three nodes formatted and started side by side took 77 s while
@@ -720,7 +721,7 @@ impl Broker {
 
     /// Node `i`'s peak resident memory (`VmHWM` of `/proc/PID/status`) in KiB, if it runs.
     pub fn node_peak_rss_kib(&self, i: usize) -> Option<u64> {
-        self.node_pid(i).map(super::peak_rss_kib)
+        self.node_pid(i).map(super::ackd::peak_rss_kib)
     }
 }
 

@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{log_dir, unique_name};
+use super::spawn::log_dir;
+use super::topics::unique_name;
 
 /// The server certificate's only name.
 pub const SERVER_NAME: &str = "ec2-1.compute.amazonaws.com";
