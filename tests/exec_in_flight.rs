@@ -11,25 +11,21 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use common::accounting::tally;
+use common::ackd::{exec_ackd, peak_rss_kib, AckdBuilder, AckdProcess};
+use common::lines::{at, field, is_processed, processed};
+use common::offsets::{assert_committed_to_ends, committed, log_ends};
+use common::produce::{produce, produce_keyed, Delivered, SteadyProducer};
+use common::spawn::{fresh_dir, read_lossy};
+use common::topics::fresh_topic;
+use common::wait::wait_until;
 
 const WAIT: Duration = Duration::from_secs(90);
 /// Requests one child holds at once, and the calls a partition may have under way.
 const IN_FLIGHT: usize = 100;
-
-fn at(line: &str, what: &str) -> bool {
-    field(line, "at").as_deref() == Some(what)
-}
-
-/// A fresh directory for one test's handler and its files.
-fn work_dir(name: &str) -> PathBuf {
-    let dir = log_dir().join(unique_name(name));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A handler of docs/exec.md's "Many requests in flight per child" section.
 #[derive(Clone, Copy, Debug)]
@@ -67,14 +63,10 @@ impl DocsHandler {
 /// ackd with exec, one child holding up to `in_flight` requests, key ordering with as
 /// many calls per partition.
 fn in_flight_ackd(topic: &str, group: &str, command: &str, in_flight: usize) -> AckdBuilder {
-    AckdBuilder::new(topic, group)
-        .env("ACKD_PROCESSOR", "exec")
-        .env("ACKD_EXEC_COMMAND", command)
+    exec_ackd(topic, group, command)
         .env("ACKD_EXEC_IN_FLIGHT", in_flight.to_string())
         .env("ACKD_ORDERING", "key")
         .env("ACKD_CONCURRENCY", in_flight.to_string())
-        .env("ACKD_RETRY_INITIAL_MS", "50")
-        .env("ACKD_RETRY_MAX_MS", "200")
 }
 
 /// `n` messages whose keys repeat (`keys` of them), spread by key over the partitions.
@@ -92,7 +84,7 @@ fn produce_repeating_keys(topic: &str, n: usize, keys: usize) -> Vec<Delivered> 
 #[track_caller]
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
     ackd.sigterm();
-    assert_eq!(ackd.wait_exit(WAIT), 0, "{}", ackd.lines().join("\n"));
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
     let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
     assert!(
@@ -122,10 +114,8 @@ fn assert_each_once(delivered: &[Delivered], lines: &[String]) {
 /// acknowledged in offset order, and replies out of offset order (so the child really
 /// held many at once).
 fn key_order_with(handler: DocsHandler) {
-    let topic = unique_name("inflight-order");
-    let group = unique_name("g-inflight-order");
-    create_topic(&topic, 2);
-    let dir = work_dir("inflight-order");
+    let (topic, group) = fresh_topic("inflight-order", 2);
+    let dir = fresh_dir("inflight-order");
     let delivered = produce_repeating_keys(&topic, 3000, 50);
     let ends = log_ends(&delivered);
     let ackd = in_flight_ackd(&topic, &group, &handler.install(&dir), IN_FLIGHT).spawn();
@@ -180,10 +170,8 @@ fn the_docs_node_handler_answers_in_any_order_and_keys_keep_their_order() {
 /// exits 0 having committed exactly what was acknowledged; a second run takes the rest.
 /// Across both, every message acknowledged exactly once: no redelivery on a graceful stop.
 fn graceful_stop_with(handler: DocsHandler) {
-    let topic = unique_name("inflight-stop");
-    let group = unique_name("g-inflight-stop");
-    create_topic(&topic, 2);
-    let dir = work_dir("inflight-stop");
+    let (topic, group) = fresh_topic("inflight-stop", 2);
+    let dir = fresh_dir("inflight-stop");
     let command = handler.install(&dir);
     let producer = SteadyProducer::start(&topic, 50, Duration::from_millis(5));
     let first = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
@@ -217,10 +205,8 @@ fn the_docs_node_handler_finishes_what_it_holds_on_sigterm_and_nothing_comes_twi
 /// acknowledged exactly once: no redelivery on a rebalance.
 #[test]
 fn a_revoke_waits_for_what_the_child_holds_and_nothing_comes_twice() {
-    let topic = unique_name("inflight-revoke");
-    let group = unique_name("g-inflight-revoke");
-    create_topic(&topic, 4);
-    let dir = work_dir("inflight-revoke");
+    let (topic, group) = fresh_topic("inflight-revoke", 4);
+    let dir = fresh_dir("inflight-revoke");
     let command = DocsHandler::Python.install(&dir);
     let producer = SteadyProducer::start(&topic, 50, Duration::from_millis(5));
     let first = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
@@ -244,10 +230,8 @@ fn a_revoke_waits_for_what_the_child_holds_and_nothing_comes_twice() {
 /// acknowledged by the dead child, all are retried on the next one, every message is
 /// acknowledged exactly once and committed to the end.
 fn child_killed_with(handler: DocsHandler) {
-    let topic = unique_name("inflight-kill");
-    let group = unique_name("g-inflight-kill");
-    create_topic(&topic, 2);
-    let dir = work_dir("inflight-kill");
+    let (topic, group) = fresh_topic("inflight-kill", 2);
+    let dir = fresh_dir("inflight-kill");
     let delivered = produce_repeating_keys(&topic, 20_000, 1000);
     let ends = log_ends(&delivered);
     let ackd = in_flight_ackd(&topic, &group, &handler.install(&dir), IN_FLIGHT).spawn();
@@ -345,10 +329,8 @@ fn acks_written(dir: &Path) -> Vec<(i32, i64)> {
 /// nothing is acknowledged that the handler did not acknowledge.
 #[test]
 fn every_protocol_error_replaces_the_child_and_retries_what_it_held() {
-    let topic = unique_name("inflight-protocol");
-    let group = unique_name("g-inflight-protocol");
-    create_topic(&topic, 1);
-    let dir = work_dir("inflight-protocol");
+    let (topic, group) = fresh_topic("inflight-protocol", 1);
+    let dir = fresh_dir("inflight-protocol");
     let misbehave = r#"    v, o = msg["value"], msg["offset"]
     named = dict(topic=msg["topic"], partition=msg["partition"])
     if v == "dup" and once("dup"):
@@ -422,10 +404,8 @@ fn every_protocol_error_replaces_the_child_and_retries_what_it_held() {
 /// own clock, the child is replaced, the request is retried and acknowledged.
 #[test]
 fn a_request_times_out_on_its_own_clock_and_is_retried() {
-    let topic = unique_name("inflight-timeout");
-    let group = unique_name("g-inflight-timeout");
-    create_topic(&topic, 1);
-    let dir = work_dir("inflight-timeout");
+    let (topic, group) = fresh_topic("inflight-timeout", 1);
+    let dir = fresh_dir("inflight-timeout");
     let misbehave = r#"    return msg["value"] == "hang" and once("hang")"#;
     let command = test_handler(&dir, misbehave);
     let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..100)
@@ -465,10 +445,8 @@ fn a_request_times_out_on_its_own_clock_and_is_retried() {
 /// under partition ordering) and answers them in any order; each message once.
 #[test]
 fn a_child_holds_up_to_its_limit_of_batches_answered_in_any_order() {
-    let topic = unique_name("inflight-batches");
-    let group = unique_name("g-inflight-batches");
-    create_topic(&topic, 4);
-    let dir = work_dir("inflight-batches");
+    let (topic, group) = fresh_topic("inflight-batches", 4);
+    let dir = fresh_dir("inflight-batches");
     let code = format!(
         r#"import asyncio, json, os, random, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -503,9 +481,7 @@ asyncio.run(main())
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 2000, 0);
     let ends = log_ends(&delivered);
-    let ackd = AckdBuilder::new(&topic, &group)
-        .env("ACKD_PROCESSOR", "exec")
-        .env("ACKD_EXEC_COMMAND", format!("python3 {}", path.display()))
+    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display()))
         .env("ACKD_EXEC_IN_FLIGHT", "4")
         .batches(10)
         .spawn();
@@ -535,10 +511,8 @@ fn a_hundred_in_flight_stay_within_the_memory_budget() {
     const BASELINE_MIB: u64 = 28;
     /// ACKD_MAX_PENDING=100 × 10 KiB, for the one partition.
     const PENDING_MIB: u64 = 1;
-    let topic = unique_name("inflight-memory");
-    let group = unique_name("g-inflight-memory");
-    create_topic(&topic, 1);
-    let dir = work_dir("inflight-memory");
+    let (topic, group) = fresh_topic("inflight-memory", 1);
+    let dir = fresh_dir("inflight-memory");
     let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..4000)
         .map(|i| {
             let mut value = format!("message {i} ").into_bytes();
