@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::serve::Job;
+use super::job::Job;
 
 /// How loaded each child is, and the way to hand it a request.
 pub(super) struct Dispatch {

@@ -38,6 +38,7 @@ mod child;
 mod config;
 mod dispatch;
 mod held;
+mod job;
 mod lines;
 mod pool;
 mod protocol;
@@ -54,9 +55,9 @@ use tokio::sync::oneshot;
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 
 pub use config::ExecConfig;
+use job::Job;
 use pool::Pool;
 pub use protocol::{batch_line, parse_reply, request_line, Offsets, Sent};
-use serve::Job;
 
 /// The `exec` processor. Cheap to share; children start with the first message.
 pub struct Exec {

@@ -11,7 +11,8 @@ use super::child::Running;
 use super::config::ExecConfig;
 use super::dispatch::Dispatch;
 use super::held::Held;
-use super::serve::{child_failed, restart_reason, Ended, Job, Service};
+use super::job::Job;
+use super::serve::{child_failed, restart_reason, Ended, Service};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
 const RESTART_INITIAL: Duration = Duration::from_millis(100);

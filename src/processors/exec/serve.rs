@@ -4,24 +4,16 @@
 
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
-use crate::processors::processor::{BatchError, ProcessError, Queued};
+use crate::processors::processor::{BatchError, ProcessError};
 
 use super::child::{Output, Running};
 use super::config::ExecConfig;
 use super::dispatch::Dispatch;
 use super::held::{Held, HeldRequests};
-use super::protocol::{shorten, RequestName, Sent};
-
-/// One request for a child (a message, or a batch), and where its answer goes.
-pub(super) struct Job {
-    pub(super) line: Vec<u8>,
-    pub(super) sent: Sent,
-    pub(super) reply: oneshot::Sender<Result<(), BatchError>>,
-    /// The call starts when a child takes it, not while it waits for one.
-    pub(super) queued: Queued,
-}
+use super::job::Job;
+use super::protocol::{shorten, RequestName};
 
 /// Why a child's service ended.
 pub(super) enum Ended {
