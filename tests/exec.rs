@@ -334,10 +334,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
     let ackd = exec_ackd(&topic, &group, &command)
         .env("ACKD_ON_FAILURE", "skip")
         .spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("2"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 2), WAIT);
     let lines = stop_cleanly(&ackd);
     let skipped = lines
         .iter()
@@ -1149,10 +1146,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
     let ackd = exec_ackd(&topic, &group, &command)
         .env("ACKD_EXEC_TIMEOUT_MS", "1500")
         .spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("9"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 9), WAIT);
     let lines = stop_cleanly(&ackd);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
@@ -1214,10 +1208,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
     );
     produce_numbered(&topic, 15);
     let ackd = exec_ackd(&topic, &group, &command).batches(5).spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("14"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 14), WAIT);
     let lines = stop_cleanly(&ackd);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
@@ -1263,10 +1254,7 @@ for line in sys.stdin:
     );
     produce_numbered(&topic, 4);
     let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("3"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 3), WAIT);
     let peak_kib = peak_rss_kib(ackd.pid());
     let lines = stop_cleanly(&ackd);
     let longest = lines.iter().map(String::len).max().unwrap_or(0);

@@ -75,10 +75,7 @@ fn a_jump_forward_mid_stream_is_a_line_with_from_to_and_count() {
     futures::executor::block_on(admin.delete_records(&tpl, &opts)).expect("delete records");
     let deleted_at = Instant::now();
 
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("299"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 299), WAIT);
     ackd.sigterm();
     let code = ackd.wait_exit(WAIT);
     let lines = ackd.lines();

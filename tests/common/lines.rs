@@ -75,6 +75,11 @@ pub fn is_processed(line: &str) -> bool {
     line.split_whitespace().any(|t| t == PROCESSED_TOKEN)
 }
 
+/// True for the line ackd writes when it has processed the message at `offset`.
+pub fn is_processed_at(line: &str, offset: i64) -> bool {
+    is_processed(line) && field(line, "offset") == Some(offset.to_string())
+}
+
 /// (partition, offset) of every per-message line, in output order.
 pub fn processed(lines: &[String]) -> Vec<(i32, i64)> {
     lines
