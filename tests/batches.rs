@@ -102,7 +102,7 @@ fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
     let lines = ackd.lines();
     // The first batch is offsets 0..=7: 0..=4 are acknowledged, 5 fails, and the rest of
     // the batch (5, 6, 7) is handed over again, twice.
-    let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
+    let retries = all_at(&lines, "retry");
     assert_eq!(retries.len(), 2, "{}", lines.join("\n"));
     for r in &retries {
         assert_eq!(field(r, "offset").as_deref(), Some("5"), "{r}");

@@ -92,7 +92,7 @@ fn check_on_a_good_config_passes_every_check_and_joins_nothing() {
     );
     let all = lines.join("\n");
     assert_eq!(code, 0, "{all}");
-    let check_lines: Vec<_> = lines.iter().filter(|l| at(l, "check")).collect();
+    let check_lines = all_at(&lines, "check");
     for l in &check_lines {
         assert_eq!(field(l, "ok").as_deref(), Some("true"), "{l}");
     }
@@ -157,7 +157,7 @@ fn check_with_a_missing_topic_exits_78_like_the_daemon_and_creates_nothing() {
             "{l}"
         );
     }
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(field(errors[0], "setting").as_deref(), Some("ACKD_TOPICS"));
     assert_eq!(
@@ -206,7 +206,7 @@ fn a_bad_setting_fails_check_with_78_before_any_connection() {
     );
     let all = lines.join("\n");
     assert_eq!(code, 78, "{all}");
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(
         field(errors[0], "setting").as_deref(),
@@ -227,7 +227,7 @@ fn check_validates_the_processor_settings_as_the_daemon_does() {
     );
     let all = lines.join("\n");
     assert_eq!(code, 78, "{all}");
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(
         field(errors[0], "setting").as_deref(),

@@ -127,12 +127,20 @@ fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
     triples(dir, "handled")
 }
 
+/// Spawns `ackd`, waits until it has processed `n` messages, and stops it cleanly
+/// ([`stop_cleanly`]); returns its lines.
+fn run_until_processed(ackd: AckdBuilder, n: usize) -> Vec<String> {
+    let ackd = ackd.spawn();
+    ackd.wait_for_count(is_processed, n, WAIT);
+    stop_cleanly(&ackd)
+}
+
 /// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
     ackd.sigterm();
     ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
-    let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
+    let stopped = all_at(&lines, "exec_stopped");
     assert!(
         !stopped.is_empty(),
         "no at=exec_stopped:\n{}",
@@ -154,9 +162,10 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     std::fs::write(&path, readme_handler(1)).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
-    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display())).spawn();
-    ackd.wait_for_count(is_processed, 40, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &format!("python3 {}", path.display())),
+        40,
+    );
 
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
@@ -166,7 +175,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     }
     assert_committed_to_ends(&group, &topic, 2, &ends);
     // Every message's stderr line, tagged with the child.
-    let stderr: Vec<_> = lines.iter().filter(|l| at(l, "exec_stderr")).collect();
+    let stderr = all_at(&lines, "exec_stderr");
     assert_eq!(stderr.len(), 40, "{}", lines.join("\n"));
     for l in &stderr {
         assert_eq!(field(l, "child").as_deref(), Some("0"), "{l}");
@@ -178,7 +187,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
             "{l}"
         );
     }
-    assert_eq!(lines.iter().filter(|l| at(l, "exec_started")).count(), 1);
+    assert_eq!(count_at(&lines, "exec_started"), 1);
     assert!(!lines.iter().any(|l| at(l, "exec_restart")));
 }
 
@@ -192,17 +201,8 @@ fn a_retry_reply_is_retried_then_acknowledged() {
         r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
     reply = {"retry": "not yet"}"#,
     );
-    produce_values(
-        &topic,
-        &[
-            (None, b"ok", &[]),
-            (None, b"retry-me", &[]),
-            (None, b"ok", &[]),
-        ],
-    );
-    let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop_cleanly(&ackd);
+    produce_strs(&topic, &["ok", "retry-me", "ok"]);
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command), 3);
     let retries: Vec<_> = lines.iter().filter(|l| at_offset(l, "retry", 1)).collect();
     assert_eq!(retries.len(), 1, "{}", lines.join("\n"));
     assert!(field(retries[0], "error").unwrap().contains("not yet"));
@@ -225,20 +225,11 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
     print("crashing on purpose", file=sys.stderr, flush=True)
     os._exit(3)"#,
     );
-    produce_values(
-        &topic,
-        &[
-            (None, b"ok", &[]),
-            (None, b"ok", &[]),
-            (None, b"crash", &[]),
-            (None, b"ok", &[]),
-            (None, b"ok", &[]),
-        ],
-    );
+    produce_strs(&topic, &["ok", "ok", "crash", "ok", "ok"]);
     let ackd = exec_ackd(&topic, &group, &command).spawn();
     ackd.wait_for_count(is_processed, 5, WAIT);
     let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let r = restarts[0];
     assert!(
@@ -256,7 +247,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
     assert!(lines.iter().any(
         |l| at(l, "exec_stderr") && field(l, "line").as_deref() == Some("crashing on purpose")
     ));
-    assert_eq!(lines.iter().filter(|l| at(l, "exec_started")).count(), 2);
+    assert_eq!(count_at(&lines, "exec_started"), 2);
     assert_eq!(
         processed(&lines),
         (0..5).map(|o| (0, o)).collect::<Vec<_>>()
@@ -277,16 +268,12 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
         r#"if v == "hang" and once("hang-%d-%d" % (p, o)):
     time.sleep(3600)"#,
     );
-    produce_values(
-        &topic,
-        &[(None, b"ok", &[]), (None, b"hang", &[]), (None, b"ok", &[])],
+    produce_strs(&topic, &["ok", "hang", "ok"]);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command).env("ACKD_EXEC_TIMEOUT_MS", "1000"),
+        3,
     );
-    let ackd = exec_ackd(&topic, &group, &command)
-        .env("ACKD_EXEC_TIMEOUT_MS", "1000")
-        .spawn();
-    ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let reason = field(restarts[0], "reason").unwrap();
     assert!(
@@ -393,10 +380,8 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
     let dir = fresh_dir("exec-hdr");
     let command = test_handler(&dir, "");
     produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
-    produce_values(&topic, &[(None, b"after", &[])]);
-    let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_count(is_processed, 2, WAIT);
-    let lines = stop_cleanly(&ackd);
+    produce_strs(&topic, &["after"]);
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command), 2);
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
     assert!(!lines
         .iter()
@@ -522,11 +507,10 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
     let delivered = produce_keyed(&topic, 120, 0);
     let ends = log_ends(&delivered);
     assert_eq!(ends.len(), 4, "keys spread over all partitions");
-    let ackd = exec_ackd(&topic, &group, &command)
-        .env("ACKD_EXEC_CONCURRENCY", "3")
-        .spawn();
-    ackd.wait_for_count(is_processed, 120, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command).env("ACKD_EXEC_CONCURRENCY", "3"),
+        120,
+    );
 
     let started: BTreeSet<String> = lines
         .iter()
@@ -534,7 +518,7 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
         .map(|l| field(l, "child").unwrap())
         .collect();
     assert_eq!(started, ["0", "1", "2"].map(String::from).into());
-    assert_eq!(lines.iter().filter(|l| at(l, "exec_stopped")).count(), 3);
+    assert_eq!(count_at(&lines, "exec_stopped"), 3);
     let handled = handled(&dir);
     let by_child = offsets_by_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
     assert!(by_child.len() >= 2, "the pool was used: {by_child:?}");
@@ -560,18 +544,9 @@ fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
         r#"if v == "chatty" and once("chatty-%d-%d" % (p, o)):
     print("debug: looking at", o, flush=True)"#,
     );
-    produce_values(
-        &topic,
-        &[
-            (None, b"ok", &[]),
-            (None, b"chatty", &[]),
-            (None, b"ok", &[]),
-        ],
-    );
-    let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    produce_strs(&topic, &["ok", "chatty", "ok"]);
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command), 3);
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let reason = field(restarts[0], "reason").unwrap();
     assert!(
@@ -600,7 +575,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         let (topic, group) = fresh_topic("exec-linger", 1);
         let dir = fresh_dir("exec-linger");
         let command = test_handler_with(&dir, "", at_eof);
-        produce_values(&topic, &[(None, b"ok", &[])]);
+        produce_strs(&topic, &["ok"]);
         let ackd = exec_ackd(&topic, &group, &command)
             .env("ACKD_SHUTDOWN_TIMEOUT_MS", "3000")
             // It must fit in the drain's share of the deadline (2400 ms of 3000).
@@ -675,7 +650,7 @@ const EXEC_SECRETS: &[(&str, &str)] = &[
 /// with [`EXEC_SECRETS`] and `extra` set; returns that environment.
 fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let (topic, group) = fresh_topic(name, 1);
-    produce_values(&topic, &[(None, b"one", &[])]);
+    produce_strs(&topic, &["one"]);
     let dir = fresh_dir(name);
     let command = test_handler(
         &dir,
@@ -740,7 +715,7 @@ fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
     const SECRET: &str = "q\"uo\\te\u{1}-Zq9x";
     const PYTHON_LITERAL: &str = r#""q\"uo\\te\x01-Zq9x""#;
     let (topic, group) = fresh_topic("exec-scrub", 1);
-    produce_values(&topic, &[(None, b"one", &[])]);
+    produce_strs(&topic, &["one"]);
     let dir = fresh_dir("exec-scrub");
     let command = test_handler(
         &dir,
@@ -748,11 +723,10 @@ fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
             "sys.stderr.write(\"login with %s failed\\n\" % {PYTHON_LITERAL}); sys.stderr.flush()"
         ),
     );
-    let ackd = exec_ackd(&topic, &group, &command)
-        .env("ACKD_RDKAFKA_SASL_PASSWORD", SECRET)
-        .spawn();
-    ackd.wait_for_count(is_processed, 1, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command).env("ACKD_RDKAFKA_SASL_PASSWORD", SECRET),
+        1,
+    );
     let all = lines.join("\n");
     let stderr = lines
         .iter()
@@ -821,9 +795,7 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
         let delivered = produce_keyed(&topic, 120, 0);
         let ends = log_ends(&delivered);
         assert_eq!(ends.len(), 3, "keys spread over all partitions");
-        let ackd = exec_ackd(&topic, &group, &command).batches(max).spawn();
-        ackd.wait_for_count(is_processed, 120, WAIT);
-        let lines = stop_cleanly(&ackd);
+        let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(max), 120);
 
         let batches = batches_sent(&dir);
         assert_batches_tile(&batches, &ends, max);
@@ -869,11 +841,10 @@ fn the_readme_batch_handler_acks_everything_once() {
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
-    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display()))
-        .batches(10)
-        .spawn();
-    ackd.wait_for_count(is_processed, 40, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &format!("python3 {}", path.display())).batches(10),
+        40,
+    );
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
@@ -926,10 +897,8 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
     break"#,
     );
     produce_numbered(&topic, 16);
-    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
-    ackd.wait_for_count(is_processed, 16, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(8), 16);
+    let retries = all_at(&lines, "retry");
     assert_eq!(retries.len(), 1, "{}", lines.join("\n"));
     assert_eq!(field(retries[0], "offset").as_deref(), Some("13"));
     assert_eq!(
@@ -967,10 +936,8 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
     break"#,
     );
     produce_numbered(&topic, 8);
-    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
-    ackd.wait_for_count(is_processed, 8, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(8), 8);
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     assert!(
         field(restarts[0], "reason").unwrap().contains("999"),
@@ -998,10 +965,8 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
     os._exit(3)"#,
     );
     produce_numbered(&topic, 20);
-    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
-    ackd.wait_for_count(is_processed, 20, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(8), 20);
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     assert!(
         field(restarts[0], "reason")
@@ -1070,12 +1035,12 @@ fn exec_batches_stop_at_the_byte_limit() {
         .map(|v| (None, v.as_slice(), &[][..]))
         .collect();
     produce_values(&topic, &messages);
-    let ackd = exec_ackd(&topic, &group, &command)
-        .batches(100)
-        .env("ACKD_BATCH_MAX_BYTES", "35")
-        .spawn();
-    ackd.wait_for_count(is_processed, 20, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command)
+            .batches(100)
+            .env("ACKD_BATCH_MAX_BYTES", "35"),
+        20,
+    );
     let start = lines.iter().find(|l| at(l, "start")).expect("at=start");
     assert_eq!(field(start, "batch_max_bytes").as_deref(), Some("35"));
     let batches: Vec<(i64, usize)> = batches_sent(&dir).iter().map(|b| (b.1, b.2)).collect();
@@ -1150,7 +1115,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
     let lines = stop_cleanly(&ackd);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     eprintln!(
         "misbehaving handler: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {}, committed {:?}",
         processed(&lines).len(),
@@ -1212,7 +1177,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
     let lines = stop_cleanly(&ackd);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
-    let restarts = lines.iter().filter(|l| at(l, "exec_restart")).count();
+    let restarts = count_at(&lines, "exec_restart");
     eprintln!(
         "batch answered per message: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {restarts}, committed {:?}",
         processed(&lines).len(),
@@ -1272,7 +1237,7 @@ for line in sys.stdin:
         "{}",
         &stderr[stderr.len() - 100..]
     );
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "the oversized reply replaced the child");
     assert!(
         field(restarts[0], "reason")

@@ -176,7 +176,7 @@ fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
     ackd.sigterm();
     ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
-    let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
+    let skipped = all_at(&lines, "skipped");
     assert_eq!(skipped.len(), 2, "{}", lines.join("\n"));
     assert!(
         field(skipped[0], "error").unwrap().contains("panicked"),

@@ -216,14 +216,6 @@ fn serve(conn: TcpStream, recorded: &Recorded, respond: &Responder) {
     }
 }
 
-fn values(topic: &str, values: &[&str]) {
-    let records: Vec<ValueRecord<'_>> = values
-        .iter()
-        .map(|v| (None, v.as_bytes(), &[][..]))
-        .collect();
-    produce_values(topic, &records);
-}
-
 fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
     ackd.sigterm();
     ackd.assert_exit(code, WAIT);
@@ -301,7 +293,7 @@ fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
             ok()
         }
     });
-    values(&topic, &["a", "flaky", "b", "c"]);
+    produce_strs(&topic, &["a", "flaky", "b", "c"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_HTTP_HEADERS", format!("Authorization: {TOKEN}"))
         .spawn();
@@ -338,7 +330,7 @@ fn a_429_with_retry_after_waits_that_long() {
             ok()
         }
     });
-    values(&topic, &["a", "busy", "b"]);
+    produce_strs(&topic, &["a", "busy", "b"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_RETRY_MAX_MS", "5000")
         .spawn();
@@ -378,7 +370,7 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
                 ok()
             }
         });
-        values(&topic, &["a", "poison", "b"]);
+        produce_strs(&topic, &["a", "poison", "b"]);
         let mut builder = http_ackd(&topic, &group, &endpoint.url());
         if policy == "skip" {
             builder = builder.env("ACKD_ON_FAILURE", "skip");
@@ -519,7 +511,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
 #[test]
 fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
     let (topic, group) = fresh_topic("http-down", 1);
-    values(&topic, &["a", "b"]);
+    produce_strs(&topic, &["a", "b"]);
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}/kafka/messages");
     let ackd = http_ackd(&topic, &group, &url)
@@ -643,7 +635,7 @@ fn a_request_that_times_out_is_retried() {
         },
         ..ok()
     });
-    values(&topic, &["a"]);
+    produce_strs(&topic, &["a"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_HTTP_TIMEOUT_MS", "300")
         .spawn();
@@ -676,7 +668,7 @@ fn retry_after_is_capped_at_the_retry_maximum() {
             ok()
         }
     });
-    values(&topic, &["a"]);
+    produce_strs(&topic, &["a"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_RETRY_MAX_MS", "300")
         .spawn();
@@ -743,7 +735,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
     }
     // The refused batch's successor starts right after 12.
     assert!(starts.contains(&13), "{bodies:?}");
-    let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
+    let skipped = all_at(&lines, "skipped");
     assert_eq!(skipped.len(), 1, "{}", lines.join("\n"));
     assert_eq!(field(skipped[0], "offset").as_deref(), Some("12"));
     assert_eq!(field(skipped[0], "attempts").as_deref(), Some("1"));
@@ -752,7 +744,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
         "{}",
         skipped[0]
     );
-    let retries = lines.iter().filter(|l| at(l, "retry")).count();
+    let retries = count_at(&lines, "retry");
     assert_eq!(retries, starts.len(), "one retry per batch start");
     let expected: Vec<(i32, i64)> = (0..30).filter(|o| *o != 12).map(|o| (0, o)).collect();
     assert_eq!(processed(&lines), expected);

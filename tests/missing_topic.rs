@@ -38,7 +38,7 @@ fn a_missing_topic_stops_ackd_with_78_naming_it() {
     let all = lines.join("\n");
     eprintln!("exit {code} after {:?}", started.elapsed());
     assert_eq!(code, 78, "{all}");
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(field(errors[0], "setting").as_deref(), Some("ACKD_TOPICS"));
     assert_eq!(

@@ -604,11 +604,7 @@ fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
         "ahead: messages 200, lost {lost}, duplicated {duplicated}, processed while offset 0 was retried {ahead} (ACKD_MAX_PENDING=20)"
     );
     assert_eq!((lost, duplicated), (0, 0), "lost, duplicated");
-    assert_eq!(
-        lines.iter().filter(|l| at(l, "retry")).count(),
-        2,
-        "offset 0 was retried twice"
-    );
+    assert_eq!(count_at(&lines, "retry"), 2, "offset 0 was retried twice");
     // Precondition: the others did go on while offset 0 waited.
     assert!(ahead > 0, "nothing passed the retried message: {order:?}");
     assert!(
@@ -1154,7 +1150,7 @@ fn a_retry_holds_only_its_key() {
     let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     let pos = |o: i64| order.iter().position(|x| *x == o).unwrap();
-    let retries = lines.iter().filter(|l| at(l, "retry")).count();
+    let retries = count_at(&lines, "retry");
     let others_before = (1..30).filter(|o| *o != 5 && pos(*o) < pos(0)).count();
     eprintln!(
         "retry: messages {}, lost {lost}, duplicated {duplicated}, retries {retries}, other keys processed before the retried one {others_before} of 28, order {order:?}",

@@ -110,6 +110,16 @@ pub fn at(line: &str, what: &str) -> bool {
     field(line, "at").as_deref() == Some(what)
 }
 
+/// The lines whose `at=` is `what`, in order.
+pub fn all_at<'a>(lines: &'a [String], what: &str) -> Vec<&'a String> {
+    lines.iter().filter(|l| at(l, what)).collect()
+}
+
+/// How many lines have `at=` `what`.
+pub fn count_at(lines: &[String], what: &str) -> usize {
+    lines.iter().filter(|l| at(l, what)).count()
+}
+
 /// True if the line's `at=` is `what` and its `offset=` is `offset`.
 pub fn at_offset(line: &str, what: &str, offset: i64) -> bool {
     at(line, what) && field(line, "offset") == Some(offset.to_string())

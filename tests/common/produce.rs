@@ -370,3 +370,12 @@ pub fn produce_values(topic: &str, messages: &[ValueRecord<'_>]) {
     let records: Vec<Record<'_>> = messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
     produce_records(topic, &records);
 }
+
+/// Produces `values` (no key, no headers) to partition 0, in order.
+pub fn produce_strs(topic: &str, values: &[&str]) {
+    let records: Vec<ValueRecord<'_>> = values
+        .iter()
+        .map(|v| (None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_values(topic, &records);
+}
