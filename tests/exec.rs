@@ -623,17 +623,7 @@ fn exec_without_a_command_is_a_configuration_error() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd
-        .lines()
-        .into_iter()
-        .find(|l| at(l, "config_error"))
-        .expect("at=config_error");
-    assert_eq!(
-        field(&line, "setting").as_deref(),
-        Some("ACKD_EXEC_COMMAND"),
-        "{line}"
-    );
+    ackd.assert_config_error("ACKD_EXEC_COMMAND", WAIT);
 }
 
 // ---- secrets: a handler is often third-party code ----

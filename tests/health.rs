@@ -443,16 +443,12 @@ fn a_port_in_use_is_a_config_error() {
         .env("ACKD_HEALTH_PORT", port.to_string())
         .env("ACKD_HEALTH_ADDR", "127.0.0.1")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
-    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
+    let line = ackd.assert_config_error("ACKD_HEALTH_PORT", WAIT);
     assert_eq!(field(&line, "value"), Some(port.to_string()));
     let bad = AckdBuilder::new("any-topic", "any-group")
         .env("ACKD_HEALTH_PORT", "70000")
         .spawn();
-    bad.assert_exit(78, WAIT);
-    let line = bad.wait_for_line(|l| at(l, "config_error"), WAIT);
-    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
+    bad.assert_config_error("ACKD_HEALTH_PORT", WAIT);
 }
 
 /// Counters survive a rebalance: when a second process joins and takes partitions away,

@@ -536,26 +536,15 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd
-        .lines()
-        .into_iter()
-        .find(|l| at(l, "config_error"))
-        .expect("at=config_error");
-    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HTTP_URL"));
+    ackd.assert_config_error("ACKD_HTTP_URL", WAIT);
 
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
         .env("ACKD_HTTP_HEADERS", "s3cr3t-t0ken-without-a-name")
         .spawn();
-    ackd.assert_exit(78, WAIT);
+    let line = ackd.assert_config_error("ACKD_HTTP_HEADERS", WAIT);
     let lines = ackd.lines();
-    let line = lines
-        .iter()
-        .find(|l| at(l, "config_error"))
-        .expect("at=config_error");
-    assert_eq!(field(line, "setting").as_deref(), Some("ACKD_HTTP_HEADERS"));
     assert!(!lines.iter().any(|l| l.contains("s3cr3t")), "{line}");
 }
 
