@@ -225,8 +225,7 @@ fn a_batch_does_not_wait_for_messages_that_do_not_come() {
     // One message, far from a full batch: it is processed once the wait is over.
     produce_payloads(&topic, 0, &["alone"]);
     ackd.wait_for_line(is_processed, WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     assert_eq!(processed_on(&ackd.lines(), 0), vec![0]);
     assert_committed(&group, &topic, 0, Some(1));
 }
@@ -242,8 +241,7 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         .env("ACKD_BATCH_MAX_WAIT_MS", "60000")
         .spawn();
     ackd.wait_for_count(|l| at(l, "resumed"), log_ends(&delivered).len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     assert!(
         processed(&ackd.lines()).is_empty(),
         "nothing was handed to the processor"

@@ -61,8 +61,7 @@ fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
     );
 
     let signalled = Instant::now();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     let took = signalled.elapsed();
     assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
     let lines = ackd.lines();
@@ -95,10 +94,7 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
     );
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.wait_for_line(|l| at(l, "brokers_reachable"), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let t = tally(&delivered, &processed(&lines), &lines);
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
     let committed = committed_on(&broker.bootstrap(), &group, &topic, 3);
@@ -155,10 +151,7 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
         got.is_superset(&want)
     });
     let outage = stopped.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let after = &lines[before..];
     let reachable = after
         .iter()
@@ -264,9 +257,7 @@ fn refused_commits_are_logged_with_their_offsets_and_retried() {
         |l| at(l, "committed") && field(l, "offset").as_deref() == Some("15"),
         WAIT,
     );
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let refused = all_at(&lines, "commit_failed");
     assert_eq!(refused.len(), 3, "{}", lines.join("\n"));
     for l in &refused {

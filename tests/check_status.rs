@@ -333,8 +333,7 @@ fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
         ackd.lines().join("\n")
     );
 
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     let t = tally(&delivered, &processed(&ackd.lines()), &ackd.lines());
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
 

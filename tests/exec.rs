@@ -137,9 +137,7 @@ fn run_until_processed(ackd: AckdBuilder, n: usize) -> Vec<String> {
 
 /// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let stopped = all_at(&lines, "exec_stopped");
     assert!(
         !stopped.is_empty(),
@@ -583,8 +581,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
             .spawn();
         ackd.wait_for_count(is_processed, 1, WAIT);
         let stopping = std::time::Instant::now();
-        ackd.sigterm();
-        ackd.assert_exit(0, WAIT);
+        ackd.stop(0, WAIT);
         let stop_took = stopping.elapsed();
         let lines = ackd.lines();
         let stopped = lines
@@ -861,9 +858,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
         field(&failed, "error").unwrap().contains("bad row"),
         "{failed}"
     );
-    ackd.sigterm();
-    ackd.assert_exit(1, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(1, WAIT);
     assert_eq!(
         processed(&lines),
         (0..13).map(|o| (0, o)).collect::<Vec<_>>()

@@ -99,8 +99,7 @@ fn an_out_of_range_offset_follows_the_start_policy_and_the_reset_is_logged() {
         "earliest: {reset}"
     );
     ackd.wait_for_count(is_processed, 10, WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     assert_eq!(
         committed(&mock.bootstrap_servers(), group, topic).0,
         Offset::Offset(10)
@@ -133,8 +132,7 @@ fn a_resume_says_how_far_it_is_behind_what_was_processed() {
         "{assigned}"
     );
     ackd.wait_for_count(is_processed, 6, WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
 
     // ackd's own final commit writes the metadata for the next owner.
     let (offset, metadata) = committed(&bootstrap, group, topic);

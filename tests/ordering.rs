@@ -372,9 +372,7 @@ fn run_all(
     let ackd = ordered_exec_ackd(topic, &group, &handler, 16, ordering, concurrency).spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let processed = processed(&lines);
     let (lost, duplicated) = lost_and_duplicated(delivered, &processed);
     assert_eq!(
@@ -448,9 +446,7 @@ fn key_ordering_with_batches_keeps_each_keys_order() {
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     assert_eq!(
         (processed(&lines).len(), lost, duplicated),
@@ -637,9 +633,7 @@ fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usiz
     let first = slow(AckdBuilder::new(&topic, &group)).spawn();
     first.wait_for_count(is_processed, 150, WAIT);
     let signal_at = first.line_count();
-    first.sigterm();
-    first.assert_exit(0, WAIT);
-    let first_lines = first.lines();
+    let first_lines = first.stop(0, WAIT);
     let finished_after = first_lines[signal_at..]
         .iter()
         .filter(|l| is_processed(l))
@@ -926,8 +920,7 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
         .env("ACKD_COMMIT_INTERVAL_MS", "100")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     let took = started.elapsed();
     let lines = ackd.lines();
     let ends = log_ends(&delivered);
@@ -975,9 +968,7 @@ fn an_in_process_processor_keeps_key_order_and_commits_behind_the_watermark() {
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let ends = log_ends(&delivered);
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     assert_eq!(

@@ -171,8 +171,7 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
     a.wait_for_line(|l| at(l, "worker_stuck") && partition_of(l) == moved, WAIT);
     b.wait_for_line(|l| at(l, "assigned") && partition_of(l) == moved, WAIT);
     // b leaves: the partition comes back to a, whose old worker is still stuck.
-    b.sigterm();
-    b.assert_exit(0, WAIT);
+    b.stop(0, WAIT);
     let after_revoke = a
         .lines()
         .iter()

@@ -427,6 +427,15 @@ impl AckdProcess {
         );
     }
 
+    /// Stops ackd with SIGTERM, asserts that it exits `code` ([`AckdProcess::assert_exit`]),
+    /// and returns all its lines.
+    #[track_caller]
+    pub fn stop(&self, code: i32, timeout: Duration) -> Vec<String> {
+        self.sigterm();
+        self.assert_exit(code, timeout);
+        self.lines()
+    }
+
     /// Waits for ackd to exit 78 (a configuration error) and asserts that its first
     /// `at=config_error` line names `setting`; returns that line.
     #[track_caller]
