@@ -34,14 +34,6 @@ fn checks<'a>(lines: &'a [String], name: &str) -> Vec<&'a String> {
         .collect()
 }
 
-fn topic_exists(topic: &str) -> bool {
-    let consumer: BaseConsumer = broker().client_config().create().expect("consumer");
-    let md = consumer
-        .fetch_metadata(None, Duration::from_secs(30))
-        .expect("metadata");
-    md.topics().iter().any(|t| t.name() == topic)
-}
-
 /// The group's state and member count as the broker describes it.
 fn group_state(group: &str) -> (String, usize) {
     let consumer: BaseConsumer = broker().client_config().create().expect("consumer");

@@ -19,6 +19,13 @@ use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wai
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The opening of most tests here: a fresh topic of `partitions` partitions named after
+/// `name`, a fresh group, and a fresh directory for the handler and its files.
+fn exec_case(name: &str, partitions: i32) -> (String, String, std::path::PathBuf) {
+    let (topic, group) = fresh_topic(name, partitions);
+    (topic, group, fresh_dir(name))
+}
+
 /// The `n`th (from 1) Python block of docs/exec.md ("exec processor"), exactly as
 /// written there: 1 is the handler, 2 the batched handler.
 fn readme_handler(n: usize) -> String {
@@ -154,8 +161,7 @@ fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
 /// partition, committed to the log end; the child's stderr is in ackd's log, tagged.
 #[test]
 fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
-    let (topic, group) = fresh_topic("exec-readme", 2);
-    let dir = fresh_dir("exec-readme");
+    let (topic, group, dir) = exec_case("exec-readme", 2);
     let path = dir.join("handler.py");
     std::fs::write(&path, readme_handler(1)).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
@@ -192,8 +198,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
 /// 2: a retry asked for once is retried, then acknowledged; the child is kept.
 #[test]
 fn a_retry_reply_is_retried_then_acknowledged() {
-    let (topic, group) = fresh_topic("exec-retry", 1);
-    let dir = fresh_dir("exec-retry");
+    let (topic, group, dir) = exec_case("exec-retry", 1);
     let command = test_handler(
         &dir,
         r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
@@ -215,8 +220,7 @@ fn a_retry_reply_is_retried_then_acknowledged() {
 /// 3: a child that exits on a message is restarted; the message is retried, nothing lost.
 #[test]
 fn a_crashing_child_is_restarted_and_its_message_retried() {
-    let (topic, group) = fresh_topic("exec-crash", 1);
-    let dir = fresh_dir("exec-crash");
+    let (topic, group, dir) = exec_case("exec-crash", 1);
     let command = test_handler(
         &dir,
         r#"if v == "crash" and once("crash-%d-%d" % (p, o)):
@@ -259,8 +263,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
 /// message is retried.
 #[test]
 fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
-    let (topic, group) = fresh_topic("exec-hang", 1);
-    let dir = fresh_dir("exec-hang");
+    let (topic, group, dir) = exec_case("exec-hang", 1);
     let command = test_handler(
         &dir,
         r#"if v == "hang" and once("hang-%d-%d" % (p, o)):
@@ -297,8 +300,7 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
 /// what a request looks like for a message with headers and bytes that are not UTF-8.
 #[test]
 fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
-    let (topic, group) = fresh_topic("exec-fail", 1);
-    let dir = fresh_dir("exec-fail");
+    let (topic, group, dir) = exec_case("exec-fail", 1);
     let command = test_handler(
         &dir,
         r#"if v == "bad":
@@ -374,8 +376,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
 /// and the message is acknowledged like any other.
 #[test]
 fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
-    let (topic, group) = fresh_topic("exec-hdr", 1);
-    let dir = fresh_dir("exec-hdr");
+    let (topic, group, dir) = exec_case("exec-hdr", 1);
     let command = test_handler(&dir, "");
     produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
     produce_strs(&topic, &["after"]);
@@ -405,8 +406,7 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
 /// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.
 #[test]
 fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
-    let (topic, group) = fresh_topic("exec-stop", 1);
-    let dir = fresh_dir("exec-stop");
+    let (topic, group, dir) = exec_case("exec-stop", 1);
     let command = test_handler(&dir, "time.sleep(0.1)");
     produce_numbered(&topic, 40);
 
@@ -499,8 +499,7 @@ fn assert_a_second_run_hands_over_the_rest(
 /// each once, and the pool is used.
 #[test]
 fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
-    let (topic, group) = fresh_topic("exec-pool", 4);
-    let dir = fresh_dir("exec-pool");
+    let (topic, group, dir) = exec_case("exec-pool", 4);
     let command = test_handler(&dir, "time.sleep(0.01)");
     let delivered = produce_keyed(&topic, 120, 0);
     let ends = log_ends(&delivered);
@@ -535,8 +534,7 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
 /// retried on a new child, and the message after it is not acknowledged by mistake.
 #[test]
 fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
-    let (topic, group) = fresh_topic("exec-stray", 1);
-    let dir = fresh_dir("exec-stray");
+    let (topic, group, dir) = exec_case("exec-stray", 1);
     let command = test_handler(
         &dir,
         r#"if v == "chatty" and once("chatty-%d-%d" % (p, o)):
@@ -570,8 +568,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ),
         ("sigkill", "time.sleep(3600)"),
     ] {
-        let (topic, group) = fresh_topic("exec-linger", 1);
-        let dir = fresh_dir("exec-linger");
+        let (topic, group, dir) = exec_case("exec-linger", 1);
         let command = test_handler_with(&dir, "", at_eof);
         produce_strs(&topic, &["ok"]);
         let ackd = exec_ackd(&topic, &group, &command)
@@ -843,8 +840,7 @@ fn the_readme_batch_handler_acks_everything_once() {
 /// partition stops, nothing after it is acknowledged, and ackd exits 1.
 #[test]
 fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
-    let (topic, group) = fresh_topic("exec-batch-halt", 1);
-    let dir = fresh_dir("exec-batch-halt");
+    let (topic, group, dir) = exec_case("exec-batch-halt", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 13:
@@ -873,8 +869,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
 /// with the rest of the batch (13, 14, 15) comes again as a batch of its own.
 #[test]
 fn an_exec_batch_retry_at_an_offset_resends_from_there() {
-    let (topic, group) = fresh_topic("exec-batch-retry", 1);
-    let dir = fresh_dir("exec-batch-retry");
+    let (topic, group, dir) = exec_case("exec-batch-retry", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 13 and once("retry-13"):
@@ -912,8 +907,7 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
 /// replaced and the batch retried, nothing acknowledged by mistake.
 #[test]
 fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
-    let (topic, group) = fresh_topic("exec-batch-outside", 1);
-    let dir = fresh_dir("exec-batch-outside");
+    let (topic, group, dir) = exec_case("exec-batch-outside", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 5 and once("outside"):
@@ -942,8 +936,7 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
 /// once), ackd acknowledges every message once and commits to the end.
 #[test]
 fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
-    let (topic, group) = fresh_topic("exec-batch-crash", 1);
-    let dir = fresh_dir("exec-batch-crash");
+    let (topic, group, dir) = exec_case("exec-batch-crash", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 12 and once("crash-12"):
@@ -983,8 +976,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
 /// rest: the handler saw every message exactly once.
 #[test]
 fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
-    let (topic, group) = fresh_topic("exec-batch-stop", 1);
-    let dir = fresh_dir("exec-batch-stop");
+    let (topic, group, dir) = exec_case("exec-batch-stop", 1);
     let command = batch_handler(&dir, "time.sleep(0.01)");
     produce_numbered(&topic, 150);
 
@@ -1006,8 +998,7 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
 /// a batch of its own. Every message is acknowledged once and committed.
 #[test]
 fn exec_batches_stop_at_the_byte_limit() {
-    let (topic, group) = fresh_topic("exec-batch-bytes", 1);
-    let dir = fresh_dir("exec-batch-bytes");
+    let (topic, group, dir) = exec_case("exec-batch-bytes", 1);
     let command = batch_handler(&dir, "");
     let values: Vec<Vec<u8>> = (0..20)
         .map(|i| {
@@ -1070,8 +1061,7 @@ fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {
 /// child, the message in flight comes again, and every acknowledged message was handled.
 #[test]
 fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
-    let (topic, group) = fresh_topic("exec-misbehave", 1);
-    let dir = fresh_dir("exec-misbehave");
+    let (topic, group, dir) = exec_case("exec-misbehave", 1);
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1133,8 +1123,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
 /// come again, and every acknowledged message was handled.
 #[test]
 fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer() {
-    let (topic, group) = fresh_topic("exec-batch-misbehave", 1);
-    let dir = fresh_dir("exec-batch-misbehave");
+    let (topic, group, dir) = exec_case("exec-batch-misbehave", 1);
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1185,8 +1174,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
 /// far below the size of one such line.
 #[test]
 fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
-    let (topic, group) = fresh_topic("exec-huge", 1);
-    let dir = fresh_dir("exec-huge");
+    let (topic, group, dir) = exec_case("exec-huge", 1);
     let command = write_handler(
         &dir,
         r#"HUGE = 32 * 1024 * 1024
@@ -1303,8 +1291,7 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
 /// restart handles the rest: each message handled once.
 #[test]
 fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let (topic, group) = fresh_topic("exec-queued-stop", 1);
-    let dir = fresh_dir("exec-queued-stop");
+    let (topic, group, dir) = exec_case("exec-queued-stop", 1);
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 1, 30);
 
@@ -1344,8 +1331,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
 /// ones go to the new owner, and across both members each message is handled once.
 #[test]
 fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let (topic, group) = fresh_topic("exec-queued-revoke", 2);
-    let dir = fresh_dir("exec-queued-revoke");
+    let (topic, group, dir) = exec_case("exec-queued-revoke", 2);
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 2, 20);
 
@@ -1400,8 +1386,7 @@ fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdB
 /// what it acknowledged, and a restart handles the rest: each message handled once.
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_other_partitions() {
-    let (topic, group) = fresh_topic("exec-partition-queued-stop", 6);
-    let dir = fresh_dir("exec-partition-queued-stop");
+    let (topic, group, dir) = exec_case("exec-partition-queued-stop", 6);
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 6, 5);
 
