@@ -139,8 +139,7 @@ fn crash_and_resume(
         seen.extend(processed(&next.lines()).iter().map(|m| m.1));
         seen.len() == n as usize
     });
-    next.sigterm();
-    next.assert_exit(0, WAIT);
+    next.stop(0, WAIT);
     assert_eq!(
         stored(&group, &topic).0,
         Some(n),
@@ -301,9 +300,7 @@ fn after_a_reset_back_the_ranges_of_the_old_commit_skip_nothing() {
     // Offsets 5..=19 arrive after the reset: 12 to 15 among them, new messages.
     delivered.extend(produce_with_stuck(&topic, 5, 20, &none));
     ackd.wait_for_count(is_processed, 20, WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let t = tally(&delivered, &processed(&lines), &lines);
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{:?}", t.lost);
     assert!(
@@ -388,9 +385,7 @@ fn a_release_after_a_halt_names_what_finished_above_the_failed_message() {
     );
     next.wait_for_count(is_processed, (N - 1 - highest) as usize, WAIT);
     next.wait_for_line(|l| at(l, "skipped"), WAIT);
-    next.sigterm();
-    next.assert_exit(0, WAIT);
-    let second = next.lines();
+    let second = next.stop(0, WAIT);
     let again: BTreeSet<i64> = processed(&second).iter().map(|m| m.1).collect();
     assert_eq!(again, (highest + 1..N).collect::<BTreeSet<_>>());
     let all: Vec<(i32, i64)> = processed(&first)
@@ -453,9 +448,7 @@ fn a_sigkill_mid_stream_redelivers_only_what_the_last_commit_did_not_name() {
         seen.extend(processed(&next.lines()).iter().map(|m| m.1));
         seen.len() == N as usize
     });
-    next.sigterm();
-    next.assert_exit(0, WAIT);
-    let next_lines = next.lines();
+    let next_lines = next.stop(0, WAIT);
     let before: BTreeSet<i64> = processed(&killed_lines).iter().map(|m| m.1).collect();
     let again: BTreeSet<i64> = processed(&next_lines).iter().map(|m| m.1).collect();
     assert_eq!(

@@ -129,9 +129,7 @@ fn odd_keys_values_and_headers_are_processed_once_and_logged_on_one_line() {
 
     let ackd = AckdBuilder::new(&topic, &group).spawn();
     ackd.wait_for_count(is_processed, cases.len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
 
     // Every line is one whole logfmt line: a raw newline in a value would leave a piece
     // of a line that starts with neither `at=`, `level=` nor a metric.

@@ -102,7 +102,7 @@ fn a_retryable_failure_in_a_batch_acks_what_came_before_and_retries_the_rest() {
     let lines = ackd.lines();
     // The first batch is offsets 0..=7: 0..=4 are acknowledged, 5 fails, and the rest of
     // the batch (5, 6, 7) is handed over again, twice.
-    let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
+    let retries = all_at(&lines, "retry");
     assert_eq!(retries.len(), 2, "{}", lines.join("\n"));
     for r in &retries {
         assert_eq!(field(r, "offset").as_deref(), Some("5"), "{r}");
@@ -225,8 +225,7 @@ fn a_batch_does_not_wait_for_messages_that_do_not_come() {
     // One message, far from a full batch: it is processed once the wait is over.
     produce_payloads(&topic, 0, &["alone"]);
     ackd.wait_for_line(is_processed, WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     assert_eq!(processed_on(&ackd.lines(), 0), vec![0]);
     assert_committed(&group, &topic, 0, Some(1));
 }
@@ -242,8 +241,7 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         .env("ACKD_BATCH_MAX_WAIT_MS", "60000")
         .spawn();
     ackd.wait_for_count(|l| at(l, "resumed"), log_ends(&delivered).len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     assert!(
         processed(&ackd.lines()).is_empty(),
         "nothing was handed to the processor"

@@ -54,18 +54,14 @@ fn with_no_broker_it_waits_says_so_once_in_a_while_and_stops_on_sigterm() {
         lines.join("\n")
     );
     assert_eq!(
-        lines
-            .iter()
-            .filter(|l| at(l, "brokers_unreachable"))
-            .count(),
+        count_at(&lines, "brokers_unreachable"),
         1,
         "one line per outage (and a reminder every 30 s):\n{}",
         lines.join("\n")
     );
 
     let signalled = Instant::now();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     let took = signalled.elapsed();
     assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
     let lines = ackd.lines();
@@ -98,10 +94,7 @@ fn a_broker_that_appears_after_the_start_is_consumed_from_and_committed_to() {
     );
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.wait_for_line(|l| at(l, "brokers_reachable"), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let t = tally(&delivered, &processed(&lines), &lines);
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
     let committed = committed_on(&broker.bootstrap(), &group, &topic, 3);
@@ -158,10 +151,7 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
         got.is_superset(&want)
     });
     let outage = stopped.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let after = &lines[before..];
     let reachable = after
         .iter()
@@ -200,7 +190,7 @@ fn a_broker_stopped_and_started_again_is_reconnected_to() {
     for (p, end) in log_ends(&all) {
         assert_eq!(committed[&p], Some(end), "partition {p}");
     }
-    let failed = after.iter().filter(|l| at(l, "commit_failed")).count();
+    let failed = count_at(after, "commit_failed");
     eprintln!(
         "broker restart: batch 1 {} and batch 2 {} processed once each (lost 0, duplicated 0), committed = log ends; node back in {restart_took:?}, outage to caught up {outage:?}, {reachable}; commit_failed lines during the outage: {failed}; node started in {:?} at first, peak RSS {} MiB after its restart",
         batch1.len(),
@@ -267,10 +257,8 @@ fn refused_commits_are_logged_with_their_offsets_and_retried() {
         |l| at(l, "committed") && field(l, "offset").as_deref() == Some("15"),
         WAIT,
     );
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
-    let refused: Vec<_> = lines.iter().filter(|l| at(l, "commit_failed")).collect();
+    let lines = ackd.stop(0, WAIT);
+    let refused = all_at(&lines, "commit_failed");
     assert_eq!(refused.len(), 3, "{}", lines.join("\n"));
     for l in &refused {
         assert!(field(l, "offset").is_some(), "{l}");

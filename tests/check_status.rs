@@ -34,14 +34,6 @@ fn checks<'a>(lines: &'a [String], name: &str) -> Vec<&'a String> {
         .collect()
 }
 
-fn topic_exists(topic: &str) -> bool {
-    let consumer: BaseConsumer = broker().client_config().create().expect("consumer");
-    let md = consumer
-        .fetch_metadata(None, Duration::from_secs(30))
-        .expect("metadata");
-    md.topics().iter().any(|t| t.name() == topic)
-}
-
 /// The group's state and member count as the broker describes it.
 fn group_state(group: &str) -> (String, usize) {
     let consumer: BaseConsumer = broker().client_config().create().expect("consumer");
@@ -92,7 +84,7 @@ fn check_on_a_good_config_passes_every_check_and_joins_nothing() {
     );
     let all = lines.join("\n");
     assert_eq!(code, 0, "{all}");
-    let check_lines: Vec<_> = lines.iter().filter(|l| at(l, "check")).collect();
+    let check_lines = all_at(&lines, "check");
     for l in &check_lines {
         assert_eq!(field(l, "ok").as_deref(), Some("true"), "{l}");
     }
@@ -157,7 +149,7 @@ fn check_with_a_missing_topic_exits_78_like_the_daemon_and_creates_nothing() {
             "{l}"
         );
     }
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(field(errors[0], "setting").as_deref(), Some("ACKD_TOPICS"));
     assert_eq!(
@@ -206,7 +198,7 @@ fn a_bad_setting_fails_check_with_78_before_any_connection() {
     );
     let all = lines.join("\n");
     assert_eq!(code, 78, "{all}");
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(
         field(errors[0], "setting").as_deref(),
@@ -227,7 +219,7 @@ fn check_validates_the_processor_settings_as_the_daemon_does() {
     );
     let all = lines.join("\n");
     assert_eq!(code, 78, "{all}");
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(
         field(errors[0], "setting").as_deref(),
@@ -333,8 +325,7 @@ fn status_shows_committed_end_lag_and_the_member_holding_each_partition() {
         ackd.lines().join("\n")
     );
 
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     let t = tally(&delivered, &processed(&ackd.lines()), &ackd.lines());
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
 

@@ -169,7 +169,7 @@ fn rolling_restart(members: usize) {
     let delivered = producer.finish();
     let signalled = Instant::now();
     let (t, lines) = stop_and_tally(&b, &live, &delivered, &topic, &group);
-    let kafka_errors = lines.iter().filter(|l| at(l, "kafka_error")).count();
+    let kafka_errors = count_at(&lines, "kafka_error");
     eprintln!(
         "rolling restart ({members} member(s)): cluster started in {:?}, restarts {}, messages {}, processed {}, lost {}, duplicated {}, refused commits {:?}, kafka_error lines {kafka_errors}, exit codes 0, caught up and stopped {:?} after the producer, whole test {:?}, node peak RSS MiB {:?}",
         b.started_in(),

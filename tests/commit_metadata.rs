@@ -111,9 +111,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
         seen.extend(processed(&next.lines()));
         seen.is_superset(&expected)
     });
-    next.sigterm();
-    next.assert_exit(0, WAIT);
-    let next_lines = next.lines();
+    let next_lines = next.stop(0, WAIT);
     let assigned = last_per_partition(&next_lines, "assigned");
     let mut report = Vec::new();
     for p in 0..PARTITIONS {
@@ -163,9 +161,7 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     delivered.extend(more.iter().cloned());
     let third = member();
     third.wait_for_count(is_processed, more.len(), WAIT);
-    third.sigterm();
-    third.assert_exit(0, WAIT);
-    let third_lines = third.lines();
+    let third_lines = third.stop(0, WAIT);
     let assigned = last_per_partition(&third_lines, "assigned");
     let mut released_report = Vec::new();
     for (p, end) in &ends {
@@ -205,8 +201,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
 
     let run = AckdBuilder::new(&topic, &group).spawn();
     run.wait_for_count(is_processed, 20, WAIT);
-    run.sigterm();
-    run.assert_exit(0, WAIT);
+    run.stop(0, WAIT);
     assert_committed(&group, &topic, 0, Some(20));
 
     // 30 more (offsets 20..50); then everything before 35 is deleted, the committed
@@ -232,9 +227,7 @@ fn a_committed_offset_whose_records_were_deleted_is_reset_and_logged() {
     assert_eq!(int(&reset, "from"), Some(20), "{reset}");
     assert_eq!(int(&reset, "to"), Some(35), "{reset}");
     run.wait_for_count(is_processed, 15, WAIT);
-    run.sigterm();
-    run.assert_exit(0, WAIT);
-    let lines = run.lines();
+    let lines = run.stop(0, WAIT);
     let assigned = lines.iter().find(|l| at(l, "assigned")).unwrap();
     assert_eq!(int(assigned, "offset"), Some(20), "{assigned}");
     let got = processed(&lines);
@@ -299,8 +292,7 @@ fn a_committed_offset_past_the_log_end_is_reset_by_the_start_policy() {
     assert_eq!(int(&reset, "from"), Some(1000), "{reset}");
     assert_eq!(int(&reset, "to"), Some(0), "earliest: {reset}");
     run.wait_for_count(is_processed, 10, WAIT);
-    run.sigterm();
-    run.assert_exit(0, WAIT);
+    run.stop(0, WAIT);
     assert_eq!(
         processed(&run.lines()),
         (0..10).map(|o| (0, o)).collect::<Vec<_>>()
@@ -322,8 +314,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     assert_eq!(int(&assigned, "highest_processed"), Some(7), "{assigned}");
     assert_eq!(int(&assigned, "redelivery"), Some(4), "4..=7: {assigned}");
     run.wait_for_count(is_processed, 6, WAIT);
-    run.sigterm();
-    run.assert_exit(0, WAIT);
+    run.stop(0, WAIT);
     assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
     assert_eq!(
         committed_with_metadata(&group, &topic, 1)[&0],

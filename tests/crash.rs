@@ -77,8 +77,7 @@ fn crash_restarts(kills: usize) {
         seen.extend(processed(&last.lines()));
         seen.is_superset(&expected)
     });
-    last.sigterm();
-    last.assert_exit(0, WAIT);
+    last.stop(0, WAIT);
     runs.push(last);
 
     let per_run: Vec<Vec<(i32, i64)>> = runs.iter().map(|r| processed(&r.lines())).collect();

@@ -19,6 +19,13 @@ use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wai
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The opening of most tests here: a fresh topic of `partitions` partitions named after
+/// `name`, a fresh group, and a fresh directory for the handler and its files.
+fn exec_case(name: &str, partitions: i32) -> (String, String, std::path::PathBuf) {
+    let (topic, group) = fresh_topic(name, partitions);
+    (topic, group, fresh_dir(name))
+}
+
 /// The `n`th (from 1) Python block of docs/exec.md ("exec processor"), exactly as
 /// written there: 1 is the handler, 2 the batched handler.
 fn readme_handler(n: usize) -> String {
@@ -127,12 +134,18 @@ fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
     triples(dir, "handled")
 }
 
+/// Spawns `ackd`, waits until it has processed `n` messages, and stops it cleanly
+/// ([`stop_cleanly`]); returns its lines.
+fn run_until_processed(ackd: AckdBuilder, n: usize) -> Vec<String> {
+    let ackd = ackd.spawn();
+    ackd.wait_for_count(is_processed, n, WAIT);
+    stop_cleanly(&ackd)
+}
+
 /// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
 fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
-    let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
+    let lines = ackd.stop(0, WAIT);
+    let stopped = all_at(&lines, "exec_stopped");
     assert!(
         !stopped.is_empty(),
         "no at=exec_stopped:\n{}",
@@ -148,15 +161,15 @@ fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
 /// partition, committed to the log end; the child's stderr is in ackd's log, tagged.
 #[test]
 fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
-    let (topic, group) = fresh_topic("exec-readme", 2);
-    let dir = fresh_dir("exec-readme");
+    let (topic, group, dir) = exec_case("exec-readme", 2);
     let path = dir.join("handler.py");
     std::fs::write(&path, readme_handler(1)).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
-    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display())).spawn();
-    ackd.wait_for_count(is_processed, 40, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &format!("python3 {}", path.display())),
+        40,
+    );
 
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
@@ -166,7 +179,7 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
     }
     assert_committed_to_ends(&group, &topic, 2, &ends);
     // Every message's stderr line, tagged with the child.
-    let stderr: Vec<_> = lines.iter().filter(|l| at(l, "exec_stderr")).collect();
+    let stderr = all_at(&lines, "exec_stderr");
     assert_eq!(stderr.len(), 40, "{}", lines.join("\n"));
     for l in &stderr {
         assert_eq!(field(l, "child").as_deref(), Some("0"), "{l}");
@@ -178,31 +191,21 @@ fn the_readme_handler_acks_everything_once_in_order_and_its_stderr_is_logged() {
             "{l}"
         );
     }
-    assert_eq!(lines.iter().filter(|l| at(l, "exec_started")).count(), 1);
+    assert_eq!(count_at(&lines, "exec_started"), 1);
     assert!(!lines.iter().any(|l| at(l, "exec_restart")));
 }
 
 /// 2: a retry asked for once is retried, then acknowledged; the child is kept.
 #[test]
 fn a_retry_reply_is_retried_then_acknowledged() {
-    let (topic, group) = fresh_topic("exec-retry", 1);
-    let dir = fresh_dir("exec-retry");
+    let (topic, group, dir) = exec_case("exec-retry", 1);
     let command = test_handler(
         &dir,
         r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
     reply = {"retry": "not yet"}"#,
     );
-    produce_values(
-        &topic,
-        &[
-            (None, b"ok", &[]),
-            (None, b"retry-me", &[]),
-            (None, b"ok", &[]),
-        ],
-    );
-    let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop_cleanly(&ackd);
+    produce_strs(&topic, &["ok", "retry-me", "ok"]);
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command), 3);
     let retries: Vec<_> = lines.iter().filter(|l| at_offset(l, "retry", 1)).collect();
     assert_eq!(retries.len(), 1, "{}", lines.join("\n"));
     assert!(field(retries[0], "error").unwrap().contains("not yet"));
@@ -217,28 +220,18 @@ fn a_retry_reply_is_retried_then_acknowledged() {
 /// 3: a child that exits on a message is restarted; the message is retried, nothing lost.
 #[test]
 fn a_crashing_child_is_restarted_and_its_message_retried() {
-    let (topic, group) = fresh_topic("exec-crash", 1);
-    let dir = fresh_dir("exec-crash");
+    let (topic, group, dir) = exec_case("exec-crash", 1);
     let command = test_handler(
         &dir,
         r#"if v == "crash" and once("crash-%d-%d" % (p, o)):
     print("crashing on purpose", file=sys.stderr, flush=True)
     os._exit(3)"#,
     );
-    produce_values(
-        &topic,
-        &[
-            (None, b"ok", &[]),
-            (None, b"ok", &[]),
-            (None, b"crash", &[]),
-            (None, b"ok", &[]),
-            (None, b"ok", &[]),
-        ],
-    );
+    produce_strs(&topic, &["ok", "ok", "crash", "ok", "ok"]);
     let ackd = exec_ackd(&topic, &group, &command).spawn();
     ackd.wait_for_count(is_processed, 5, WAIT);
     let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let r = restarts[0];
     assert!(
@@ -256,7 +249,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
     assert!(lines.iter().any(
         |l| at(l, "exec_stderr") && field(l, "line").as_deref() == Some("crashing on purpose")
     ));
-    assert_eq!(lines.iter().filter(|l| at(l, "exec_started")).count(), 2);
+    assert_eq!(count_at(&lines, "exec_started"), 2);
     assert_eq!(
         processed(&lines),
         (0..5).map(|o| (0, o)).collect::<Vec<_>>()
@@ -270,23 +263,18 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
 /// message is retried.
 #[test]
 fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
-    let (topic, group) = fresh_topic("exec-hang", 1);
-    let dir = fresh_dir("exec-hang");
+    let (topic, group, dir) = exec_case("exec-hang", 1);
     let command = test_handler(
         &dir,
         r#"if v == "hang" and once("hang-%d-%d" % (p, o)):
     time.sleep(3600)"#,
     );
-    produce_values(
-        &topic,
-        &[(None, b"ok", &[]), (None, b"hang", &[]), (None, b"ok", &[])],
+    produce_strs(&topic, &["ok", "hang", "ok"]);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command).env("ACKD_EXEC_TIMEOUT_MS", "1000"),
+        3,
     );
-    let ackd = exec_ackd(&topic, &group, &command)
-        .env("ACKD_EXEC_TIMEOUT_MS", "1000")
-        .spawn();
-    ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let reason = field(restarts[0], "reason").unwrap();
     assert!(
@@ -312,8 +300,7 @@ fn a_hanging_child_times_out_is_restarted_and_its_message_retried() {
 /// what a request looks like for a message with headers and bytes that are not UTF-8.
 #[test]
 fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
-    let (topic, group) = fresh_topic("exec-fail", 1);
-    let dir = fresh_dir("exec-fail");
+    let (topic, group, dir) = exec_case("exec-fail", 1);
     let command = test_handler(
         &dir,
         r#"if v == "bad":
@@ -334,10 +321,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
     let ackd = exec_ackd(&topic, &group, &command)
         .env("ACKD_ON_FAILURE", "skip")
         .spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("2"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 2), WAIT);
     let lines = stop_cleanly(&ackd);
     let skipped = lines
         .iter()
@@ -392,14 +376,11 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
 /// and the message is acknowledged like any other.
 #[test]
 fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
-    let (topic, group) = fresh_topic("exec-hdr", 1);
-    let dir = fresh_dir("exec-hdr");
+    let (topic, group, dir) = exec_case("exec-hdr", 1);
     let command = test_handler(&dir, "");
     produce_with_raw_header_name(&topic, b"tr\xffce", b"t-1", b"odd");
-    produce_values(&topic, &[(None, b"after", &[])]);
-    let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_count(is_processed, 2, WAIT);
-    let lines = stop_cleanly(&ackd);
+    produce_strs(&topic, &["after"]);
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command), 2);
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
     assert!(!lines
         .iter()
@@ -425,8 +406,7 @@ fn a_header_name_that_is_not_utf8_reaches_the_handler_replaced() {
 /// SIGTERM goes to every process, as Heroku sends it: ackd, the child's `sh`, the handler.
 #[test]
 fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
-    let (topic, group) = fresh_topic("exec-stop", 1);
-    let dir = fresh_dir("exec-stop");
+    let (topic, group, dir) = exec_case("exec-stop", 1);
     let command = test_handler(&dir, "time.sleep(0.1)");
     produce_numbered(&topic, 40);
 
@@ -519,17 +499,15 @@ fn assert_a_second_run_hands_over_the_rest(
 /// each once, and the pool is used.
 #[test]
 fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
-    let (topic, group) = fresh_topic("exec-pool", 4);
-    let dir = fresh_dir("exec-pool");
+    let (topic, group, dir) = exec_case("exec-pool", 4);
     let command = test_handler(&dir, "time.sleep(0.01)");
     let delivered = produce_keyed(&topic, 120, 0);
     let ends = log_ends(&delivered);
     assert_eq!(ends.len(), 4, "keys spread over all partitions");
-    let ackd = exec_ackd(&topic, &group, &command)
-        .env("ACKD_EXEC_CONCURRENCY", "3")
-        .spawn();
-    ackd.wait_for_count(is_processed, 120, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command).env("ACKD_EXEC_CONCURRENCY", "3"),
+        120,
+    );
 
     let started: BTreeSet<String> = lines
         .iter()
@@ -537,7 +515,7 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
         .map(|l| field(l, "child").unwrap())
         .collect();
     assert_eq!(started, ["0", "1", "2"].map(String::from).into());
-    assert_eq!(lines.iter().filter(|l| at(l, "exec_stopped")).count(), 3);
+    assert_eq!(count_at(&lines, "exec_stopped"), 3);
     let handled = handled(&dir);
     let by_child = offsets_by_partition(handled.iter().map(|h| (h.2 as i32, h.1)));
     assert!(by_child.len() >= 2, "the pool was used: {by_child:?}");
@@ -556,25 +534,15 @@ fn a_pool_of_three_keeps_the_order_of_each_of_four_partitions() {
 /// retried on a new child, and the message after it is not acknowledged by mistake.
 #[test]
 fn a_stray_stdout_line_is_a_protocol_error_that_replaces_the_child() {
-    let (topic, group) = fresh_topic("exec-stray", 1);
-    let dir = fresh_dir("exec-stray");
+    let (topic, group, dir) = exec_case("exec-stray", 1);
     let command = test_handler(
         &dir,
         r#"if v == "chatty" and once("chatty-%d-%d" % (p, o)):
     print("debug: looking at", o, flush=True)"#,
     );
-    produce_values(
-        &topic,
-        &[
-            (None, b"ok", &[]),
-            (None, b"chatty", &[]),
-            (None, b"ok", &[]),
-        ],
-    );
-    let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    produce_strs(&topic, &["ok", "chatty", "ok"]);
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command), 3);
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let reason = field(restarts[0], "reason").unwrap();
     assert!(
@@ -600,10 +568,9 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         ),
         ("sigkill", "time.sleep(3600)"),
     ] {
-        let (topic, group) = fresh_topic("exec-linger", 1);
-        let dir = fresh_dir("exec-linger");
+        let (topic, group, dir) = exec_case("exec-linger", 1);
         let command = test_handler_with(&dir, "", at_eof);
-        produce_values(&topic, &[(None, b"ok", &[])]);
+        produce_strs(&topic, &["ok"]);
         let ackd = exec_ackd(&topic, &group, &command)
             .env("ACKD_SHUTDOWN_TIMEOUT_MS", "3000")
             // It must fit in the drain's share of the deadline (2400 ms of 3000).
@@ -611,8 +578,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
             .spawn();
         ackd.wait_for_count(is_processed, 1, WAIT);
         let stopping = std::time::Instant::now();
-        ackd.sigterm();
-        ackd.assert_exit(0, WAIT);
+        ackd.stop(0, WAIT);
         let stop_took = stopping.elapsed();
         let lines = ackd.lines();
         let stopped = lines
@@ -651,17 +617,7 @@ fn exec_without_a_command_is_a_configuration_error() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd
-        .lines()
-        .into_iter()
-        .find(|l| at(l, "config_error"))
-        .expect("at=config_error");
-    assert_eq!(
-        field(&line, "setting").as_deref(),
-        Some("ACKD_EXEC_COMMAND"),
-        "{line}"
-    );
+    ackd.assert_config_error("ACKD_EXEC_COMMAND", WAIT);
 }
 
 // ---- secrets: a handler is often third-party code ----
@@ -678,7 +634,7 @@ const EXEC_SECRETS: &[(&str, &str)] = &[
 /// with [`EXEC_SECRETS`] and `extra` set; returns that environment.
 fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let (topic, group) = fresh_topic(name, 1);
-    produce_values(&topic, &[(None, b"one", &[])]);
+    produce_strs(&topic, &["one"]);
     let dir = fresh_dir(name);
     let command = test_handler(
         &dir,
@@ -743,7 +699,7 @@ fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
     const SECRET: &str = "q\"uo\\te\u{1}-Zq9x";
     const PYTHON_LITERAL: &str = r#""q\"uo\\te\x01-Zq9x""#;
     let (topic, group) = fresh_topic("exec-scrub", 1);
-    produce_values(&topic, &[(None, b"one", &[])]);
+    produce_strs(&topic, &["one"]);
     let dir = fresh_dir("exec-scrub");
     let command = test_handler(
         &dir,
@@ -751,11 +707,10 @@ fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
             "sys.stderr.write(\"login with %s failed\\n\" % {PYTHON_LITERAL}); sys.stderr.flush()"
         ),
     );
-    let ackd = exec_ackd(&topic, &group, &command)
-        .env("ACKD_RDKAFKA_SASL_PASSWORD", SECRET)
-        .spawn();
-    ackd.wait_for_count(is_processed, 1, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command).env("ACKD_RDKAFKA_SASL_PASSWORD", SECRET),
+        1,
+    );
     let all = lines.join("\n");
     let stderr = lines
         .iter()
@@ -824,9 +779,7 @@ fn exec_batches_of_any_size_hand_over_and_commit_each_message_once() {
         let delivered = produce_keyed(&topic, 120, 0);
         let ends = log_ends(&delivered);
         assert_eq!(ends.len(), 3, "keys spread over all partitions");
-        let ackd = exec_ackd(&topic, &group, &command).batches(max).spawn();
-        ackd.wait_for_count(is_processed, 120, WAIT);
-        let lines = stop_cleanly(&ackd);
+        let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(max), 120);
 
         let batches = batches_sent(&dir);
         assert_batches_tile(&batches, &ends, max);
@@ -872,11 +825,10 @@ fn the_readme_batch_handler_acks_everything_once() {
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 40, 0);
     let ends = log_ends(&delivered);
-    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display()))
-        .batches(10)
-        .spawn();
-    ackd.wait_for_count(is_processed, 40, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &format!("python3 {}", path.display())).batches(10),
+        40,
+    );
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
     assert!(counts.values().all(|n| *n == 1), "each once: {counts:?}");
@@ -888,8 +840,7 @@ fn the_readme_batch_handler_acks_everything_once() {
 /// partition stops, nothing after it is acknowledged, and ackd exits 1.
 #[test]
 fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
-    let (topic, group) = fresh_topic("exec-batch-halt", 1);
-    let dir = fresh_dir("exec-batch-halt");
+    let (topic, group, dir) = exec_case("exec-batch-halt", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 13:
@@ -903,9 +854,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
         field(&failed, "error").unwrap().contains("bad row"),
         "{failed}"
     );
-    ackd.sigterm();
-    ackd.assert_exit(1, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(1, WAIT);
     assert_eq!(
         processed(&lines),
         (0..13).map(|o| (0, o)).collect::<Vec<_>>()
@@ -920,8 +869,7 @@ fn an_exec_batch_failing_at_an_offset_acks_the_ones_before_it_then_halts() {
 /// with the rest of the batch (13, 14, 15) comes again as a batch of its own.
 #[test]
 fn an_exec_batch_retry_at_an_offset_resends_from_there() {
-    let (topic, group) = fresh_topic("exec-batch-retry", 1);
-    let dir = fresh_dir("exec-batch-retry");
+    let (topic, group, dir) = exec_case("exec-batch-retry", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 13 and once("retry-13"):
@@ -929,10 +877,8 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
     break"#,
     );
     produce_numbered(&topic, 16);
-    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
-    ackd.wait_for_count(is_processed, 16, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let retries: Vec<_> = lines.iter().filter(|l| at(l, "retry")).collect();
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(8), 16);
+    let retries = all_at(&lines, "retry");
     assert_eq!(retries.len(), 1, "{}", lines.join("\n"));
     assert_eq!(field(retries[0], "offset").as_deref(), Some("13"));
     assert_eq!(
@@ -961,8 +907,7 @@ fn an_exec_batch_retry_at_an_offset_resends_from_there() {
 /// replaced and the batch retried, nothing acknowledged by mistake.
 #[test]
 fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
-    let (topic, group) = fresh_topic("exec-batch-outside", 1);
-    let dir = fresh_dir("exec-batch-outside");
+    let (topic, group, dir) = exec_case("exec-batch-outside", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 5 and once("outside"):
@@ -970,10 +915,8 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
     break"#,
     );
     produce_numbered(&topic, 8);
-    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
-    ackd.wait_for_count(is_processed, 8, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(8), 8);
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     assert!(
         field(restarts[0], "reason").unwrap().contains("999"),
@@ -993,18 +936,15 @@ fn an_exec_batch_reply_with_an_offset_outside_the_batch_replaces_the_child() {
 /// once), ackd acknowledges every message once and commits to the end.
 #[test]
 fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
-    let (topic, group) = fresh_topic("exec-batch-crash", 1);
-    let dir = fresh_dir("exec-batch-crash");
+    let (topic, group, dir) = exec_case("exec-batch-crash", 1);
     let command = batch_handler(
         &dir,
         r#"if o == 12 and once("crash-12"):
     os._exit(3)"#,
     );
     produce_numbered(&topic, 20);
-    let ackd = exec_ackd(&topic, &group, &command).batches(8).spawn();
-    ackd.wait_for_count(is_processed, 20, WAIT);
-    let lines = stop_cleanly(&ackd);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let lines = run_until_processed(exec_ackd(&topic, &group, &command).batches(8), 20);
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     assert!(
         field(restarts[0], "reason")
@@ -1036,8 +976,7 @@ fn an_exec_child_crashing_mid_batch_gets_the_batch_again() {
 /// rest: the handler saw every message exactly once.
 #[test]
 fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
-    let (topic, group) = fresh_topic("exec-batch-stop", 1);
-    let dir = fresh_dir("exec-batch-stop");
+    let (topic, group, dir) = exec_case("exec-batch-stop", 1);
     let command = batch_handler(&dir, "time.sleep(0.01)");
     produce_numbered(&topic, 150);
 
@@ -1059,8 +998,7 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
 /// a batch of its own. Every message is acknowledged once and committed.
 #[test]
 fn exec_batches_stop_at_the_byte_limit() {
-    let (topic, group) = fresh_topic("exec-batch-bytes", 1);
-    let dir = fresh_dir("exec-batch-bytes");
+    let (topic, group, dir) = exec_case("exec-batch-bytes", 1);
     let command = batch_handler(&dir, "");
     let values: Vec<Vec<u8>> = (0..20)
         .map(|i| {
@@ -1073,12 +1011,12 @@ fn exec_batches_stop_at_the_byte_limit() {
         .map(|v| (None, v.as_slice(), &[][..]))
         .collect();
     produce_values(&topic, &messages);
-    let ackd = exec_ackd(&topic, &group, &command)
-        .batches(100)
-        .env("ACKD_BATCH_MAX_BYTES", "35")
-        .spawn();
-    ackd.wait_for_count(is_processed, 20, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = run_until_processed(
+        exec_ackd(&topic, &group, &command)
+            .batches(100)
+            .env("ACKD_BATCH_MAX_BYTES", "35"),
+        20,
+    );
     let start = lines.iter().find(|l| at(l, "start")).expect("at=start");
     assert_eq!(field(start, "batch_max_bytes").as_deref(), Some("35"));
     let batches: Vec<(i64, usize)> = batches_sent(&dir).iter().map(|b| (b.1, b.2)).collect();
@@ -1123,8 +1061,7 @@ fn acked_unhandled(lines: &[String], dir: &Path) -> Vec<(i32, i64)> {
 /// child, the message in flight comes again, and every acknowledged message was handled.
 #[test]
 fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
-    let (topic, group) = fresh_topic("exec-misbehave", 1);
-    let dir = fresh_dir("exec-misbehave");
+    let (topic, group, dir) = exec_case("exec-misbehave", 1);
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1149,14 +1086,11 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
     let ackd = exec_ackd(&topic, &group, &command)
         .env("ACKD_EXEC_TIMEOUT_MS", "1500")
         .spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("9"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 9), WAIT);
     let lines = stop_cleanly(&ackd);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     eprintln!(
         "misbehaving handler: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {}, committed {:?}",
         processed(&lines).len(),
@@ -1189,8 +1123,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
 /// come again, and every acknowledged message was handled.
 #[test]
 fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer() {
-    let (topic, group) = fresh_topic("exec-batch-misbehave", 1);
-    let dir = fresh_dir("exec-batch-misbehave");
+    let (topic, group, dir) = exec_case("exec-batch-misbehave", 1);
     let command = write_handler(
         &dir,
         r#"for line in sys.stdin:
@@ -1214,14 +1147,11 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
     );
     produce_numbered(&topic, 15);
     let ackd = exec_ackd(&topic, &group, &command).batches(5).spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("14"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 14), WAIT);
     let lines = stop_cleanly(&ackd);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
-    let restarts = lines.iter().filter(|l| at(l, "exec_restart")).count();
+    let restarts = count_at(&lines, "exec_restart");
     eprintln!(
         "batch answered per message: acknowledged {} messages ({} distinct), acknowledged but never handled {lost:?}, restarts {restarts}, committed {:?}",
         processed(&lines).len(),
@@ -1244,8 +1174,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
 /// far below the size of one such line.
 #[test]
 fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
-    let (topic, group) = fresh_topic("exec-huge", 1);
-    let dir = fresh_dir("exec-huge");
+    let (topic, group, dir) = exec_case("exec-huge", 1);
     let command = write_handler(
         &dir,
         r#"HUGE = 32 * 1024 * 1024
@@ -1263,10 +1192,7 @@ for line in sys.stdin:
     );
     produce_numbered(&topic, 4);
     let ackd = exec_ackd(&topic, &group, &command).spawn();
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("3"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 3), WAIT);
     let peak_kib = peak_rss_kib(ackd.pid());
     let lines = stop_cleanly(&ackd);
     let longest = lines.iter().map(String::len).max().unwrap_or(0);
@@ -1284,7 +1210,7 @@ for line in sys.stdin:
         "{}",
         &stderr[stderr.len() - 100..]
     );
-    let restarts: Vec<_> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
+    let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "the oversized reply replaced the child");
     assert!(
         field(restarts[0], "reason")
@@ -1365,8 +1291,7 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
 /// restart handles the rest: each message handled once.
 #[test]
 fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let (topic, group) = fresh_topic("exec-queued-stop", 1);
-    let dir = fresh_dir("exec-queued-stop");
+    let (topic, group, dir) = exec_case("exec-queued-stop", 1);
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 1, 30);
 
@@ -1406,8 +1331,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
 /// ones go to the new owner, and across both members each message is handled once.
 #[test]
 fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
-    let (topic, group) = fresh_topic("exec-queued-revoke", 2);
-    let dir = fresh_dir("exec-queued-revoke");
+    let (topic, group, dir) = exec_case("exec-queued-revoke", 2);
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 2, 20);
 
@@ -1462,8 +1386,7 @@ fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdB
 /// what it acknowledged, and a restart handles the rest: each message handled once.
 #[test]
 fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_other_partitions() {
-    let (topic, group) = fresh_topic("exec-partition-queued-stop", 6);
-    let dir = fresh_dir("exec-partition-queued-stop");
+    let (topic, group, dir) = exec_case("exec-partition-queued-stop", 6);
     let command = slow_until_fast(&dir);
     produce_distinct_keys(&topic, 6, 5);
 

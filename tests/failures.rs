@@ -74,9 +74,7 @@ fn retryable_failures_are_retried_while_other_partitions_flow() {
         "partition 1 should have been processed while partition 0 was still retrying"
     );
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     // Three failed attempts, three retries, then success; in order, each once.
     let retries: Vec<_> = lines.iter().filter(|l| is(l, "retry", 0, 1)).collect();
     assert_eq!(retries.len(), 3, "{}", lines.join("\n"));
@@ -173,10 +171,8 @@ fn skip_acknowledges_a_panic_and_an_exhausted_retry_and_goes_on() {
         .env("ACKD_RETRY_MAX_ATTEMPTS", "2")
         .spawn();
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
-    let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
+    let lines = ackd.stop(0, WAIT);
+    let skipped = all_at(&lines, "skipped");
     assert_eq!(skipped.len(), 2, "{}", lines.join("\n"));
     assert!(
         field(skipped[0], "error").unwrap().contains("panicked"),
@@ -220,9 +216,7 @@ fn dead_letter_copies_the_message_then_acknowledges_it() {
         .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
         .spawn();
     ackd.wait_for_line(|l| is(l, "processed", 0, 2), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let line = lines
         .iter()
         .find(|l| at(l, "dead_lettered"))

@@ -50,10 +50,7 @@ fn every_message_is_processed_once_and_the_stop_commits_the_log_end() {
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     ackd.sigterm();
     // Heroku may send SIGTERM more than once: the second one must not cut the stop short.
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let processed = processed(&lines);
     assert_no_duplicates(&processed);
     let processed_set: BTreeSet<_> = processed.iter().copied().collect();
@@ -120,8 +117,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
         .env("ACKD_COMMIT_INTERVAL_MS", "60000") // only the stop commits
         .spawn();
     first.wait_for_count(is_processed, 100, WAIT);
-    first.sigterm();
-    first.assert_exit(0, WAIT);
+    first.stop(0, WAIT);
     let first_processed = processed(&first.lines());
     let committed_after_first = committed(&group, &topic, 4);
     for (p, next) in next_after_processed(&first_processed) {
@@ -138,9 +134,7 @@ fn a_stop_in_the_middle_of_a_stream_resumes_at_exactly_the_next_message() {
     // Wait until the second run has processed everything the first did not.
     let remaining = total - first_processed.len();
     second.wait_for_count(is_processed, remaining, WAIT);
-    second.sigterm();
-    second.assert_exit(0, WAIT);
-    let second_lines = second.lines();
+    let second_lines = second.stop(0, WAIT);
 
     // Each partition resumed at the offset the first run committed.
     for (p, c) in &committed_after_first {
@@ -186,9 +180,7 @@ fn in_flight_messages_finish_before_the_final_commit() {
         .spawn();
     ackd.wait_for_count(is_processed, 2, WAIT);
     let signal_at = ackd.line_count();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     assert_signal_line_first(&lines);
     // Messages that were in the processor when SIGTERM arrived completed after it.
     let after: Vec<_> = lines[signal_at..]

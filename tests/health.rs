@@ -429,8 +429,7 @@ fn nothing_listens_by_default() {
     ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
     assert_eq!(listening_ports(ackd.pid()), Vec::<u16>::new());
     assert!(!ackd.lines().iter().any(|l| at(l, "health_listening")));
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
 }
 
 /// A port that cannot be listened on is a configuration error naming the setting: exit
@@ -443,16 +442,12 @@ fn a_port_in_use_is_a_config_error() {
         .env("ACKD_HEALTH_PORT", port.to_string())
         .env("ACKD_HEALTH_ADDR", "127.0.0.1")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
-    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
+    let line = ackd.assert_config_error("ACKD_HEALTH_PORT", WAIT);
     assert_eq!(field(&line, "value"), Some(port.to_string()));
     let bad = AckdBuilder::new("any-topic", "any-group")
         .env("ACKD_HEALTH_PORT", "70000")
         .spawn();
-    bad.assert_exit(78, WAIT);
-    let line = bad.wait_for_line(|l| at(l, "config_error"), WAIT);
-    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HEALTH_PORT"));
+    bad.assert_config_error("ACKD_HEALTH_PORT", WAIT);
 }
 
 /// Counters survive a rebalance: when a second process joins and takes partitions away,
@@ -587,8 +582,7 @@ fn a_probe_is_answered_while_many_idle_connections_are_open() {
     let probe = probe.unwrap_or_else(|e| panic!("/live with 40 idle connections open: {e}"));
     assert_eq!(probe.status, 200, "{}", probe.body);
     drop(idle);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
 }
 
 /// Reads until the server closes `s` (EOF or a reset), at most `bound`: what it sent,
@@ -663,8 +657,7 @@ fn idle_and_slow_connections_are_closed_within_seconds() {
         kept_after.as_millis(),
         slow_after.as_millis()
     );
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
 }
 
 /// An exec handler that takes `seconds` a message, in a fresh directory.

@@ -216,20 +216,6 @@ fn serve(conn: TcpStream, recorded: &Recorded, respond: &Responder) {
     }
 }
 
-fn values(topic: &str, values: &[&str]) {
-    let records: Vec<ValueRecord<'_>> = values
-        .iter()
-        .map(|v| (None, v.as_bytes(), &[][..]))
-        .collect();
-    produce_values(topic, &records);
-}
-
-fn stop(ackd: &AckdProcess, code: i32) -> Vec<String> {
-    ackd.sigterm();
-    ackd.assert_exit(code, WAIT);
-    ackd.lines()
-}
-
 /// 1: 2 partitions, 40 messages, JSON bodies: each POSTed and acked once, in order per
 /// partition, committed to the log end; the auth header arrived and is on no line.
 #[test]
@@ -246,7 +232,7 @@ fn every_message_is_posted_once_in_order_with_the_auth_header_never_shown() {
         .env("ACKD_HTTP_CONCURRENCY", "4")
         .spawn();
     ackd.wait_for_count(is_processed, 40, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
 
     let counts = processed_counts(&lines);
     assert_eq!(counts.len(), 40, "{}", lines.join("\n"));
@@ -301,12 +287,12 @@ fn a_500_is_retried_until_it_succeeds_and_order_is_kept() {
             ok()
         }
     });
-    values(&topic, &["a", "flaky", "b", "c"]);
+    produce_strs(&topic, &["a", "flaky", "b", "c"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_HTTP_HEADERS", format!("Authorization: {TOKEN}"))
         .spawn();
     ackd.wait_for_count(is_processed, 4, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     let retries: Vec<_> = lines.iter().filter(|l| at_offset(l, "retry", 1)).collect();
     assert_eq!(retries.len(), 2, "{}", lines.join("\n"));
     let error = field(retries[0], "error").unwrap();
@@ -338,12 +324,12 @@ fn a_429_with_retry_after_waits_that_long() {
             ok()
         }
     });
-    values(&topic, &["a", "busy", "b"]);
+    produce_strs(&topic, &["a", "busy", "b"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_RETRY_MAX_MS", "5000")
         .spawn();
     ackd.wait_for_count(is_processed, 3, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     let busy: Vec<Request> = endpoint
         .requests()
         .into_iter()
@@ -378,7 +364,7 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
                 ok()
             }
         });
-        values(&topic, &["a", "poison", "b"]);
+        produce_strs(&topic, &["a", "poison", "b"]);
         let mut builder = http_ackd(&topic, &group, &endpoint.url());
         if policy == "skip" {
             builder = builder.env("ACKD_ON_FAILURE", "skip");
@@ -386,7 +372,7 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
         let ackd = builder.spawn();
         if policy == "skip" {
             ackd.wait_for_count(is_processed, 2, WAIT);
-            let lines = stop(&ackd, 0);
+            let lines = ackd.stop(0, WAIT);
             let skipped = lines
                 .iter()
                 .find(|l| at_offset(l, "skipped", 1))
@@ -402,7 +388,7 @@ fn a_400_is_permanent_and_meets_the_failure_policy() {
             assert_eq!(endpoint.requests().len(), 3, "not retried");
         } else {
             ackd.wait_for_line(|l| at_offset(l, "process_failed", 1), WAIT);
-            let lines = stop(&ackd, 1);
+            let lines = ackd.stop(1, WAIT);
             assert_eq!(processed(&lines), vec![(0, 0)]);
             assert_committed(&group, &topic, 0, Some(1));
             assert_eq!(endpoint.requests().len(), 2, "nothing past the poison");
@@ -434,7 +420,7 @@ fn raw_bodies_are_the_value_with_metadata_in_headers() {
         .env("ACKD_HTTP_BODY", "raw")
         .spawn();
     ackd.wait_for_count(is_processed, 2, WAIT);
-    stop(&ackd, 0);
+    ackd.stop(0, WAIT);
     let requests = endpoint.requests();
     assert_eq!(requests.len(), 2);
     let r0 = &requests[0];
@@ -474,7 +460,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
     let ends = log_ends(&delivered);
     let first = http_ackd(&topic, &group, &endpoint.url()).spawn();
     first.wait_for_count(is_processed, 4, WAIT);
-    let lines_first = stop(&first, 0);
+    let lines_first = first.stop(0, WAIT);
     let acked_first = processed(&lines_first);
     assert!(acked_first.len() < 30, "stopped before the end");
     // Every request the endpoint got was answered and acknowledged: none abandoned.
@@ -494,7 +480,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
 
     let second = http_ackd(&topic, &group, &endpoint.url()).spawn();
     second.wait_for_count(is_processed, 30 - acked_first.len(), WAIT);
-    let lines_second = stop(&second, 0);
+    let lines_second = second.stop(0, WAIT);
     let all: Vec<(i32, i64)> = acked_first
         .iter()
         .chain(processed(&lines_second).iter())
@@ -519,7 +505,7 @@ fn sigterm_lets_requests_in_flight_finish_and_a_restart_resumes_after_them() {
 #[test]
 fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
     let (topic, group) = fresh_topic("http-down", 1);
-    values(&topic, &["a", "b"]);
+    produce_strs(&topic, &["a", "b"]);
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}/kafka/messages");
     let ackd = http_ackd(&topic, &group, &url)
@@ -530,7 +516,7 @@ fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
     assert!(error.contains("retryable: cannot connect"), "{error}");
     let endpoint = Endpoint::start_on(TcpListener::bind(("127.0.0.1", port)).unwrap(), |_, _| ok());
     ackd.wait_for_count(is_processed, 2, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     assert_eq!(processed(&lines), vec![(0, 0), (0, 1)]);
     let seen: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     assert_eq!(seen, vec![0, 1]);
@@ -544,26 +530,15 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd
-        .lines()
-        .into_iter()
-        .find(|l| at(l, "config_error"))
-        .expect("at=config_error");
-    assert_eq!(field(&line, "setting").as_deref(), Some("ACKD_HTTP_URL"));
+    ackd.assert_config_error("ACKD_HTTP_URL", WAIT);
 
     let ackd = AckdBuilder::new("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
         .env("ACKD_HTTP_HEADERS", "s3cr3t-t0ken-without-a-name")
         .spawn();
-    ackd.assert_exit(78, WAIT);
+    let line = ackd.assert_config_error("ACKD_HTTP_HEADERS", WAIT);
     let lines = ackd.lines();
-    let line = lines
-        .iter()
-        .find(|l| at(l, "config_error"))
-        .expect("at=config_error");
-    assert_eq!(field(line, "setting").as_deref(), Some("ACKD_HTTP_HEADERS"));
     assert!(!lines.iter().any(|l| l.contains("s3cr3t")), "{line}");
 }
 
@@ -614,7 +589,7 @@ fn the_readme_endpoint_acks_text_and_refuses_binary_values() {
         .env("ACKD_ON_FAILURE", "skip")
         .spawn();
     ackd.wait_for_count(is_processed, 2, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     let _ = python.kill();
     let _ = python.wait();
     assert_eq!(processed(&lines), vec![(0, 0), (0, 2)]);
@@ -643,12 +618,12 @@ fn a_request_that_times_out_is_retried() {
         },
         ..ok()
     });
-    values(&topic, &["a"]);
+    produce_strs(&topic, &["a"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_HTTP_TIMEOUT_MS", "300")
         .spawn();
     ackd.wait_for_count(is_processed, 1, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     let retry = lines
         .iter()
         .find(|l| at_offset(l, "retry", 0))
@@ -676,12 +651,12 @@ fn retry_after_is_capped_at_the_retry_maximum() {
             ok()
         }
     });
-    values(&topic, &["a"]);
+    produce_strs(&topic, &["a"]);
     let ackd = http_ackd(&topic, &group, &endpoint.url())
         .env("ACKD_RETRY_MAX_MS", "300")
         .spawn();
     ackd.wait_for_count(is_processed, 1, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     let retry = lines
         .iter()
         .find(|l| at_offset(l, "retry", 0))
@@ -725,7 +700,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
         .env("ACKD_ON_FAILURE", "skip")
         .spawn();
     ackd.wait_for_count(is_processed, 29, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
 
     let requests = endpoint.requests();
     let bodies: Vec<Vec<i64>> = requests.iter().map(Request::batch_offsets).collect();
@@ -743,7 +718,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
     }
     // The refused batch's successor starts right after 12.
     assert!(starts.contains(&13), "{bodies:?}");
-    let skipped: Vec<_> = lines.iter().filter(|l| at(l, "skipped")).collect();
+    let skipped = all_at(&lines, "skipped");
     assert_eq!(skipped.len(), 1, "{}", lines.join("\n"));
     assert_eq!(field(skipped[0], "offset").as_deref(), Some("12"));
     assert_eq!(field(skipped[0], "attempts").as_deref(), Some("1"));
@@ -752,7 +727,7 @@ fn http_batches_retry_a_500_and_skip_the_offset_a_400_names() {
         "{}",
         skipped[0]
     );
-    let retries = lines.iter().filter(|l| at(l, "retry")).count();
+    let retries = count_at(&lines, "retry");
     assert_eq!(retries, starts.len(), "one retry per batch start");
     let expected: Vec<(i32, i64)> = (0..30).filter(|o| *o != 12).map(|o| (0, o)).collect();
     assert_eq!(processed(&lines), expected);
@@ -788,7 +763,7 @@ fn an_http_batch_refused_without_an_offset_of_its_own_fails_its_first_message() 
             Some("4"),
             "{header:?}: {failed}"
         );
-        let lines = stop(&ackd, 1);
+        let lines = ackd.stop(1, WAIT);
         assert_eq!(
             processed(&lines),
             (0..4).map(|o| (0, o)).collect::<Vec<_>>()
@@ -818,7 +793,7 @@ fn an_http_error_body_with_an_offset_acknowledges_nothing() {
         .env("ACKD_RETRY_MAX_ATTEMPTS", "3")
         .spawn();
     let failed = ackd.wait_for_line(|l| at(l, "process_failed"), WAIT);
-    let lines = stop(&ackd, 1);
+    let lines = ackd.stop(1, WAIT);
     let bodies: Vec<Vec<i64>> = endpoint
         .requests()
         .iter()
@@ -867,7 +842,7 @@ fn an_http_batch_answered_429_waits_for_retry_after() {
         .env("ACKD_RETRY_MAX_MS", "5000")
         .spawn();
     ackd.wait_for_count(is_processed, 6, WAIT);
-    let lines = stop(&ackd, 0);
+    let lines = ackd.stop(0, WAIT);
     let requests = endpoint.requests();
     assert_eq!(requests.len(), 2, "one batch, sent twice");
     assert_eq!(requests[0].batch_offsets(), (0..6).collect::<Vec<_>>());
@@ -985,7 +960,7 @@ fn stop_with_requests_queued(
     let first = ackd.spawn();
     first.wait_for_count(is_processed, 2, WAIT);
     let posted_before = endpoint.requests().len();
-    let lines = stop(&first, 0);
+    let lines = first.stop(0, WAIT);
     assert!(
         lines
             .iter()
@@ -1039,7 +1014,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     fast.store(true, std::sync::atomic::Ordering::SeqCst);
     let second = queued().spawn();
     second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
-    stop(&second, 0);
+    second.stop(0, WAIT);
     let mut all: Vec<i64> = endpoint.requests().iter().map(|r| r.position().1).collect();
     all.sort_unstable();
     assert_eq!(all, (0..30).collect::<Vec<_>>(), "each posted exactly once");
@@ -1084,7 +1059,7 @@ fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_othe
     fast.store(true, std::sync::atomic::Ordering::SeqCst);
     let second = queued().spawn();
     second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
-    stop(&second, 0);
+    second.stop(0, WAIT);
     let mut all: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
     all.sort_unstable();
     let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();

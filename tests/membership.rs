@@ -135,7 +135,7 @@ fn rotate(assignment: Assignment) {
     // Periodic commits racing a classic rebalance are refused by Kafka's design
     // (see split_refusals) and carried by the next commit; any other refusal fails.
     let (by_design, refused) = split_refusals(&lines, !matches!(assignment, Assignment::Consumer));
-    let retries = lines.iter().filter(|l| at(l, "commit_retry")).count();
+    let retries = count_at(&lines, "commit_retry");
     eprintln!(
         "membership {assignment:?}: members {MEMBERS} (processes {}), restarts {MEMBERS}, messages {}, processed {}, lost {}, duplicated {}, refused commits {} (+{} periodic during a classic rebalance), commit retries {retries}, {:.1} s",
         ms.len(),

@@ -118,13 +118,7 @@ fn a_budget_too_small_for_the_partitions_is_a_config_error() {
     let ackd = AckdBuilder::new(&topic, &group)
         .env("ACKD_MEMORY_MB", "8")
         .spawn();
-    ackd.assert_exit(78, WAIT);
-    let line = ackd.wait_for_line(|l| at(l, "config_error"), WAIT);
-    assert_eq!(
-        field(&line, "setting").as_deref(),
-        Some("ACKD_MEMORY_MB"),
-        "{line}"
-    );
+    let line = ackd.assert_config_error("ACKD_MEMORY_MB", WAIT);
     assert!(line.contains("200 partitions"), "{line}");
     assert!(line.contains("13 or more"), "{line}");
     assert!(!ackd.lines().iter().any(|l| at(l, "assigned")));

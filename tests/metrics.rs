@@ -109,9 +109,7 @@ fn every_line_is_logfmt_and_the_summaries_add_up() {
         |l| at(l, "summary") && field(l, "sample#ackd.lag.total").as_deref() == Some("0"),
         WAIT,
     );
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
 
     assert_all_lines_are_logfmt(&lines);
     let n = delivered.len() as u64;
@@ -178,9 +176,7 @@ fn lag_is_positive_while_a_backlog_is_processed() {
     );
     let lag: i64 = field(&line, "sample#ackd.lag").unwrap().parse().unwrap();
     assert!(lag > 0 && lag <= delivered.len() as i64, "{line}");
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     assert_all_lines_are_logfmt(&lines);
     // The summary's in-flight sample saw the slow processor at work.
     assert!(lines
@@ -206,9 +202,7 @@ fn the_source_of_metric_lines_can_be_set() {
         |l| at(l, "summary") && l.contains("count#billing.processed="),
         WAIT,
     );
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     for l in lines.iter().filter(|l| l.contains('#')) {
         assert_eq!(field(l, "source").as_deref(), Some("consumer.3"), "{l}");
         assert!(!l.contains("#ackd."), "{l}");
@@ -229,8 +223,7 @@ fn two_hundred_partitions_stay_within_the_memory_table() {
     ackd.wait_for_count(is_processed, 2000, WAIT);
     let assigned = ackd.lines().iter().filter(|l| at(l, "assigned")).count();
     let peak_kib = peak_rss_kib(ackd.pid());
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     eprintln!(
         "200 partitions ({} with messages, {assigned} assigned): 2000 messages processed, ackd's peak RSS {peak_kib} KiB",
         ends.len()

@@ -8,20 +8,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use common::{accounting::*, ackd::*, lines::*, offsets::*, produce::*, topics::*};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Whether `topic` exists, from a metadata request for all topics (which never creates
-/// one, whatever the broker's auto.create.topics.enable).
-fn topic_exists(topic: &str) -> bool {
-    let consumer: BaseConsumer = broker().client_config().create().expect("consumer");
-    let md = consumer
-        .fetch_metadata(None, Duration::from_secs(30))
-        .expect("metadata");
-    md.topics().iter().any(|t| t.name() == topic)
-}
 
 #[test]
 fn a_missing_topic_stops_ackd_with_78_naming_it() {
@@ -38,7 +27,7 @@ fn a_missing_topic_stops_ackd_with_78_naming_it() {
     let all = lines.join("\n");
     eprintln!("exit {code} after {:?}", started.elapsed());
     assert_eq!(code, 78, "{all}");
-    let errors: Vec<_> = lines.iter().filter(|l| at(l, "config_error")).collect();
+    let errors = all_at(&lines, "config_error");
     assert_eq!(errors.len(), 1, "{all}");
     assert_eq!(field(errors[0], "setting").as_deref(), Some("ACKD_TOPICS"));
     assert_eq!(

@@ -372,9 +372,7 @@ fn run_all(
     let ackd = ordered_exec_ackd(topic, &group, &handler, 16, ordering, concurrency).spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let processed = processed(&lines);
     let (lost, duplicated) = lost_and_duplicated(delivered, &processed);
     assert_eq!(
@@ -448,9 +446,7 @@ fn key_ordering_with_batches_keeps_each_keys_order() {
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     assert_eq!(
         (processed(&lines).len(), lost, duplicated),
@@ -604,11 +600,7 @@ fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
         "ahead: messages 200, lost {lost}, duplicated {duplicated}, processed while offset 0 was retried {ahead} (ACKD_MAX_PENDING=20)"
     );
     assert_eq!((lost, duplicated), (0, 0), "lost, duplicated");
-    assert_eq!(
-        lines.iter().filter(|l| at(l, "retry")).count(),
-        2,
-        "offset 0 was retried twice"
-    );
+    assert_eq!(count_at(&lines, "retry"), 2, "offset 0 was retried twice");
     // Precondition: the others did go on while offset 0 waited.
     assert!(ahead > 0, "nothing passed the retried message: {order:?}");
     assert!(
@@ -641,9 +633,7 @@ fn stop_in_the_middle(name: &str, key: impl Fn(usize) -> Option<String>) -> usiz
     let first = slow(AckdBuilder::new(&topic, &group)).spawn();
     first.wait_for_count(is_processed, 150, WAIT);
     let signal_at = first.line_count();
-    first.sigterm();
-    first.assert_exit(0, WAIT);
-    let first_lines = first.lines();
+    let first_lines = first.stop(0, WAIT);
     let finished_after = first_lines[signal_at..]
         .iter()
         .filter(|l| is_processed(l))
@@ -930,8 +920,7 @@ fn periodic_commits_never_pass_an_unacknowledged_message() {
         .env("ACKD_COMMIT_INTERVAL_MS", "100")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
+    ackd.stop(0, WAIT);
     let took = started.elapsed();
     let lines = ackd.lines();
     let ends = log_ends(&delivered);
@@ -979,9 +968,7 @@ fn an_in_process_processor_keeps_key_order_and_commits_behind_the_watermark() {
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let took = started.elapsed();
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let ends = log_ends(&delivered);
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     assert_eq!(
@@ -1154,7 +1141,7 @@ fn a_retry_holds_only_its_key() {
     let order: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     let (lost, duplicated) = lost_and_duplicated(&delivered, &processed(&lines));
     let pos = |o: i64| order.iter().position(|x| *x == o).unwrap();
-    let retries = lines.iter().filter(|l| at(l, "retry")).count();
+    let retries = count_at(&lines, "retry");
     let others_before = (1..30).filter(|o| *o != 5 && pos(*o) < pos(0)).count();
     eprintln!(
         "retry: messages {}, lost {lost}, duplicated {duplicated}, retries {retries}, other keys processed before the retried one {others_before} of 28, order {order:?}",

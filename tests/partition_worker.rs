@@ -75,10 +75,7 @@ fn a_jump_forward_mid_stream_is_a_line_with_from_to_and_count() {
     futures::executor::block_on(admin.delete_records(&tpl, &opts)).expect("delete records");
     let deleted_at = Instant::now();
 
-    ackd.wait_for_line(
-        |l| is_processed(l) && field(l, "offset").as_deref() == Some("299"),
-        WAIT,
-    );
+    ackd.wait_for_line(|l| is_processed_at(l, 299), WAIT);
     ackd.sigterm();
     let code = ackd.wait_exit(WAIT);
     let lines = ackd.lines();
@@ -174,8 +171,7 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
     a.wait_for_line(|l| at(l, "worker_stuck") && partition_of(l) == moved, WAIT);
     b.wait_for_line(|l| at(l, "assigned") && partition_of(l) == moved, WAIT);
     // b leaves: the partition comes back to a, whose old worker is still stuck.
-    b.sigterm();
-    b.assert_exit(0, WAIT);
+    b.stop(0, WAIT);
     let after_revoke = a
         .lines()
         .iter()

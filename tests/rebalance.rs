@@ -57,8 +57,7 @@ fn handoff(assignment: Assignment) {
     a.wait_for_line(|l| at(l, "revoked"), WAIT);
     b.wait_for_count(is_processed, 20, WAIT);
     // a leaves gracefully: b takes everything.
-    a.sigterm();
-    a.assert_exit(0, WAIT);
+    a.stop(0, WAIT);
     let delivered = producer.join().expect("producer");
     let a_lines = a.lines();
     let a_processed = processed(&a_lines);
@@ -75,9 +74,7 @@ fn handoff(assignment: Assignment) {
         seen.extend(processed(&b.lines()));
         seen.is_superset(&expected)
     });
-    b.sigterm();
-    b.assert_exit(0, WAIT);
-    let b_lines = b.lines();
+    let b_lines = b.stop(0, WAIT);
 
     let mut all = a_processed.clone();
     all.extend(processed(&b_lines));

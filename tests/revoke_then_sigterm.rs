@@ -130,8 +130,7 @@ fn sigterm_during_a_slow_revoke_keeps_the_deadline_and_commits_the_rest() {
     // b gets `move/0` from offset 5: nothing lost, nothing processed twice.
     std::fs::write(&release, b"").expect("release the blocked message");
     b.wait_for_count(is_processed, 6, WAIT);
-    b.sigterm();
-    b.assert_exit(0, WAIT);
+    b.stop(0, WAIT);
     let b_processed = processed_in(&b.lines());
     let mut seen = BTreeSet::new();
     let mut duplicated = 0;

@@ -40,10 +40,7 @@ fn a_static_member_consumes_commits_and_stops_cleanly() {
         "{start}"
     );
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
     let t = tally(&delivered, &processed(&lines), &lines);
     assert!(t.lost.is_empty() && t.duplicated.is_empty(), "{t:?}");
     let committed = committed(&group, &topic, 2);
@@ -148,9 +145,7 @@ fn a_static_member_restarted_within_the_session_timeout_moves_no_partition() {
     let (from1, from3) = (m1.line_count(), m3.line_count());
 
     let restart = std::time::Instant::now();
-    m2.sigterm();
-    m2.assert_exit(0, WAIT);
-    let m2_lines = m2.lines();
+    let m2_lines = m2.stop(0, WAIT);
     let final_commits = per_partition(&m2_lines, "final_commit", "offset");
     assert_eq!(
         final_commits.keys().copied().collect::<BTreeSet<_>>(),
@@ -312,9 +307,7 @@ fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
         seen.extend(processed(&second.lines()));
         seen.is_superset(&expected)
     });
-    second.sigterm();
-    second.assert_exit(0, WAIT);
-    let second_lines = second.lines();
+    let second_lines = second.stop(0, WAIT);
     let all: Vec<(i32, i64)> = processed(&first_lines)
         .into_iter()
         .chain(processed(&second_lines))
@@ -403,9 +396,7 @@ fn a_replacement_started_while_the_old_process_drains_fences_it() {
     assert_committed(&group, &topic, 0, Some(20));
 
     new.wait_for_count(is_processed, 10, WAIT);
-    new.sigterm();
-    new.assert_exit(0, WAIT);
-    let new_lines = new.lines();
+    let new_lines = new.stop(0, WAIT);
     let all: Vec<(i32, i64)> = processed(&old_lines)
         .into_iter()
         .chain(processed(&new_lines))
@@ -470,14 +461,12 @@ fn under_the_consumer_protocol_a_second_process_with_the_same_id_is_refused_not_
 
     delivered.extend(produce_keyed(&topic, 50, 50));
     first.wait_for_count(is_processed, 100, WAIT);
-    first.sigterm();
-    first.assert_exit(0, WAIT);
+    first.stop(0, WAIT);
 
     delivered.extend(produce_keyed(&topic, 50, 100));
     let replacement = static_member();
     replacement.wait_for_count(is_processed, 50, WAIT);
-    replacement.sigterm();
-    replacement.assert_exit(0, WAIT);
+    replacement.stop(0, WAIT);
     let mut lines = first.lines();
     lines.extend(replacement.lines());
     let t = tally(&delivered, &processed(&lines), &lines);

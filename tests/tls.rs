@@ -131,9 +131,7 @@ fn heroku_variables_consume_and_commit_over_mutual_tls_with_the_prefixed_names()
         .env("ACKD_RDKAFKA_DEBUG", "conf,security,broker")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
 
     let start = at(&lines, "start");
     assert_eq!(start.len(), 1);

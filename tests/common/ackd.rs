@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{broker::*, spawn::*};
+use super::{broker::*, lines::*, spawn::*};
 
 /// A process's peak resident memory (VmHWM of /proc/PID/status) in KiB.
 pub fn peak_rss_kib(pid: u32) -> u64 {
@@ -425,6 +425,30 @@ impl AckdProcess {
             self.pid,
             self.lines().join("\n")
         );
+    }
+
+    /// Stops ackd with SIGTERM, asserts that it exits `code` ([`AckdProcess::assert_exit`]),
+    /// and returns all its lines.
+    #[track_caller]
+    pub fn stop(&self, code: i32, timeout: Duration) -> Vec<String> {
+        self.sigterm();
+        self.assert_exit(code, timeout);
+        self.lines()
+    }
+
+    /// Waits for ackd to exit 78 (a configuration error) and asserts that its first
+    /// `at=config_error` line names `setting`; returns that line.
+    #[track_caller]
+    pub fn assert_config_error(&self, setting: &str, timeout: Duration) -> String {
+        self.assert_exit(78, timeout);
+        let lines = self.lines();
+        let line = lines
+            .iter()
+            .find(|l| at(l, "config_error"))
+            .unwrap_or_else(|| panic!("no at=config_error line:\n{}", lines.join("\n")))
+            .clone();
+        assert_eq!(field(&line, "setting").as_deref(), Some(setting), "{line}");
+        line
     }
 
     /// Time since spawn.

@@ -75,6 +75,11 @@ pub fn is_processed(line: &str) -> bool {
     line.split_whitespace().any(|t| t == PROCESSED_TOKEN)
 }
 
+/// True for the line ackd writes when it has processed the message at `offset`.
+pub fn is_processed_at(line: &str, offset: i64) -> bool {
+    is_processed(line) && field(line, "offset") == Some(offset.to_string())
+}
+
 /// (partition, offset) of every per-message line, in output order.
 pub fn processed(lines: &[String]) -> Vec<(i32, i64)> {
     lines
@@ -103,6 +108,16 @@ pub fn processed_counts(lines: &[String]) -> HashMap<(i32, i64), usize> {
 /// True if the line's `at=` is `what`.
 pub fn at(line: &str, what: &str) -> bool {
     field(line, "at").as_deref() == Some(what)
+}
+
+/// The lines whose `at=` is `what`, in order.
+pub fn all_at<'a>(lines: &'a [String], what: &str) -> Vec<&'a String> {
+    lines.iter().filter(|l| at(l, what)).collect()
+}
+
+/// How many lines have `at=` `what`.
+pub fn count_at(lines: &[String], what: &str) -> usize {
+    lines.iter().filter(|l| at(l, what)).count()
 }
 
 /// True if the line's `at=` is `what` and its `offset=` is `offset`.

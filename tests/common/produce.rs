@@ -291,27 +291,9 @@ pub struct SteadyProducer {
 }
 
 impl SteadyProducer {
+    /// Starts the thread, producing through the shared producer of the test broker.
     pub fn start(topic: &str, batch: usize, every: Duration) -> SteadyProducer {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let delivered = Arc::new(Mutex::new(Vec::new()));
-        let (topic, s, d) = (topic.to_string(), stop.clone(), delivered.clone());
-        let thread = thread::Builder::new()
-            .name("steady-producer".into())
-            .spawn(move || {
-                let mut next = 0;
-                while !s.load(Ordering::Acquire) {
-                    let got = produce_keyed(&topic, batch, next);
-                    next += batch;
-                    d.lock().unwrap_or_else(|e| e.into_inner()).extend(got);
-                    thread::sleep(every);
-                }
-            })
-            .expect("spawn producer thread");
-        SteadyProducer {
-            stop,
-            delivered,
-            thread: Some(thread),
-        }
+        SteadyProducer::start_with(producer().clone(), topic, batch, every)
     }
 
     /// How many messages were delivered so far.
@@ -387,4 +369,13 @@ pub type ValueRecord<'a> = (Option<&'a [u8]>, &'a [u8], &'a [(&'a str, &'a [u8])
 pub fn produce_values(topic: &str, messages: &[ValueRecord<'_>]) {
     let records: Vec<Record<'_>> = messages.iter().map(|(k, v, h)| (0, *k, *v, *h)).collect();
     produce_records(topic, &records);
+}
+
+/// Produces `values` (no key, no headers) to partition 0, in order.
+pub fn produce_strs(topic: &str, values: &[&str]) {
+    let records: Vec<ValueRecord<'_>> = values
+        .iter()
+        .map(|v| (None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_values(topic, &records);
 }

@@ -1,7 +1,9 @@
 //! Unique names and topics on the shared test broker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use super::broker::*;
 
@@ -33,4 +35,14 @@ pub fn fresh_topic_on(b: &Broker, prefix: &str, partitions: i32) -> (String, Str
     let group = unique_name(&format!("g-{prefix}"));
     create_topic_on(b, &topic, partitions);
     (topic, group)
+}
+
+/// Whether `topic` exists, from a metadata request for all topics (which never creates
+/// one, whatever the broker's auto.create.topics.enable).
+pub fn topic_exists(topic: &str) -> bool {
+    let consumer: BaseConsumer = broker().client_config().create().expect("consumer");
+    let md = consumer
+        .fetch_metadata(None, Duration::from_secs(30))
+        .expect("metadata");
+    md.topics().iter().any(|t| t.name() == topic)
 }
