@@ -135,26 +135,11 @@ fn handled(dir: &Path) -> Vec<(i32, i64, u32)> {
 }
 
 /// Spawns `ackd`, waits until it has processed `n` messages, and stops it cleanly
-/// ([`stop_cleanly`]); returns its lines.
+/// ([`AckdProcess::stop_exec_cleanly`]); returns its lines.
 fn run_until_processed(ackd: AckdBuilder, n: usize) -> Vec<String> {
     let ackd = ackd.spawn();
     ackd.wait_for_count(is_processed, n, WAIT);
-    stop_cleanly(&ackd)
-}
-
-/// Stops ackd with SIGTERM and expects exit 0 and every child stopped by EOF.
-fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
-    let lines = ackd.stop(0, WAIT);
-    let stopped = all_at(&lines, "exec_stopped");
-    assert!(
-        !stopped.is_empty(),
-        "no at=exec_stopped:\n{}",
-        lines.join("\n")
-    );
-    for l in stopped {
-        assert_eq!(field(l, "how").as_deref(), Some("eof"), "{l}");
-    }
-    lines
+    ackd.stop_exec_cleanly(WAIT)
 }
 
 /// 1: docs/exec.md's handler, 2 partitions: every message acknowledged once, in order per
@@ -230,7 +215,7 @@ fn a_crashing_child_is_restarted_and_its_message_retried() {
     produce_strs(&topic, &["ok", "ok", "crash", "ok", "ok"]);
     let ackd = exec_ackd(&topic, &group, &command).spawn();
     ackd.wait_for_count(is_processed, 5, WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     let restarts = all_at(&lines, "exec_restart");
     assert_eq!(restarts.len(), 1, "{}", lines.join("\n"));
     let r = restarts[0];
@@ -322,7 +307,7 @@ fn a_fail_reply_meets_the_failure_policy_and_requests_carry_binary_as_base64() {
         .env("ACKD_ON_FAILURE", "skip")
         .spawn();
     ackd.wait_for_line(|l| is_processed_at(l, 2), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     let skipped = lines
         .iter()
         .find(|l| at_offset(l, "skipped", 1))
@@ -424,7 +409,7 @@ fn sigterm_finishes_the_message_in_flight_then_gives_the_child_eof() {
             libc::kill(pid, libc::SIGTERM);
         }
     }
-    let lines = stop_cleanly(&first);
+    let lines = first.stop_exec_cleanly(WAIT);
     assert!(
         !lines.iter().any(|l| at(l, "exec_restart")),
         "sh's death is not the handler's"
@@ -480,7 +465,7 @@ fn assert_a_second_run_hands_over_the_rest(
 ) {
     let second = second.spawn();
     second.wait_for_count(is_processed, (total - acked) as usize, WAIT);
-    let lines = stop_cleanly(&second);
+    let lines = second.stop_exec_cleanly(WAIT);
     assert_eq!(
         processed(&lines),
         (acked..total).map(|o| (0, o)).collect::<Vec<_>>(),
@@ -649,7 +634,7 @@ fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, Str
     }
     let ackd = builder.spawn();
     ackd.wait_for_count(is_processed, 1, WAIT);
-    stop_cleanly(&ackd);
+    ackd.stop_exec_cleanly(WAIT);
     let text = std::fs::read_to_string(dir.join("env")).expect("the handler wrote env");
     serde_json::from_str(&text).expect("env is a JSON object")
 }
@@ -982,7 +967,7 @@ fn sigterm_mid_stream_with_exec_batches_loses_and_repeats_nothing() {
 
     let first = exec_ackd(&topic, &group, &command).batches(5).spawn();
     first.wait_for_count(is_processed, 20, WAIT);
-    let lines = stop_cleanly(&first);
+    let lines = first.stop_exec_cleanly(WAIT);
     let acked = assert_stopped_where_handled(&dir, &topic, &group, &lines, 150);
     assert_a_second_run_hands_over_the_rest(
         &dir,
@@ -1087,7 +1072,7 @@ fn misbehaving_handlers_never_ack_a_message_they_did_not_answer() {
         .env("ACKD_EXEC_TIMEOUT_MS", "1500")
         .spawn();
     ackd.wait_for_line(|l| is_processed_at(l, 9), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
     let restarts = all_at(&lines, "exec_restart");
@@ -1148,7 +1133,7 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
     produce_numbered(&topic, 15);
     let ackd = exec_ackd(&topic, &group, &command).batches(5).spawn();
     ackd.wait_for_line(|l| is_processed_at(l, 14), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     let lost = acked_unhandled(&lines, &dir);
     let counts = processed_counts(&lines);
     let restarts = count_at(&lines, "exec_restart");
@@ -1194,7 +1179,7 @@ for line in sys.stdin:
     let ackd = exec_ackd(&topic, &group, &command).spawn();
     ackd.wait_for_line(|l| is_processed_at(l, 3), WAIT);
     let peak_kib = peak_rss_kib(ackd.pid());
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     let longest = lines.iter().map(String::len).max().unwrap_or(0);
     eprintln!("huge lines: ackd's peak RSS {peak_kib} KiB, longest log line {longest} bytes");
     let stderr = lines
@@ -1275,7 +1260,7 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
     let first = ackd.spawn();
     first.wait_for_count(is_processed, 2, WAIT);
     let handled_before = handled(dir).len();
-    let lines = stop_cleanly(&first);
+    let lines = first.stop_exec_cleanly(WAIT);
     assert!(drained_complete(&lines), "{}", lines.join("\n"));
     let handled_first = handled(dir).len();
     assert!(
@@ -1305,7 +1290,7 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     std::fs::write(dir.join("fast"), "").unwrap();
     let second = queued_behind_one_child(&topic, &group, &command).spawn();
     second.wait_for_count(is_processed, (30 - acked) as usize, WAIT);
-    let lines = stop_cleanly(&second);
+    let lines = second.stop_exec_cleanly(WAIT);
     let mut rest: Vec<i64> = processed(&lines).iter().map(|p| p.1).collect();
     rest.sort_unstable();
     assert_eq!(
@@ -1352,7 +1337,7 @@ fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
         all.dedup();
         all.len() == 40
     });
-    let (a_lines, b_lines) = (stop_cleanly(&a), stop_cleanly(&b));
+    let (a_lines, b_lines) = (a.stop_exec_cleanly(WAIT), b.stop_exec_cleanly(WAIT));
     let mut seen: Vec<(i32, i64)> = handled(&dir).iter().map(|h| (h.0, h.1)).collect();
     seen.sort_unstable();
     let expected: Vec<(i32, i64)> = (0..2).flat_map(|p| (0..20).map(move |o| (p, o))).collect();
@@ -1409,7 +1394,7 @@ fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_oth
     let total: usize = acked.values().map(Vec::len).sum();
     let second = partitions_behind_one_child(&topic, &group, &command).spawn();
     second.wait_for_count(is_processed, 30 - total, WAIT);
-    stop_cleanly(&second);
+    second.stop_exec_cleanly(WAIT);
     let mut all: Vec<(i32, i64)> = handled(&dir).iter().map(|h| (h.0, h.1)).collect();
     all.sort_unstable();
     let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::accounting::tally;
-use common::ackd::{exec_ackd, peak_rss_kib, AckdBuilder, AckdProcess};
+use common::ackd::{exec_ackd, peak_rss_kib, AckdBuilder};
 use common::lines::{at, field, is_processed, processed};
 use common::offsets::{assert_committed_to_ends, committed, log_ends};
 use common::produce::{produce, produce_keyed, Delivered, SteadyProducer};
@@ -80,24 +80,6 @@ fn produce_repeating_keys(topic: &str, n: usize, keys: usize) -> Vec<Delivered> 
     produce(topic, &messages)
 }
 
-/// SIGTERM, exit 0, and every child stopped by EOF (it answered all it held first).
-#[track_caller]
-fn stop_cleanly(ackd: &AckdProcess) -> Vec<String> {
-    ackd.sigterm();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
-    let stopped: Vec<_> = lines.iter().filter(|l| at(l, "exec_stopped")).collect();
-    assert!(
-        !stopped.is_empty(),
-        "no at=exec_stopped:\n{}",
-        lines.join("\n")
-    );
-    for l in stopped {
-        assert_eq!(field(l, "how").as_deref(), Some("eof"), "{l}");
-    }
-    lines
-}
-
 /// Every delivered message acknowledged exactly once in `lines`.
 #[track_caller]
 fn assert_each_once(delivered: &[Delivered], lines: &[String]) {
@@ -120,7 +102,7 @@ fn key_order_with(handler: DocsHandler) {
     let ends = log_ends(&delivered);
     let ackd = in_flight_ackd(&topic, &group, &handler.install(&dir), IN_FLIGHT).spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 2, &ends);
 
@@ -176,7 +158,7 @@ fn graceful_stop_with(handler: DocsHandler) {
     let producer = SteadyProducer::start(&topic, 50, Duration::from_millis(5));
     let first = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
     first.wait_for_count(is_processed, 2000, WAIT);
-    let mut lines = stop_cleanly(&first);
+    let mut lines = first.stop_exec_cleanly(WAIT);
     let delivered = producer.finish();
     let ends = log_ends(&delivered);
     let second = in_flight_ackd(&topic, &group, &command, IN_FLIGHT).spawn();
@@ -184,7 +166,7 @@ fn graceful_stop_with(handler: DocsHandler) {
         let c = committed(&group, &topic, 2);
         ends.iter().all(|(p, end)| c[p] == Some(*end))
     });
-    lines.extend(stop_cleanly(&second));
+    lines.extend(second.stop_exec_cleanly(WAIT));
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 2, &ends);
 }
@@ -220,8 +202,8 @@ fn a_revoke_waits_for_what_the_child_holds_and_nothing_comes_twice() {
         let c = committed(&group, &topic, 4);
         ends.iter().all(|(p, end)| c[p] == Some(*end))
     });
-    let mut lines = stop_cleanly(&first);
-    lines.extend(stop_cleanly(&second));
+    let mut lines = first.stop_exec_cleanly(WAIT);
+    lines.extend(second.stop_exec_cleanly(WAIT));
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 4, &ends);
 }
@@ -246,7 +228,7 @@ fn child_killed_with(handler: DocsHandler) {
     assert!(reason.contains("SIGKILL"), "{restart}");
     assert!(reason.contains("holding "), "it held several: {restart}");
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 2, &ends);
     let retried = lines
@@ -366,7 +348,7 @@ fn every_protocol_error_replaces_the_child_and_retries_what_it_held() {
     let ends = log_ends(&delivered);
     let ackd = in_flight_ackd(&topic, &group, &command, 10).spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 1, &ends);
 
@@ -424,7 +406,7 @@ fn a_request_times_out_on_its_own_clock_and_is_retried() {
         .env("ACKD_EXEC_TIMEOUT_MS", "1500")
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 1, &ends);
     let restarts: Vec<&String> = lines.iter().filter(|l| at(l, "exec_restart")).collect();
@@ -486,7 +468,7 @@ asyncio.run(main())
         .batches(10)
         .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     assert_each_once(&delivered, &lines);
     assert_committed_to_ends(&group, &topic, 4, &ends);
     let held: Vec<usize> = read_lossy(&dir.join("held"))
@@ -533,7 +515,7 @@ fn a_hundred_in_flight_stay_within_the_memory_budget() {
     .spawn();
     ackd.wait_for_count(is_processed, delivered.len(), WAIT);
     let peak_kib = peak_rss_kib(ackd.pid());
-    let lines = stop_cleanly(&ackd);
+    let lines = ackd.stop_exec_cleanly(WAIT);
     eprintln!(
         "ACKD_EXEC_IN_FLIGHT={IN_FLIGHT}, ACKD_MEMORY_MB={BUDGET_MIB}: peak RSS {peak_kib} KiB"
     );

@@ -436,6 +436,23 @@ impl AckdProcess {
         self.lines()
     }
 
+    /// [`AckdProcess::stop`] with exit 0 for an exec run: every child was stopped by
+    /// EOF (it answered what it held first, and did not need SIGTERM or SIGKILL).
+    #[track_caller]
+    pub fn stop_exec_cleanly(&self, timeout: Duration) -> Vec<String> {
+        let lines = self.stop(0, timeout);
+        let stopped = all_at(&lines, "exec_stopped");
+        assert!(
+            !stopped.is_empty(),
+            "no at=exec_stopped:\n{}",
+            lines.join("\n")
+        );
+        for l in stopped {
+            assert_eq!(field(l, "how").as_deref(), Some("eof"), "{l}");
+        }
+        lines
+    }
+
     /// Waits for ackd to exit 78 (a configuration error) and asserts that its first
     /// `at=config_error` line names `setting`; returns that line.
     #[track_caller]
