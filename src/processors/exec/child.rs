@@ -262,6 +262,9 @@ pub(super) enum Output {
     WriteFailed(String),
 }
 
+/// Request lines queued for a child are joined into one write up to about this size.
+const WRITE_COALESCE_BYTES: usize = 64 * 1024;
+
 /// Writes request lines to `stdin` in order until `queue` closes (then EOF) or a write
 /// fails (then why, on `failed`).
 async fn write_requests(
@@ -273,8 +276,16 @@ async fn write_requests(
         let _ = failed.try_send("its stdin is closed".to_string());
         return;
     };
-    while let Some(line) = queue.recv().await {
-        let written = match stdin.write_all(&line).await {
+    while let Some(mut lines) = queue.recv().await {
+        // What queued meanwhile goes in the same write: one syscall for many requests
+        // when a child holds several, and fewer, fuller reads for the child.
+        while lines.len() < WRITE_COALESCE_BYTES {
+            match queue.try_recv() {
+                Ok(more) => lines.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        let written = match stdin.write_all(&lines).await {
             Ok(()) => stdin.flush().await,
             Err(e) => Err(e),
         };
