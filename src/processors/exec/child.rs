@@ -49,12 +49,12 @@ pub(super) struct Running {
     pub(super) id: usize,
     pub(super) pid: u32,
     child: Child,
-    /// Its stdin; dropped to give it EOF.
-    stdin: Option<ChildStdin>,
-    /// Request lines given and not yet written to `stdin`, written while ackd waits for
-    /// its output ([`Running::next_output`]), so that a child busy writing replies
-    /// never blocks ackd reading them. Requests given together go in one write.
-    unwritten: Vec<u8>,
+    /// Request lines for its stdin, written in order by `writer`; dropped to give it EOF.
+    requests: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Writes `requests` to its stdin, so that a child busy writing replies never
+    /// blocks ackd reading them; says why on `write_failed` if a write fails.
+    writer: tokio::task::JoinHandle<()>,
+    write_failed: mpsc::Receiver<String>,
     /// Lines of its stdout; closed at EOF.
     lines: mpsc::Receiver<Line>,
     /// Its stdout reached EOF (every process holding it is gone).
@@ -93,7 +93,9 @@ impl Running {
             .kill_on_drop(true)
             .spawn()?;
         let pid = child.id().unwrap_or(0);
-        let stdin = child.stdin.take();
+        let (requests, queue) = mpsc::unbounded_channel();
+        let (failed, write_failed) = mpsc::channel(1);
+        let writer = tokio::spawn(write_requests(child.stdin.take(), queue, failed));
         // One line waits, one is being read: at most two lines of it in memory.
         let (tx, lines) = mpsc::channel(1);
         let max = config.max_line_bytes;
@@ -121,8 +123,9 @@ impl Running {
             id,
             pid,
             child,
-            stdin,
-            unwritten: Vec::new(),
+            requests: Some(requests),
+            writer,
+            write_failed,
             lines,
             eof: false,
             stderr,
@@ -130,53 +133,36 @@ impl Running {
         })
     }
 
-    /// Queues a request line for its stdin (written in order, whole lines, while ackd
-    /// waits for the child's output).
-    pub(super) fn give(&mut self, line: &[u8]) -> Result<(), String> {
-        if self.stdin.is_none() {
-            return Err("its stdin is closed".to_string());
-        }
-        self.unwritten.extend_from_slice(line);
-        Ok(())
+    /// Queues a request line for its stdin (written in order, whole lines).
+    pub(super) fn give(&self, line: Vec<u8>) -> Result<(), String> {
+        self.requests
+            .as_ref()
+            .and_then(|r| r.send(line).ok())
+            .ok_or_else(|| "its stdin is closed".to_string())
     }
 
     /// What it did next: a line on stdout, its stdout closed, or a request that could
-    /// not be written to its stdin. Writes what it was given meanwhile.
+    /// not be written to its stdin.
     pub(super) async fn next_output(&mut self) -> Output {
-        loop {
-            if self.eof {
-                return Output::Closed;
-            }
-            let (lines, stdin, unwritten) = (&mut self.lines, &mut self.stdin, &self.unwritten);
-            let writing = !unwritten.is_empty() && stdin.is_some();
-            let written = tokio::select! {
-                biased;
-                line = lines.recv() => match line {
-                    Some(line) => return Output::Line(line),
-                    None => {
-                        self.eof = true;
-                        return Output::Closed;
-                    }
-                },
-                // `write` is cancel-safe: what it wrote is what it returns.
-                written = async { stdin.as_mut().expect("writing").write(unwritten).await }, if writing => written,
-            };
-            match written {
-                Ok(0) => return Output::WriteFailed("its stdin is closed".to_string()),
-                Ok(n) if n == self.unwritten.len() => self.unwritten.clear(),
-                Ok(n) => {
-                    self.unwritten.drain(..n);
+        if self.eof {
+            return Output::Closed;
+        }
+        tokio::select! {
+            biased;
+            line = self.lines.recv() => match line {
+                Some(line) => Output::Line(line),
+                None => {
+                    self.eof = true;
+                    Output::Closed
                 }
-                Err(e) => return Output::WriteFailed(format!("cannot write to its stdin: {e}")),
-            }
+            },
+            Some(reason) = self.write_failed.recv() => Output::WriteFailed(reason),
         }
     }
 
-    /// EOF on its stdin (a stop waits until the child answered all it held, so all it
-    /// was given is written).
+    /// EOF on its stdin once the requests given so far are written.
     pub(super) fn close_stdin(&mut self) {
-        self.stdin = None;
-        self.unwritten = Vec::new();
+        self.requests = None;
     }
 
     /// The next stdout line; `None` at EOF.
@@ -222,7 +208,8 @@ impl Running {
 
     /// Ends a child that failed: SIGTERM to its group, SIGKILL after [`KILL_GRACE`].
     pub(super) async fn kill(&mut self) {
-        self.close_stdin();
+        self.requests = None;
+        self.writer.abort();
         if !self.gone_now() {
             signal_group(self.pid, libc::SIGTERM);
         }
@@ -273,6 +260,40 @@ pub(super) enum Output {
     Line(Line),
     Closed,
     WriteFailed(String),
+}
+
+/// Request lines queued for a child are joined into one write up to about this size.
+const WRITE_COALESCE_BYTES: usize = 64 * 1024;
+
+/// Writes request lines to `stdin` in order until `queue` closes (then EOF) or a write
+/// fails (then why, on `failed`).
+async fn write_requests(
+    stdin: Option<ChildStdin>,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    failed: mpsc::Sender<String>,
+) {
+    let Some(mut stdin) = stdin else {
+        let _ = failed.try_send("its stdin is closed".to_string());
+        return;
+    };
+    while let Some(mut lines) = queue.recv().await {
+        // What queued meanwhile goes in the same write: one syscall for many requests
+        // when a child holds several, and fewer, fuller reads for the child.
+        while lines.len() < WRITE_COALESCE_BYTES {
+            match queue.try_recv() {
+                Ok(more) => lines.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        let written = match stdin.write_all(&lines).await {
+            Ok(()) => stdin.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            let _ = failed.try_send(format!("cannot write to its stdin: {e}"));
+            return;
+        }
+    }
 }
 
 fn exited(status: std::io::Result<std::process::ExitStatus>) -> String {

@@ -128,7 +128,7 @@ impl Service<'_> {
                 return Ok(());
             }
         };
-        let written = self.running.give(&line);
+        let written = self.running.give(line);
         if let Some(displaced) = held.give(Held::new(sent, reply, taken)) {
             self.dispatch.release(self.running.id);
             drop(displaced);
