@@ -22,6 +22,20 @@ use rdkafka::{Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(90);
 
+/// Commit metadata without its `l=` dispatch limit (which follows the partition's rate),
+/// and that limit.
+fn without_limit(m: &str) -> (String, Option<i64>) {
+    let Some(at) = m.find(";l=") else {
+        return (m.to_string(), None);
+    };
+    let rest = &m[at + 3..];
+    let end = rest.find(';').unwrap_or(rest.len());
+    (
+        format!("{}{}", &m[..at], &rest[end..]),
+        rest[..end].parse().ok(),
+    )
+}
+
 fn int(line: &str, key: &str) -> Option<i64> {
     field(line, key).and_then(|v| v.parse().ok())
 }
@@ -76,7 +90,7 @@ fn counted_redelivery(earlier: &[String], later: &[String], p: i32) -> i64 {
 }
 
 #[test]
-fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after_a_sigkill() {
+fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_its_bound_after_a_sigkill() {
     const PARTITIONS: i32 = 4;
     let (topic, group) = fresh_topic("meta-crash", PARTITIONS);
     let producer = SteadyProducer::start(&topic, 10, Duration::from_millis(50));
@@ -120,11 +134,13 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
         let last = &last_commits[&p];
         assert_eq!(*c, int(last, "offset"), "partition {p}: {last}");
         let c = c.unwrap();
+        let (metadata, limit) = without_limit(metadata);
         assert_eq!(
             metadata,
-            &format!("ackd/2:o={c};p={};end", c - 1),
+            format!("ackd/3:o={c};p={};end", c - 1),
             "periodic"
         );
+        let limit = limit.expect("a dispatch limit");
         assert_eq!(int(line, "offset"), Some(c), "{line}");
         assert_eq!(int(line, "highest_processed"), Some(c - 1), "{line}");
         // The killed process processed on after its last commit; no commit says how far.
@@ -137,12 +153,20 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
             .unwrap();
         assert_eq!(counted, last_processed + 1 - c, "partition {p}");
         assert_eq!(field(line, "released").as_deref(), Some("false"), "{line}");
-        assert_eq!(
-            field(line, "redelivery").as_deref(),
-            Some("unknown"),
-            "partition {p}: {counted} redelivered: {line}"
+        // Nothing above its dispatch limit was started: that bounds the redelivery.
+        assert!(
+            last_processed <= limit,
+            "partition {p}: {last_processed} > {limit}"
         );
-        report.push(format!("p{p} unknown/{counted}"));
+        assert_eq!(int(line, "dispatch_limit"), Some(limit), "{line}");
+        assert_eq!(
+            int(line, "redelivery_at_most"),
+            Some(limit + 1 - c),
+            "{line}"
+        );
+        assert_eq!(int(line, "flagged_through"), Some(limit), "{line}");
+        assert_eq!(field(line, "redelivery"), None, "not exact: {line}");
+        report.push(format!("p{p} at most {}/{counted}", limit + 1 - c));
     }
 
     // 3. After that release, the group's metadata says so, and the next owner knows it
@@ -152,8 +176,8 @@ fn the_resume_line_says_the_redelivery_exactly_after_a_release_and_unknown_after
     let stored = committed_with_metadata(&group, &topic, PARTITIONS);
     for (p, end) in &ends {
         assert_eq!(
-            stored[p],
-            (Some(*end), format!("ackd/2:o={end};p={};r;end", end - 1)),
+            (stored[p].0, without_limit(&stored[p].1).0),
+            (Some(*end), format!("ackd/3:o={end};p={};r;end", end - 1)),
             "partition {p}"
         );
     }
@@ -316,9 +340,10 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     run.wait_for_count(is_processed, 6, WAIT);
     run.stop(0, WAIT);
     assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+    let (offset, metadata) = &committed_with_metadata(&group, &topic, 1)[&0];
     assert_eq!(
-        committed_with_metadata(&group, &topic, 1)[&0],
-        (Some(10), "ackd/2:o=10;p=9;r;end".to_string())
+        (*offset, without_limit(metadata).0),
+        (Some(10), "ackd/3:o=10;p=9;r;end".to_string())
     );
 }
 
@@ -361,9 +386,11 @@ fn metadata_another_client_wrote_is_ignored() {
     let offsets: Vec<i64> = processed(&lines).into_iter().map(|(_, o)| o).collect();
     assert_eq!(offsets, (4..10).collect::<Vec<_>>());
     // ackd's own commit replaces the foreign metadata with its own.
+    let (offset, metadata) = committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+    let metadata = String::from_utf8(metadata).unwrap();
     assert_eq!(
-        committed_raw_metadata_on(&bootstrap, &group, &topic, 0),
-        (Some(10), b"ackd/2:o=10;p=9;r;end".to_vec())
+        (offset, without_limit(&metadata).0),
+        (Some(10), "ackd/3:o=10;p=9;r;end".to_string())
     );
     eprintln!(
         "foreign metadata: resumed at 4, processed {} messages, exit {code}, {:?}",
@@ -410,7 +437,7 @@ fn processed_offsets(lines: &[String]) -> Vec<i64> {
 fn metadata_moved_to_another_offset_skips_nothing() {
     for (metadata, state) in [
         (&b"ackd:processed=29;acked=1-9;released"[..], "old_format"),
-        (b"ackd/3:o=5;p=29;a=1-9;L=4;r;end", "newer_format"),
+        (b"ackd/4:o=5;p=29;a=1-9;L=4;r;end", "newer_format"),
         (b"ackd/2:o=5;p=29;a=1-9", "foreign"),
     ] {
         let (topic, group) = fresh_topic("meta-moved", 1);
@@ -556,15 +583,18 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
         next.wait_for_line(|l| at(l, "retry"), WAIT);
         next.wait_for_count(is_processed, first.len(), WAIT);
         // Offset 10 committed, and the commits after the last message finished.
-        let want = format!("ackd/2:o=10;p=59;{named};end");
-        let stored = || committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+        let want = format!("ackd/3:o=10;p=59;{named};end");
+        let stored = || {
+            let (offset, m) = committed_raw_metadata_on(&bootstrap, &group, &topic, 0);
+            (offset, without_limit(&String::from_utf8(m).unwrap()).0)
+        };
         let until = std::time::Instant::now() + Duration::from_secs(20);
         let mut got = stored();
-        while got != (Some(10), want.clone().into_bytes()) && std::time::Instant::now() < until {
+        while got != (Some(10), want.clone()) && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(50));
             got = stored();
         }
-        let metadata = String::from_utf8(got.1).unwrap();
+        let metadata = got.1;
         next.sigkill();
         next.assert_exit(128 + libc::SIGKILL, WAIT);
         assert_eq!(processed_offsets(&next.lines()), first, "{ordering}");

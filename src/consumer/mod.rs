@@ -8,6 +8,7 @@ pub(crate) mod auth;
 pub(crate) mod committer;
 pub(crate) mod daemon;
 pub(crate) mod dead_letter;
+pub(crate) mod dispatch_limit;
 pub(crate) mod group;
 pub(crate) mod key_order;
 pub(crate) mod membership;

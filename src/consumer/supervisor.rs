@@ -32,6 +32,8 @@ use crate::topic_partition::TopicPartition;
 pub struct Control {
     /// A tick per commit interval.
     pub commit_ticks: mpsc::Receiver<()>,
+    /// A worker wants its dispatch limit raised now (src/consumer/dispatch_limit.rs).
+    pub limits_wanted: Arc<Notify>,
     /// Set to the deadline when a graceful stop begins.
     pub shutdown: watch::Receiver<Option<Instant>>,
     /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
@@ -288,6 +290,10 @@ async fn poll_loop<P: Processor>(
             }
             _ = wait_at_end(control.at_end.as_deref()) => all_at_end(consumer, shutdown_timeout),
             Some(()) = control.commit_ticks.recv() => {
+                commit_due(consumer);
+                None
+            }
+            _ = control.limits_wanted.notified() => {
                 commit_due(consumer);
                 None
             }

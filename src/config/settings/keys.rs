@@ -55,6 +55,11 @@ pub(super) const KEYS: &[Key] = &[
         help: "how often acknowledged offsets are committed; bounds crash redelivery",
     },
     Key {
+        key: "redelivery_window_max",
+        required: None,
+        help: "messages a partition may start beyond its last accepted commit at most: bounds the window a crash flags as possible repeats (1000-100000000)",
+    },
+    Key {
         key: "shutdown_timeout_ms",
         required: None,
         help: "budget of a graceful stop (and of a revoked partition's drain)",

@@ -48,6 +48,11 @@ pub const MAX_MEMORY_MB: usize = 1 << 20;
 pub const MAX_CONCURRENCY: usize = 10_000;
 /// The largest `ACKD_MAX_PENDING`.
 pub const MAX_PENDING: usize = 1_000_000;
+/// The smallest `ACKD_REDELIVERY_WINDOW_MAX`, and the least the dispatch limit runs
+/// ahead of the work (src/consumer/dispatch_limit.rs).
+pub const MIN_REDELIVERY_WINDOW: usize = 1_000;
+/// The largest `ACKD_REDELIVERY_WINDOW_MAX`.
+pub const MAX_REDELIVERY_WINDOW: usize = 100_000_000;
 
 /// In what order one partition's messages are processed (`ACKD_ORDERING`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +127,9 @@ pub struct Settings {
     pub sasl: Option<Sasl>,
     pub processor: String,
     pub commit_interval: Duration,
+    /// `ACKD_REDELIVERY_WINDOW_MAX`: how far (messages) a partition may start beyond its
+    /// last accepted commit's dispatch limit window at most.
+    pub redelivery_window_max: usize,
     pub shutdown_timeout: Duration,
     pub start_from: StartFrom,
     pub metric_prefix: String,

@@ -13,6 +13,9 @@ pub struct CommitOffset {
     pub offset: i64,
     /// The highest offset acknowledged, for the metadata.
     pub processed: Option<i64>,
+    /// The dispatch limit this commit records (src/consumer/dispatch_limit.rs): once it
+    /// is accepted, the partition's worker may start offsets up to it.
+    pub limit: Option<i64>,
     /// Offsets acknowledged above `offset`, inclusive ranges, ascending, for the metadata
     /// (empty unless the ordering is concurrent).
     pub acked: Vec<(i64, i64)>,

@@ -9,8 +9,8 @@ use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 
 use super::commit::{CommitError, CommitOffset, Reason};
-use super::ledger::{doubted_by, CommitLedger};
-use super::refused_ranges::without_refused_ranges;
+use super::ledger::{doubted_by, Accepted, CommitLedger, Limit};
+use super::refused_ranges::{without_refused_metadata, without_refused_ranges};
 use super::shared::Shared;
 use super::sync_commit::commit_sync;
 use crate::clock::millis;
@@ -57,7 +57,11 @@ pub(super) fn run<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
         };
     }
     let started = Instant::now();
-    let (ranges, answers) = send(consumer, &to_send, job.reason, shared);
+    let Sent {
+        ranges,
+        bare,
+        answers,
+    } = send(consumer, &to_send, job.reason, shared);
     let took = started.elapsed();
     metrics.record(took, answers.iter().all(Result::is_ok));
     let duration_ms = millis(took);
@@ -68,7 +72,11 @@ pub(super) fn run<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
             sent_at: started,
             duration_ms,
         };
-        account(&mut *group, &answered, &to_send, &ranges, answers)
+        let carried = Carried {
+            ranges: &ranges,
+            bare: &bare,
+        };
+        account(&mut *group, &answered, &to_send, &carried, answers)
     };
     // The send is over: a release waiting for these partitions may go on.
     shared.lock().sending.clear();
@@ -121,23 +129,56 @@ fn log_dropped(reason: Reason, dropped: &[&CommitOffset], why: &str) {
     }
 }
 
+/// What a send carried, and each partition's answer.
+struct Sent {
+    /// The `a=` ranges each carried.
+    ranges: Vec<Option<String>>,
+    /// Each carried no metadata at all (the broker refuses it).
+    bare: Vec<bool>,
+    answers: Vec<Result<(), KafkaError>>,
+}
+
 /// Sends `to_send`, each with its `a=` ranges within the budget (again without them
-/// where the broker refused them as too large); returns the ranges each carried and
-/// each partition's answer.
+/// where the broker refused them as too large, and with no metadata where it refused
+/// even that).
 fn send<X: Consumer<C>, C: ConsumerContext>(
     consumer: &X,
     to_send: &[&CommitOffset],
     reason: Reason,
     shared: &Shared,
-) -> (Vec<Option<String>>, Vec<Result<(), KafkaError>>) {
+) -> Sent {
     let budget = shared.ranges_budget.load(Ordering::Relaxed);
+    let mut bare: Vec<bool> = {
+        let o = shared.lock();
+        to_send.iter().map(|c| o.bare.contains(&c.tp)).collect()
+    };
     let mut ranges: Vec<Option<String>> = to_send
         .iter()
-        .map(|c| acked_ranges::encode(c.offset, &c.acked, budget))
+        .zip(&bare)
+        .map(|(c, bare)| acked_ranges::encode(c.offset, &c.acked, budget).filter(|_| !bare))
         .collect();
-    let mut answers = commit_sync(consumer, to_send, &ranges, reason);
-    without_refused_ranges(consumer, to_send, &mut ranges, &mut answers, reason, shared);
-    (ranges, answers)
+    let mut answers = commit_sync(consumer, to_send, &ranges, &bare, reason);
+    without_refused_ranges(
+        consumer,
+        to_send,
+        &mut ranges,
+        &mut answers,
+        &bare,
+        reason,
+        shared,
+    );
+    without_refused_metadata(consumer, to_send, &mut answers, &mut bare, reason, shared);
+    Sent {
+        ranges,
+        bare,
+        answers,
+    }
+}
+
+/// What each partition's commit carried in its metadata.
+struct Carried<'a> {
+    ranges: &'a [Option<String>],
+    bare: &'a [bool],
 }
 
 /// A commit the broker answered.
@@ -155,7 +196,7 @@ fn account<G: CommitLedger>(
     group: &mut G,
     answered: &Answered,
     sent: &[&CommitOffset],
-    ranges: &[Option<String>],
+    carried: &Carried<'_>,
     answers: Vec<Result<(), KafkaError>>,
 ) -> Option<KafkaError> {
     let reason = answered.reason.as_str();
@@ -174,7 +215,16 @@ fn account<G: CommitLedger>(
                     duration_ms = answered.duration_ms
                 );
                 // FIFO: the last commit accepted is what the group has.
-                group.accepted(c, answered.reason.releases(), ranges[i].is_some());
+                let limit = match carried.bare[i] {
+                    true => Limit::None,
+                    false => c.limit.map_or(Limit::Unchanged, Limit::Recorded),
+                };
+                let accepted = Accepted {
+                    released: answered.reason.releases(),
+                    with_ranges: carried.ranges[i].is_some(),
+                    limit,
+                };
+                group.accepted(c, &accepted);
             }
             Err(e) => {
                 log_refused(answered.reason, c, &e);

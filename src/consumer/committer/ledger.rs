@@ -28,6 +28,28 @@ pub fn doubted_by(error: &KafkaError) -> bool {
     )
 }
 
+/// What an accepted commit of one partition carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// It was a release's (revoke, stop).
+    pub released: bool,
+    /// Its `a=` ranges were committed with it.
+    pub with_ranges: bool,
+    pub limit: Limit,
+}
+
+/// The dispatch limit an accepted commit recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// This one: offsets up to it may start.
+    Recorded(i64),
+    /// The commit named none (the limit stays as it was).
+    Unchanged,
+    /// It carried no metadata at all (the broker refuses it): no limit can be recorded,
+    /// so none holds the partition back.
+    None,
+}
+
 /// What the committer reads from and records in the group it commits for (the
 /// consumer's `Group`, which keeps the membership: src/consumer/membership.rs).
 pub trait CommitLedger: Send + 'static {
@@ -38,9 +60,9 @@ pub trait CommitLedger: Send + 'static {
         Self: Sized;
     /// In doubt, when a confirming commit is due: what it sends.
     fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>>;
-    /// The broker accepted `c` (`released`: by a release; `with_ranges`: its `a=` ranges
-    /// were committed with it): what the group has for its partition, if still owned.
-    fn accepted(&mut self, c: &CommitOffset, released: bool, with_ranges: bool);
+    /// The broker accepted `c` (with what [`Accepted`] says): what the group has for its
+    /// partition, if still owned.
+    fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted);
     /// A commit sent at `sent_at` was accepted: it may prove the membership.
     fn confirmed_by_commit(&mut self, sent_at: Instant);
     /// A periodic or confirming commit was refused with `error`, [`doubted_by`] it: the

@@ -1,5 +1,5 @@
-//! The commit metadata: `ackd/2:o=O;p=H[;a=R][;r];end`, how it is written, and how it
-//! is read back beside a committed offset.
+//! The commit metadata: `ackd/3:o=O;p=H;l=L[;a=R][;r];end`, how it is written, and how
+//! it is read back beside a committed offset (version 2, without `l=`, is read too).
 
 use std::sync::Arc;
 
@@ -9,13 +9,19 @@ use super::commit::Reason;
 use crate::consumer::acked_ranges;
 use crate::topic_partition::TopicPartition;
 
-/// The version of the metadata format this ackd writes, and the only one whose ranges
-/// it trusts. A later format (new fields) bumps it: see [`metadata`].
-pub const METADATA_VERSION: u32 = 2;
+/// The version of the metadata format this ackd writes. A later format (new fields)
+/// bumps it: see [`metadata`].
+pub const METADATA_VERSION: u32 = 3;
 
-/// The metadata a commit of `offset` carries, and how it is read back: `ackd/2:o=O;p=H`
-/// (`O` the offset committed, `H` the highest offset processed), then `;a=R` (`acked`:
-/// the [`acked_ranges::encode`]d ranges, if any), then `;r` for a release, then `;end`.
+/// The previous version (no `l=`), still read: its ranges are trusted as before, and
+/// without a dispatch limit a crashed owner's redelivery is not known.
+const PREVIOUS_VERSION: u32 = 2;
+
+/// The metadata a commit of `offset` carries, and how it is read back: `ackd/3:o=O;p=H;l=L`
+/// (`O` the offset committed, `H` the highest offset processed, `L` the dispatch limit:
+/// the highest offset this process may start before its next commit is accepted, see
+/// src/consumer/dispatch_limit.rs), then `;a=R` (`acked`: the
+/// [`acked_ranges::encode`]d ranges, if any), then `;r` for a release, then `;end`.
 ///
 /// Grammar: `ackd/V:` then fields separated by `;`, the last one `end`. `V` is the
 /// format's version: a reader reads only its own version, so a field is added by
@@ -25,16 +31,22 @@ pub const METADATA_VERSION: u32 = 2;
 /// trusts them only beside that very offset (a tool that moves an offset and keeps its
 /// metadata, as MirrorMaker 2's offset sync does, leaves them meaningless). `end` marks
 /// the string whole: one cut short (by a broker, a tool) is not read as fewer ranges.
+///
+/// Nothing processed yet (a first commit, which carries only a limit): `H` is `O - 1`.
+/// No limit and nothing processed: no metadata at all.
 pub fn metadata(
     offset: i64,
     processed: Option<i64>,
+    limit: Option<i64>,
     acked: Option<&str>,
     reason: Reason,
 ) -> String {
-    let Some(h) = processed else {
+    if processed.is_none() && limit.is_none() {
         return String::new();
-    };
-    let mut m = format!("ackd/{METADATA_VERSION}:o={offset};p={h}");
+    }
+    let h = processed.unwrap_or(offset.saturating_sub(1));
+    let l = limit.unwrap_or(h).max(h);
+    let mut m = format!("ackd/{METADATA_VERSION}:o={offset};p={h};l={l}");
     if let Some(r) = acked {
         m.push_str(";a=");
         m.push_str(r);
@@ -86,6 +98,8 @@ impl MetadataState {
 pub struct Previous {
     /// The highest offset it had processed when it committed.
     pub processed: i64,
+    /// Its dispatch limit: it started nothing above it (`None`: version 2, no limit).
+    pub limit: Option<i64>,
     /// It committed on releasing the partition: it processed nothing after.
     pub released: bool,
     /// The offsets it had acknowledged above the committed one, relative to it
@@ -108,16 +122,15 @@ impl Previous {
             .unwrap_or_default()
     }
 
-    /// How many messages come again after this release at `committed`, having skipped
-    /// `skipped`: `processed + 1 - committed - skipped`, at least 0; `None` when the
-    /// broker-supplied numbers overflow (they are anyone's to write).
-    pub fn redelivery(&self, committed: i64, skipped: i64) -> Option<i64> {
-        let n = self
-            .processed
-            .checked_add(1)?
-            .checked_sub(committed)?
-            .checked_sub(skipped)?;
-        Some(n.max(0))
+    /// The last offset that it may have handed to a processor: what it had processed when
+    /// it released the partition, else its dispatch limit; `None`: not known (an older
+    /// ackd that crashed).
+    pub fn window_end(&self) -> Option<i64> {
+        if self.released {
+            Some(self.processed)
+        } else {
+            self.limit.map(|l| l.max(self.processed))
+        }
     }
 }
 
@@ -189,22 +202,27 @@ fn parse_metadata(metadata: &[u8]) -> Parsed {
         return Parsed::Foreign;
     };
     match version.parse::<u32>() {
-        Ok(v) if v == METADATA_VERSION && canonical_number(version) => {
-            parse_fields(fields).map_or(Parsed::Foreign, |(base, previous)| Parsed::Ackd {
-                base,
-                previous,
-            })
+        Ok(v @ (PREVIOUS_VERSION | METADATA_VERSION)) if canonical_number(version) => {
+            parse_fields(fields, v == METADATA_VERSION).map_or(
+                Parsed::Foreign,
+                |(base, previous)| Parsed::Ackd { base, previous },
+            )
         }
         Ok(v) if v > METADATA_VERSION && canonical_number(version) => Parsed::Newer,
         _ => Parsed::Foreign,
     }
 }
 
-/// The fields of this version: `o=O;p=H[;a=R][;r];end`.
-fn parse_fields(fields: &str) -> Option<(i64, Previous)> {
+/// The fields of this version, `o=O;p=H;l=L[;a=R][;r];end`, or (`with_limit` false)
+/// of the previous one, `o=O;p=H[;a=R][;r];end`.
+fn parse_fields(fields: &str, with_limit: bool) -> Option<(i64, Previous)> {
     let mut fields = fields.split(';');
     let base = signed(fields.next()?.strip_prefix("o=")?)?;
     let processed = signed(fields.next()?.strip_prefix("p=")?)?;
+    let limit = match with_limit {
+        true => Some(signed(fields.next()?.strip_prefix("l=")?)?),
+        false => None,
+    };
     let mut next = fields.next()?;
     let acked = match next.strip_prefix("a=") {
         Some(value) => {
@@ -222,6 +240,7 @@ fn parse_fields(fields: &str) -> Option<(i64, Previous)> {
         base,
         Previous {
             processed,
+            limit,
             released,
             acked,
         },
@@ -288,12 +307,13 @@ mod tests {
             state: MetadataState::Current,
             previous: Some(Previous {
                 processed,
+                limit: Some(60),
                 released,
                 acked: Vec::new(),
             }),
         };
-        let written = |reason| metadata(30, Some(41), None, reason);
-        assert_eq!(written(Reason::Periodic), "ackd/2:o=30;p=41;end");
+        let written = |reason| metadata(30, Some(41), Some(60), None, reason);
+        assert_eq!(written(Reason::Periodic), "ackd/3:o=30;p=41;l=60;end");
         assert_eq!(
             read_metadata(written(Reason::Periodic).as_bytes(), Some(30)),
             read(41, false)
@@ -306,7 +326,26 @@ mod tests {
             read_metadata(written(Reason::Revoke).as_bytes(), Some(30)),
             read(41, true)
         );
-        assert_eq!(metadata(30, None, None, Reason::Shutdown), "");
+        assert_eq!(metadata(30, None, None, None, Reason::Shutdown), "");
+        // A first commit: nothing processed yet, only a limit.
+        assert_eq!(
+            metadata(30, None, Some(1029), None, Reason::Periodic),
+            "ackd/3:o=30;p=29;l=1029;end"
+        );
+        // The previous version (no limit) is still read.
+        let v2 = read_metadata(b"ackd/2:o=30;p=41;r;end", Some(30));
+        assert_eq!(v2.state, MetadataState::Current);
+        let v2 = v2.previous.unwrap();
+        assert_eq!((v2.processed, v2.limit, v2.released), (41, None, true));
+        assert_eq!(v2.window_end(), Some(41), "released: what it processed");
+        let crashed_v2 = read_metadata(b"ackd/2:o=30;p=41;end", Some(30)).previous;
+        assert_eq!(crashed_v2.unwrap().window_end(), None, "crashed, no limit");
+        let crashed = read_metadata(written(Reason::Periodic).as_bytes(), Some(30)).previous;
+        assert_eq!(
+            crashed.unwrap().window_end(),
+            Some(60),
+            "crashed: its limit"
+        );
         let state = |m: &[u8], committed| read_metadata(m, committed).state;
         assert_eq!(state(b"", Some(30)), MetadataState::Absent);
         // Beside another offset than it was written with, or none.
@@ -324,7 +363,7 @@ mod tests {
             MetadataState::OldFormat
         );
         assert_eq!(
-            state(b"ackd/3:whatever=1;end", Some(30)),
+            state(b"ackd/4:whatever=1;end", Some(30)),
             MetadataState::NewerFormat
         );
         assert_eq!(state(b"ackd/12:x", Some(30)), MetadataState::NewerFormat);
@@ -343,6 +382,10 @@ mod tests {
             b"ackd/2:o=-1;p=41;end",
             b"ackd/2:o=030;p=41;end",
             b"ackd/2:o=30;p=41;x=1;end",
+            b"ackd/3:o=30;p=41;end",
+            b"ackd/3:o=30;l=50;p=41;end",
+            b"ackd/3:o=30;p=41;l=x;end",
+            b"ackd/2:o=30;p=41;l=50;end",
         ] {
             assert_eq!(
                 state(foreign, Some(30)),
@@ -357,8 +400,14 @@ mod tests {
     /// trailing NULs (some clients NUL-terminate what they store) are not part of it.
     #[test]
     fn cut_short_metadata_skips_nothing_and_trailing_nuls_are_trimmed() {
-        let m = metadata(100, Some(115), Some("2-4,7,9-15"), Reason::Revoke);
-        assert_eq!(m, "ackd/2:o=100;p=115;a=2-4,7,9-15;r;end");
+        let m = metadata(
+            100,
+            Some(115),
+            Some(200),
+            Some("2-4,7,9-15"),
+            Reason::Revoke,
+        );
+        assert_eq!(m, "ackd/3:o=100;p=115;l=200;a=2-4,7,9-15;r;end");
         for cut in 0..m.len() {
             let read = read_metadata(&m.as_bytes()[..cut], Some(100));
             assert_eq!(read.previous, None, "{:?}", &m[..cut]);
@@ -388,7 +437,7 @@ mod tests {
     #[test]
     fn acked_ranges_round_trip_and_anything_doubtful_skips_nothing() {
         let read = |m: &[u8], committed| read_metadata(m, Some(committed)).previous.unwrap();
-        let m = metadata(100, Some(115), Some("2-4,7,9-15"), Reason::Revoke);
+        let m = metadata(100, Some(115), None, Some("2-4,7,9-15"), Reason::Revoke);
         let p = read(m.as_bytes(), 100);
         assert_eq!((p.processed, p.released), (115, true));
         assert_eq!(p.acked_above(100), vec![(102, 104), (107, 107), (109, 115)]);
@@ -419,23 +468,5 @@ mod tests {
         let top = i64::MAX - 2;
         let m = format!("ackd/2:o={top};p=9223372036854775807;a=5;end");
         assert_eq!(read(m.as_bytes(), top).acked_above(top), vec![]);
-    }
-
-    /// Issue 19, item 1: the redelivery a release implies, from numbers anyone can write.
-    #[test]
-    fn redelivery_from_broker_supplied_numbers_never_overflows() {
-        let p = |processed| Previous {
-            processed,
-            released: true,
-            acked: Vec::new(),
-        };
-        assert_eq!(p(29).redelivery(5, 9), Some(16));
-        assert_eq!(p(3).redelivery(5, 0), Some(0));
-        assert_eq!(p(i64::MAX).redelivery(0, 0), None);
-        assert_eq!(p(i64::MIN).redelivery(2, 0), None);
-        assert_eq!(p(0).redelivery(i64::MIN, 0), None);
-        assert_eq!(p(-5).redelivery(100, 0), Some(0));
-        assert_eq!(p(10).redelivery(0, i64::MIN), None);
-        assert_eq!(p(10).redelivery(0, i64::MAX), Some(0));
     }
 }

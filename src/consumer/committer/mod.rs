@@ -56,6 +56,8 @@ mod sync_commit;
 mod thread;
 
 pub(crate) use commit::{CommitError, CommitOffset, Reason};
-pub(crate) use ledger::{CommitLedger, CONFIRM_EVERY};
-pub(crate) use metadata::{committed_with_metadata, MetadataState, ReadMetadata};
+pub(crate) use ledger::{Accepted, CommitLedger, Limit, CONFIRM_EVERY};
+#[cfg(test)]
+pub(crate) use metadata::read_metadata;
+pub(crate) use metadata::{committed_with_metadata, MetadataState, Previous, ReadMetadata};
 pub(crate) use thread::Committer;

@@ -1,7 +1,7 @@
 //! What the committer's handles and its thread share: the partitions commits may be sent
 //! for (with the epoch of each one's assignment), and the budget for `a=` ranges.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -17,6 +17,9 @@ pub(super) struct Ownership {
     pub(super) last_epoch: u64,
     /// The partitions of the commit being sent right now (inside librdkafka).
     pub(super) sending: Vec<TopicPartition>,
+    /// Partitions whose metadata the broker refused even without ranges: their commits
+    /// carry none (no dispatch limit either) from then on.
+    pub(super) bare: HashSet<TopicPartition>,
 }
 
 pub(super) struct Shared {

@@ -13,8 +13,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::commit::{CommitOffset, Reason};
 use super::metadata::{metadata, raw_metadata};
 
-/// Commits `offsets` synchronously, each with its `ranges` in the metadata; returns each
-/// partition's answer, in order.
+/// Commits `offsets` synchronously, each with its `ranges` in the metadata (none at all
+/// where `bare`); returns each partition's answer, in order.
 ///
 /// The broker answers an OffsetCommit per partition, but librdkafka (2.12) reports one
 /// error for the whole commit (the last refused partition's) and, before it hands the
@@ -27,15 +27,24 @@ pub(super) fn commit_sync<X: Consumer<C>, C: ConsumerContext>(
     consumer: &X,
     offsets: &[&CommitOffset],
     ranges: &[Option<String>],
+    bare: &[bool],
     reason: Reason,
 ) -> Vec<Result<(), KafkaError>> {
-    let (tpl, sent) = commit_list(offsets, ranges, reason);
+    let (tpl, sent) = commit_list(offsets, ranges, bare, reason);
     let (overall, answer) = commit_queue(consumer, &tpl);
     if !overall.is_error() {
         return offsets.iter().map(|_| Ok(())).collect();
     }
     let accepted: Vec<bool> = if offsets.len() > 1 && partition_scoped(overall.into()) {
-        read_back(consumer, tpl, offsets, &sent, ranges)
+        // The metadata must be there too, but for a release's (its mark alone refused
+        // leaves the offset committed, which is what counts): a periodic commit's
+        // carries the dispatch limit the worker goes by once it is accepted.
+        let whole = ranges
+            .iter()
+            .zip(&sent)
+            .map(|(r, m)| r.is_some() || (!reason.releases() && !m.is_empty()))
+            .collect::<Vec<_>>();
+        read_back(consumer, tpl, offsets, &sent, &whole)
     } else {
         vec![false; offsets.len()]
     };
@@ -62,15 +71,19 @@ pub(super) fn commit_sync<X: Consumer<C>, C: ConsumerContext>(
 fn commit_list(
     offsets: &[&CommitOffset],
     ranges: &[Option<String>],
+    bare: &[bool],
     reason: Reason,
 ) -> (TopicPartitionList, Vec<String>) {
     let mut tpl = TopicPartitionList::with_capacity(offsets.len());
     let mut sent = Vec::with_capacity(offsets.len());
-    for (c, r) in offsets.iter().zip(ranges) {
+    for ((c, r), bare) in offsets.iter().zip(ranges).zip(bare) {
         let mut e = tpl.add_partition(&c.tp.0, c.tp.1);
         // Offsets come from the tracker: always >= 0, so this cannot fail.
         let _ = e.set_offset(Offset::Offset(c.offset));
-        let m = metadata(c.offset, c.processed, r.as_deref(), reason);
+        let m = match bare {
+            true => String::new(),
+            false => metadata(c.offset, c.processed, c.limit, r.as_deref(), reason),
+        };
         e.set_metadata(m.clone());
         sent.push(m);
     }
@@ -106,25 +119,23 @@ fn read_back<X: Consumer<C>, C: ConsumerContext>(
     tpl: TopicPartitionList,
     offsets: &[&CommitOffset],
     sent: &[String],
-    ranges: &[Option<String>],
+    whole: &[bool],
 ) -> Vec<bool> {
     match consumer.committed_offsets(tpl, READ_BACK_TIMEOUT) {
-        // With ranges, the metadata too: a commit of the offset already committed
-        // with new ranges is accepted only if they are there (else it is retried
-        // without them). A release mark refused alone leaves the offset committed,
-        // which is what counts.
+        // Where `whole`, the metadata too: a commit of the offset already committed
+        // with new ranges or a new limit is accepted only if they are there.
         Ok(now) => {
             let elements = now.elements();
             let now: Vec<_> = elements.iter().zip(raw_metadata(&now)).collect();
             offsets
                 .iter()
-                .zip(sent.iter().zip(ranges))
-                .map(|(c, (m, r))| {
+                .zip(sent.iter().zip(whole))
+                .map(|(c, (m, whole))| {
                     now.iter().any(|(e, got)| {
                         e.topic() == &*c.tp.0
                             && e.partition() == c.tp.1
                             && e.offset() == Offset::Offset(c.offset)
-                            && (r.is_none() || got.as_deref().unwrap_or_default() == m.as_bytes())
+                            && (!whole || got.as_deref().unwrap_or_default() == m.as_bytes())
                     })
                 })
                 .collect()

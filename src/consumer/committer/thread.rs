@@ -200,6 +200,7 @@ mod tests {
             tp: tp(partition),
             offset,
             processed: Some(offset - 1),
+            limit: Some(offset + 999),
             acked: Vec::new(),
         }
     }
@@ -365,6 +366,7 @@ mod tests {
             tp: tp(0),
             offset,
             processed: acked.last().map(|r| r.1),
+            limit: None,
             acked,
         };
         // 1000 single offsets: the ranges fill the whole budget.
@@ -382,7 +384,10 @@ mod tests {
             .unwrap();
         assert_eq!(
             committed_metadata(&c, 0),
-            (Offset::Offset(10), Some(b"ackd/2:o=10;p=2010;end".to_vec()))
+            (
+                Offset::Offset(10),
+                Some(b"ackd/3:o=10;p=2010;l=2010;end".to_vec())
+            )
         );
         // Refused once, then accepted: counted as one commit that succeeded.
         assert_eq!(metrics.counts(), (1, 0));
@@ -410,5 +415,34 @@ mod tests {
                 .map(|i| (10 + 2 * i, 10 + 2 * i))
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// Issue 23: metadata the broker refuses even without ranges (an
+    /// `offset.metadata.max.bytes` below what ackd writes) costs the metadata, never the
+    /// offset: committed again at once with none, and none from then on.
+    #[test]
+    fn a_commit_whose_metadata_is_refused_is_committed_without_any() {
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let mock = MockCluster::new(1).unwrap();
+        let (c, committer, metrics) = start(&mock);
+        mock.request_errors(
+            RDKafkaApiKey::OffsetCommit,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE],
+        );
+        let deadline = deadline_in(Duration::from_secs(60));
+        committer
+            .commit(vec![offset(0, 10)], Reason::Periodic, &deadline)
+            .unwrap();
+        let (committed, meta) = committed_metadata(&c, 0);
+        assert_eq!(committed, Offset::Offset(10));
+        assert!(meta.unwrap_or_default().is_empty(), "no metadata");
+        assert_eq!(metrics.counts(), (1, 0));
+        assert!(committer.shared.lock().bare.contains(&tp(0)));
+        committer
+            .commit(vec![offset(0, 20)], Reason::Periodic, &deadline)
+            .unwrap();
+        let (committed, meta) = committed_metadata(&c, 0);
+        assert_eq!(committed, Offset::Offset(20));
+        assert!(meta.unwrap_or_default().is_empty(), "none from then on");
     }
 }

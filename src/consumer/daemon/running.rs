@@ -39,6 +39,7 @@ pub(super) fn start_supervisor<P: Processor>(
     let control = Control {
         commit_ticks,
         at_end: parts.at_end.clone(),
+        limits_wanted: parts.limits_wanted.clone(),
         shutdown,
         committed: committed_tx,
         fatal: Some(fatal_tx),

@@ -18,6 +18,7 @@ use crate::config::security;
 use crate::config::settings::{ProcessingOrder, Settings};
 use crate::consumer::committer::Committer;
 use crate::consumer::dead_letter::DeadLetter;
+use crate::consumer::dispatch_limit::LimitPolicy;
 use crate::consumer::group::{AckdConsumer, Group, GroupContext};
 use crate::consumer::signals::stopped_while_waiting;
 use crate::consumer::stop_clock::StopClock;
@@ -124,6 +125,8 @@ pub(super) struct Parts {
     pub(super) stop_clock: Arc<StopClock>,
     /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
     pub(super) at_end: Option<Arc<Notify>>,
+    /// Notified when a worker wants its dispatch limit raised now: the supervisor commits.
+    pub(super) limits_wanted: Arc<Notify>,
     pub(super) commit_metrics: Arc<CommitMetrics>,
     pub(super) health: Arc<Health>,
     pub(super) memory: Option<memory::Budget>,
@@ -136,6 +139,7 @@ impl Parts {
             group: Arc::new(Mutex::new(Group::default())),
             stop_clock: Arc::new(StopClock::default()),
             at_end: settings.stop_at_end.then(|| Arc::new(Notify::new())),
+            limits_wanted: Arc::new(Notify::new()),
             health: Arc::new(Health::new(
                 commit_metrics.clone(),
                 settings.health_stuck_after(),
@@ -212,6 +216,11 @@ pub(super) fn worker_config<P: Processor>(
                 max_in_flight: settings.concurrency,
                 max_pending: settings.max_pending,
             },
+        },
+        limits: LimitPolicy {
+            window_max: i64::try_from(settings.redelivery_window_max).unwrap_or(i64::MAX),
+            commit_interval: settings.commit_interval,
+            wanted: parts.limits_wanted.clone(),
         },
     }
 }

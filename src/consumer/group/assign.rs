@@ -11,17 +11,19 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::generation::generation;
 use super::{AckdConsumer, Group, GroupContext, Owned};
-use crate::consumer::committer::{self, MetadataState, ReadMetadata};
+use crate::config::settings::StartFrom;
+use crate::consumer::committer::{self, MetadataState, Previous, ReadMetadata};
 use crate::consumer::membership;
-use crate::consumer::worker;
+use crate::consumer::worker::{self, RedeliveryWindow};
 use crate::processors::processor::Processor;
 use crate::topic_partition::TopicPartition;
 
-/// Where a partition resumes: its committed offset (`None`: the start policy applies)
-/// and the offsets above it to skip.
+/// Where a partition resumes: its committed offset (`None`: the start policy applies),
+/// the offsets above it to skip, and those to flag as possible repeats.
 struct ResumePoint {
     committed: Option<i64>,
     acked_above: Vec<(i64, i64)>,
+    window: RedeliveryWindow,
 }
 
 impl<P: Processor> GroupContext<P> {
@@ -42,7 +44,7 @@ impl<P: Processor> GroupContext<P> {
         membership::confirmed(&mut *group, "rebalance");
         for e in tpl.elements() {
             let tp: TopicPartition = (Arc::from(e.topic()), e.partition());
-            let point = self.resume_point(&tp, resume.remove(&tp), generation);
+            let point = self.resume_point(base, &tp, resume.remove(&tp), generation);
             self.start_worker(&mut group, &consumer, tp, point);
         }
     }
@@ -51,42 +53,45 @@ impl<P: Processor> GroupContext<P> {
     /// logged `at=assigned`.
     fn resume_point(
         &self,
+        base: &BaseConsumer<Self>,
         tp: &TopicPartition,
         committed: Option<(Offset, ReadMetadata)>,
         generation: Option<i32>,
     ) -> ResumePoint {
         let (topic, partition) = (&*tp.0, tp.1);
-        let mut acked_above = Vec::new();
-        let committed = match committed {
-            Some((Offset::Offset(o), read)) => {
-                acked_above = resume_from_commit(topic, partition, o, &read, generation);
-                Some(o)
-            }
-            Some(_) => {
-                tracing::info!(
-                    at = "assigned",
-                    topic,
-                    partition,
-                    from = self.start_from.as_str(),
-                    generation,
-                    "no committed offset: the start policy applies"
-                );
-                None
-            }
-            None => {
-                tracing::info!(
-                    at = "assigned",
-                    topic,
-                    partition,
-                    from = "unknown",
-                    generation
-                );
-                None
-            }
+        if let Some((Offset::Offset(o), read)) = committed {
+            let (acked_above, window) = resume_from_commit(base, tp, o, &read, generation);
+            return ResumePoint {
+                committed: Some(o),
+                acked_above,
+                window,
+            };
+        }
+        // Nothing committed (or not known): whoever read the partition before may have
+        // processed anything that exists now.
+        let start = match (&committed, self.start_from) {
+            (None, _) | (Some(_), StartFrom::Earliest) => Start::Earliest,
+            (Some(_), StartFrom::Latest) => Start::Latest,
         };
+        let window = bounded_by_log_end(base, tp, start);
+        let from = match committed {
+            Some(_) => self.start_from.as_str(),
+            None => "unknown",
+        };
+        tracing::info!(
+            at = "assigned",
+            topic,
+            partition,
+            from,
+            generation,
+            redelivery_at_most = at_most_str(window),
+            flagged_through = flagged_through(window),
+            "no committed offset known: the start policy applies"
+        );
         ResumePoint {
-            committed,
-            acked_above,
+            committed: None,
+            acked_above: Vec::new(),
+            window,
         }
     }
 
@@ -119,6 +124,7 @@ impl<P: Processor> GroupContext<P> {
             worker::Resume {
                 committed: point.committed,
                 acked: point.acked_above,
+                window: point.window,
             },
             self.worker.clone(),
             predecessor,
@@ -208,34 +214,32 @@ fn take_over<P: Processor>(
         })
 }
 
-/// The `at=assigned` line of a partition resuming at its committed offset `o`, and the
-/// offsets above it its previous owner acknowledged (concurrent ordering), to skip:
-/// only when the metadata is this ackd's, written beside `o` itself. Otherwise nothing
-/// is skipped, and `metadata=` says why.
-fn resume_from_commit(
-    topic: &str,
-    partition: i32,
+/// The `at=assigned` line of a partition resuming at its committed offset `o`; the
+/// offsets above it its previous owner acknowledged (concurrent ordering), to skip (only
+/// when the metadata is this ackd's, written beside `o` itself), and the window of
+/// offsets to flag as possible repeats. Otherwise nothing is skipped, and `metadata=`
+/// says why.
+fn resume_from_commit<C: rdkafka::consumer::ConsumerContext>(
+    base: &BaseConsumer<C>,
+    tp: &TopicPartition,
     o: i64,
     read: &ReadMetadata,
     generation: Option<i32>,
-) -> Vec<(i64, i64)> {
+) -> (Vec<(i64, i64)>, RedeliveryWindow) {
+    let (topic, partition) = (&*tp.0, tp.1);
     let previous = read.previous.as_ref();
     let acked_above = previous.map_or_else(Vec::new, |p| p.acked_above(o));
     let skipped = crate::consumer::acked_ranges::count(&acked_above);
-    // Redelivery is visible: a previous owner that released the partition had processed
-    // through `processed` and nothing after, so exactly the offsets from the resume
-    // offset to it come again, but those it acknowledged above its commit. One that did
-    // not release it (crashed, fenced, lost it) may have processed on after its last
-    // commit, which left no trace: how much comes again is not known (the crash bound
-    // in the README bounds it); nor is it when ackd's metadata does not describe `o`.
-    let redelivery = match previous {
-        Some(p) if p.released => Some(
-            p.redelivery(o, skipped)
-                .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
-        ),
-        Some(_) => Some("unknown".to_string()),
-        None => untrusted_metadata(read.state).map(|_| "unknown".to_string()),
-    };
+    // A previous owner that released the partition had processed through `processed`
+    // and nothing after; one that crashed (or was fenced, or lost it) started nothing
+    // above its dispatch limit. Either way exactly the offsets from `o` to there may
+    // come again, but those it acknowledged above its commit. Without that (an older
+    // ackd that crashed, metadata not this ackd's or not describing `o`), the bound is
+    // what the log holds now.
+    let window = previous
+        .and_then(|p| window_from(p, o, skipped))
+        .unwrap_or_else(|| bounded_by_log_end(base, tp, Start::At(o)));
+    let released = previous.filter(|p| p.released);
     tracing::info!(
         at = "assigned",
         topic,
@@ -245,8 +249,11 @@ fn resume_from_commit(
         generation,
         metadata = read.state.as_str(),
         highest_processed = previous.map(|p| p.processed),
+        dispatch_limit = previous.and_then(|p| p.limit),
         released = previous.map(|p| p.released),
-        redelivery = redelivery.as_deref(),
+        redelivery = released.and(window.at_most),
+        redelivery_at_most = at_most_str(window),
+        flagged_through = flagged_through(window),
         acked_above = (skipped > 0).then_some(skipped)
     );
     if let Some(why) = untrusted_metadata(read.state) {
@@ -259,7 +266,75 @@ fn resume_from_commit(
             "{why}: no offset above the committed one is skipped (messages the previous owner acknowledged above it may come again)"
         );
     }
-    acked_above
+    (acked_above, window)
+}
+
+/// The window `p` implies for a resume at `o`, having skipped `skipped`; `None` when it
+/// does not say (no dispatch limit) or its numbers overflow.
+fn window_from(p: &Previous, o: i64, skipped: i64) -> Option<RedeliveryWindow> {
+    let through = p.window_end()?;
+    let at_most = through
+        .checked_add(1)?
+        .checked_sub(o)?
+        .checked_sub(skipped)?
+        .max(0);
+    Some(RedeliveryWindow {
+        through,
+        at_most: Some(at_most),
+    })
+}
+
+/// Where a partition without a usable commit starts.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    At(i64),
+    Earliest,
+    Latest,
+}
+
+/// When nothing says what the previous owner started: every message the log holds now
+/// may have been (nothing above it can have been: it did not exist). Asks the broker
+/// for the log's bounds; if that fails, every message is flagged and the count unknown.
+fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
+    base: &BaseConsumer<C>,
+    tp: &TopicPartition,
+    start: Start,
+) -> RedeliveryWindow {
+    match base.fetch_watermarks(&tp.0, tp.1, WATERMARKS_TIMEOUT) {
+        Ok((low, high)) => {
+            let from = match start {
+                Start::At(o) => o,
+                Start::Earliest => low,
+                Start::Latest => high,
+            };
+            RedeliveryWindow {
+                through: high.saturating_sub(1),
+                at_most: Some(high.saturating_sub(from).max(0)),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(at = "watermarks_unknown", topic = &*tp.0, partition = tp.1, error = %e,
+                "could not read the log's bounds: every message of this assignment is flagged as a possible repeat");
+            RedeliveryWindow {
+                through: i64::MAX,
+                at_most: None,
+            }
+        }
+    }
+}
+
+/// How long reading a partition's log bounds at assignment may take.
+const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `redelivery_at_most=`: a count, or `unknown`.
+fn at_most_str(w: RedeliveryWindow) -> String {
+    w.at_most
+        .map_or_else(|| "unknown".to_string(), |n| n.to_string())
+}
+
+/// `flagged_through=`: the window's last offset, when there is one.
+fn flagged_through(w: RedeliveryWindow) -> Option<i64> {
+    (w.at_most != Some(0) && w.through >= 0 && w.through < i64::MAX).then_some(w.through)
 }
 
 /// Why ackd's metadata beside a committed offset is not trusted (`None`: it is, or it
@@ -271,5 +346,36 @@ fn untrusted_metadata(state: MetadataState) -> Option<&'static str> {
         OldFormat => Some("the metadata is an older ackd's format, which does not say which offset it was written beside"),
         NewerFormat => Some("the metadata is a later ackd's format"),
         Absent | Current | Foreign => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::committer::read_metadata;
+
+    fn previous(m: &str, o: i64) -> Previous {
+        read_metadata(m.as_bytes(), Some(o)).previous.unwrap()
+    }
+
+    /// Issue 23: the window a new owner flags, from numbers anyone can write.
+    #[test]
+    fn the_window_is_the_limit_or_the_release_and_never_overflows() {
+        let crashed = previous("ackd/3:o=30;p=41;l=1040;a=2-4;end", 30);
+        let w = window_from(&crashed, 30, 3).unwrap();
+        assert_eq!((w.through, w.at_most), (1040, Some(1011 - 3)));
+        let released = previous("ackd/3:o=30;p=41;l=1040;r;end", 30);
+        let w = window_from(&released, 30, 0).unwrap();
+        assert_eq!((w.through, w.at_most), (41, Some(12)));
+        assert_eq!(
+            window_from(&previous("ackd/2:o=30;p=41;end", 30), 30, 0),
+            None
+        );
+        let top = format!("ackd/3:o=0;p=0;l={};end", i64::MAX);
+        assert_eq!(window_from(&previous(&top, 0), 0, 0), None);
+        let low = format!("ackd/3:o=5;p=-5;l=-5;end");
+        let w = window_from(&previous(&low, 5), 5, 0).unwrap();
+        assert_eq!(w.at_most, Some(0));
+        assert_eq!(flagged_through(w), None);
     }
 }

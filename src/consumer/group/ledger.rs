@@ -7,7 +7,7 @@ use std::time::Instant;
 use rdkafka::error::KafkaError;
 
 use super::Group;
-use crate::consumer::committer::{CommitLedger, CommitOffset};
+use crate::consumer::committer::{Accepted, CommitLedger, CommitOffset, Limit};
 use crate::consumer::membership;
 use crate::topic_partition::TopicPartition;
 
@@ -48,15 +48,21 @@ impl CommitLedger for Group {
         membership::confirmation_due(self)
     }
 
-    fn accepted(&mut self, c: &CommitOffset, released: bool, with_ranges: bool) {
+    fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted) {
         if let Some(p) = self.owned.get_mut(&c.tp) {
             p.committed = Some(c.offset);
-            p.released = released;
-            p.committed_acked = if with_ranges {
+            p.released = accepted.released;
+            p.committed_acked = if accepted.with_ranges {
                 c.acked.clone()
             } else {
                 Vec::new()
             };
+            let limit = &p.worker.shared.dispatch;
+            match accepted.limit {
+                Limit::Recorded(l) => limit.accept(l),
+                Limit::Unchanged => {}
+                Limit::None => limit.lift(),
+            }
         }
     }
 

@@ -96,6 +96,9 @@ impl Group {
                         tp: tp.clone(),
                         offset: p.committed?,
                         processed: p.worker.shared.highest_acked(),
+                        // While in doubt the limit stays: only a confirmed member may
+                        // start more.
+                        limit: p.worker.shared.dispatch.accepted(),
                         acked: p.committed_acked.clone(),
                     })
                 })

@@ -28,9 +28,14 @@ impl Owned {
     /// What to commit, if the acknowledged offset moved past the committed one; on a
     /// release (`releasing`), also the same offset again when this process's last commit
     /// of it was periodic, so that the metadata says it was released (the next owner then
-    /// knows it redelivers nothing).
+    /// knows it redelivers nothing). Running, also when the worker wants its dispatch
+    /// limit raised (src/consumer/dispatch_limit.rs): a commit carries the next one.
     pub(super) fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
-        let acked = self.worker.shared.committable()?;
+        let dispatch = &self.worker.shared.dispatch;
+        let limit_wanted = !releasing && dispatch.wanted();
+        let Some(acked) = self.worker.shared.committable() else {
+            return limit_wanted.then(|| self.limit_only(tp)).flatten();
+        };
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
         // offset is no baseline: what was acknowledged since is what must be committed.
@@ -65,11 +70,37 @@ impl Owned {
             .shared
             .highest_acked()
             .max(above.last().map(|r| r.1));
-        (mark || more_acked || baseline.is_none_or(|c| acked > c)).then(|| CommitOffset {
+        let moved = baseline.is_none_or(|c| acked > c);
+        (mark || more_acked || limit_wanted || moved).then(|| CommitOffset {
             tp: tp.clone(),
             offset: acked,
             processed,
+            limit: Some(dispatch.propose(acked)),
             acked: above,
+        })
+    }
+
+    /// A commit that only raises the dispatch limit, before anything is acknowledged:
+    /// at the first offset read (where the partition really resumes: the committed
+    /// offset, or where the start policy or an out-of-range reset put it), else at the
+    /// committed one. A new owner's first commit, before its first call.
+    fn limit_only(&self, tp: &TopicPartition) -> Option<CommitOffset> {
+        let shared = &self.worker.shared;
+        let offset = shared
+            .first_offset()
+            .or_else(|| shared.dispatch.read())
+            .or(self.committed)?;
+        // The ranges inherited beside the committed offset stay named while it does.
+        let acked = match self.committed == Some(offset) {
+            true => self.committed_acked.clone(),
+            false => Vec::new(),
+        };
+        Some(CommitOffset {
+            tp: tp.clone(),
+            offset,
+            processed: acked.last().map(|r| r.1),
+            limit: Some(shared.dispatch.propose(offset)),
+            acked,
         })
     }
 

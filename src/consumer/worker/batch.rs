@@ -14,6 +14,7 @@ use super::config::Batching;
 use super::consume::{Step, Worker};
 use super::handler::{BatchEnd, Handler};
 use super::shared::NONE;
+use crate::consumer::dispatch_limit::DispatchLimit;
 use crate::processors::processor::{Kafka, Message, Processor};
 
 /// What a message weighs against `Batching::max_bytes`.
@@ -32,6 +33,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             &mut self.stream,
             &self.config.batch,
             self.config.at_end.is_some(),
+            &self.shared.dispatch,
             &mut self.stop,
         )
         .await;
@@ -126,14 +128,16 @@ enum After {
 
 /// Adds messages to `batch` (which holds its first) until it is full (by count, or by
 /// bytes: the message that does not fit is put in `held`), the queue stays empty for the
-/// rest of `ACKD_BATCH_MAX_WAIT_MS`, or the partition ends. A backlog fills it without
-/// waiting.
+/// rest of `ACKD_BATCH_MAX_WAIT_MS`, the next message is above the dispatch limit (it
+/// goes to `held` too, and waits there), or the partition ends. A backlog fills it
+/// without waiting.
 async fn gather<'q, S>(
     batch: &mut Vec<BorrowedMessage<'q>>,
     held: &mut Option<KafkaResult<BorrowedMessage<'q>>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
+    dispatch: &DispatchLimit,
     stop: &mut watch::Receiver<bool>,
 ) -> After
 where
@@ -164,6 +168,10 @@ where
         };
         match next {
             Some(Ok(m)) => {
+                if !dispatch.permits(m.offset()) {
+                    *held = Some(Ok(m));
+                    break;
+                }
                 if limit > 0 {
                     bytes += weight(&m);
                     if bytes > limit {

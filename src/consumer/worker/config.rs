@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use crate::config::failure::{OnFailure, RetryPolicy};
 use crate::config::settings::ProcessingOrder;
 use crate::consumer::dead_letter::DeadLetter;
+use crate::consumer::dispatch_limit::LimitPolicy;
 
 /// What a worker needs besides its queue.
 pub struct WorkerConfig<P> {
@@ -24,6 +25,8 @@ pub struct WorkerConfig<P> {
     pub batch: Batching,
     /// `ACKD_ORDERING`, `ACKD_CONCURRENCY`, `ACKD_MAX_PENDING`.
     pub concurrency: Concurrency,
+    /// How far ahead of the last accepted commit the worker may start messages.
+    pub limits: LimitPolicy,
 }
 
 /// How many processor calls of one partition run at once, and in what order.
@@ -68,6 +71,7 @@ impl<P> Clone for WorkerConfig<P> {
             dead_letter: self.dead_letter.clone(),
             batch: self.batch,
             concurrency: self.concurrency,
+            limits: self.limits.clone(),
         }
     }
 }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use super::config::WorkerConfig;
 use super::progress::Progress;
+use super::redelivery::Flagging;
 use super::resume::Resume;
 use super::shared::WorkerShared;
 use crate::config::settings::ProcessingOrder;
@@ -52,6 +53,7 @@ pub(super) async fn consume<C, P>(
     let Resume {
         committed: resume,
         acked,
+        window,
     } = resume;
     let mut worker = Worker {
         stream: queue.stream(),
@@ -66,6 +68,7 @@ pub(super) async fn consume<C, P>(
         rng: fastrand::Rng::new(),
         ready: 0,
         first: true,
+        flagging: Flagging::new(window),
     };
     // The previous owner's ranges are this owner's to name until it passes them: its
     // commits must not name fewer acknowledged offsets than it knows of.
@@ -88,7 +91,11 @@ pub(super) async fn consume<C, P>(
                 reached_end(shared, &config, &topic, partition, &mut worker.stop).await;
                 Step::Stop
             }
-            Step::Stop => return,
+            Step::Stop => {
+                let skipped = worker.progress.skip.skipped();
+                worker.flagging.finish(skipped, &topic, partition);
+                return;
+            }
         };
     }
 }
@@ -124,6 +131,8 @@ pub(super) struct Worker<'a, C: ConsumerContext, P> {
     pub(super) ready: usize,
     /// No message read yet in this assignment.
     pub(super) first: bool,
+    /// The offsets flagged as possible repeats, and how many were read.
+    pub(super) flagging: Flagging,
 }
 
 /// With `ACKD_STOP_AT_END`: the end of the log as it is now; this partition is done

@@ -25,12 +25,14 @@ pub(crate) mod hold;
 mod latch;
 mod progress;
 mod read;
+mod redelivery;
 mod resume;
 mod shared;
 mod skip;
 mod start;
 
 pub use config::{Batching, Concurrency, WorkerConfig};
+pub use redelivery::RedeliveryWindow;
 pub use resume::Resume;
 pub use shared::WorkerShared;
 pub use start::{spawn, Predecessor, WorkerHandle};

@@ -66,8 +66,34 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         }
     }
 
-    /// What the queue has next; `None` when told to stop or the queue is gone.
+    /// What the queue has next, once it may start (at most the dispatch limit of the
+    /// last accepted commit: src/consumer/dispatch_limit.rs); `None` when told to stop
+    /// or the queue is gone.
     pub(super) async fn next(&mut self) -> Option<KafkaResult<BorrowedMessage<'a>>> {
+        let next = self.next_read().await;
+        let offset = match &next {
+            Some(Ok(m)) => m.offset(),
+            _ => return next,
+        };
+        let next = if self.shared.dispatch.permits(offset) {
+            next
+        } else {
+            // Kept while waiting: a caller that gives up the wait (the concurrent
+            // loop's select) finds it here next time.
+            self.held = next;
+            if !self.shared.dispatch.wait_for(offset, &mut self.stop).await {
+                return None;
+            }
+            self.held.take()
+        };
+        let skipped = self.progress.skip.skipped();
+        self.flagging
+            .read(offset, skipped, self.topic, self.partition);
+        next
+    }
+
+    /// What the queue has next; `None` when told to stop or the queue is gone.
+    async fn next_read(&mut self) -> Option<KafkaResult<BorrowedMessage<'a>>> {
         if self.ready >= YIELD_EVERY {
             self.ready = 0;
             tokio::task::yield_now().await;

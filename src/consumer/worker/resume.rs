@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::redelivery::RedeliveryWindow;
 use super::shared::WorkerShared;
 use super::skip::Skip;
 
@@ -14,6 +15,8 @@ pub struct Resume {
     /// Offsets above it that its previous owner acknowledged (read from the commit's
     /// metadata), as inclusive ranges, ascending: not processed again.
     pub acked: Vec<(i64, i64)>,
+    /// The offsets a previous owner may have handed to a processor: flagged.
+    pub window: RedeliveryWindow,
 }
 
 /// The first message of the assignment: where the partition resumed, and whether that

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::hold::Hold;
 use super::latch::Latch;
+use crate::consumer::dispatch_limit::DispatchLimit;
 use crate::output::metrics::PartitionMetrics;
 use crate::processors::call_start;
 
@@ -52,6 +53,8 @@ pub struct WorkerShared {
     /// (`Processor::calls_may_wait`): its call is tracked in `calls`, like a concurrent
     /// one. Set once, when the worker starts.
     pub(super) admits_calls: AtomicBool,
+    /// The highest offset that may start: the last accepted commit's dispatch limit.
+    pub dispatch: DispatchLimit,
 }
 
 impl crate::output::health::PartitionProbe for WorkerShared {
@@ -94,6 +97,7 @@ impl WorkerShared {
             calls: Arc::default(),
             hold: Hold::default(),
             admits_calls: AtomicBool::new(false),
+            dispatch: DispatchLimit::default(),
         }
     }
 

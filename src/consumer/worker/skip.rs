@@ -20,6 +20,11 @@ impl Skip {
         }
     }
 
+    /// Offsets skipped so far.
+    pub(super) fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
     /// Nothing (left) to skip.
     pub(super) fn is_empty(&self) -> bool {
         self.ranges.is_empty()

@@ -61,6 +61,7 @@ where
     P: Processor,
 {
     let shared = Arc::new(WorkerShared::new());
+    shared.dispatch.configure(config.limits.clone());
     let (stop, stop_rx) = watch::channel(false);
     let task = runtime.spawn(run(
         queue,

@@ -17,7 +17,7 @@ mod shutdown;
 use crate::config::error::SettingError;
 
 use super::raw::RawSettings;
-use super::Settings;
+use super::{Settings, MAX_REDELIVERY_WINDOW, MIN_REDELIVERY_WINDOW};
 
 impl RawSettings {
     pub(super) fn validate(self) -> Result<Settings, SettingError> {
@@ -32,6 +32,11 @@ impl RawSettings {
         let group_instance_id = self.group_instance_id()?;
         let metrics_interval = self.millis("metrics_interval_ms", 0, 3_600_000)?;
         let commit_interval = self.millis("commit_interval_ms", 1, 3_600_000)?;
+        let redelivery_window_max = self.whole(
+            "redelivery_window_max",
+            MIN_REDELIVERY_WINDOW..=MAX_REDELIVERY_WINDOW,
+            format!("expected a whole number of messages from {MIN_REDELIVERY_WINDOW} to {MAX_REDELIVERY_WINDOW}"),
+        )?;
         let shutdown_timeout = self.millis("shutdown_timeout_ms", 1, 3_600_000)?;
         let log_messages = self.boolean("log_messages")?;
         let stop_at_end = self.boolean("stop_at_end")?;
@@ -51,6 +56,7 @@ impl RawSettings {
             sasl: connection.sasl,
             processor,
             commit_interval,
+            redelivery_window_max,
             shutdown_timeout,
             start_from,
             metric_prefix: logging.metric_prefix,

@@ -1,0 +1,300 @@
+//! The dispatch limit (docs/guarantees.md, "Redelivery after a crash"): every commit's
+//! metadata records `l=L`, the highest offset this process may hand to a processor
+//! before its next commit is accepted, and a worker never starts a message above the
+//! limit of the last *accepted* commit. After a crash the next owner then knows that
+//! nothing above L was started, and flags exactly the offsets up to L as possible
+//! repeats.
+//!
+//! The limit runs ahead of the work so that throughput does not wait for it: each
+//! commit proposes the highest offset read plus a window of about two commit intervals
+//! of the partition's messages (at least [`MIN_REDELIVERY_WINDOW`], at most
+//! `ACKD_REDELIVERY_WINDOW_MAX`), and a worker that reads past the middle of its window
+//! asks for a commit at once instead of waiting for the interval.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify};
+
+use crate::config::settings::MIN_REDELIVERY_WINDOW;
+
+/// No limit committed yet: nothing may start.
+const NONE: i64 = -1;
+
+/// How the limits of a process are sized, and how a worker asks for a commit.
+#[derive(Debug, Clone)]
+pub struct LimitPolicy {
+    /// `ACKD_REDELIVERY_WINDOW_MAX`.
+    pub window_max: i64,
+    /// `ACKD_COMMIT_INTERVAL_MS`: the window is about two of them.
+    pub commit_interval: Duration,
+    /// Notified when a worker wants its limit raised now: the supervisor commits.
+    pub wanted: Arc<Notify>,
+}
+
+impl LimitPolicy {
+    fn window_min(&self) -> i64 {
+        (MIN_REDELIVERY_WINDOW as i64).min(self.window_max)
+    }
+}
+
+/// One partition's dispatch limit, shared by its worker (which checks it before every
+/// message) and the group (which proposes the next one at each commit and raises it when
+/// a commit is accepted).
+#[derive(Debug)]
+pub struct DispatchLimit {
+    /// The limit of the last accepted commit: the highest offset that may start.
+    accepted: AtomicI64,
+    /// Past this offset the worker asks for a commit at once (the middle of the window).
+    ask_from: AtomicI64,
+    /// The highest offset the worker has read (started, or held at the limit).
+    read: AtomicI64,
+    /// The worker waits at the limit, or passed `ask_from`: a commit is due now.
+    wanted: AtomicBool,
+    raised: Notify,
+    sizing: Mutex<Sizing>,
+    /// Set when the worker starts ([`DispatchLimit::configure`]).
+    policy: OnceLock<LimitPolicy>,
+}
+
+/// What the next proposal is sized from.
+#[derive(Debug)]
+struct Sizing {
+    /// The highest limit proposed (proposals only grow: the committer sends in order).
+    proposed: i64,
+    window: i64,
+    /// When the last proposal was made, and the offset read then.
+    at: Option<(Instant, i64)>,
+}
+
+impl Default for DispatchLimit {
+    fn default() -> Self {
+        DispatchLimit {
+            accepted: AtomicI64::new(NONE),
+            ask_from: AtomicI64::new(NONE),
+            read: AtomicI64::new(NONE),
+            wanted: AtomicBool::new(false),
+            raised: Notify::new(),
+            sizing: Mutex::new(Sizing {
+                proposed: NONE,
+                window: 0,
+                at: None,
+            }),
+            policy: OnceLock::new(),
+        }
+    }
+}
+
+impl DispatchLimit {
+    /// Sets how the limits are sized and how a commit is asked for (once).
+    pub fn configure(&self, policy: LimitPolicy) {
+        let _ = self.policy.set(policy);
+    }
+
+    fn policy(&self) -> &LimitPolicy {
+        self.policy.get_or_init(|| LimitPolicy {
+            window_max: 100_000,
+            commit_interval: Duration::from_secs(5),
+            wanted: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Whether `offset` may start now; notes it as read, and asks for a commit once it
+    /// passes the middle of the window. A few atomic operations: the hot path.
+    pub fn permits(&self, offset: i64) -> bool {
+        self.read.fetch_max(offset, Ordering::Relaxed);
+        let permitted = offset <= self.accepted.load(Ordering::Acquire);
+        if !permitted || offset >= self.ask_from.load(Ordering::Relaxed) {
+            self.ask();
+        }
+        permitted
+    }
+
+    /// Asks the supervisor for a commit, unless one is asked for already.
+    fn ask(&self) {
+        if !self.wanted.swap(true, Ordering::AcqRel) {
+            self.policy().wanted.notify_one();
+        }
+    }
+
+    /// Waits until `offset` may start; false if told to stop first.
+    pub async fn wait_for(&self, offset: i64, stop: &mut watch::Receiver<bool>) -> bool {
+        loop {
+            let raised = self.raised.notified();
+            tokio::pin!(raised);
+            // Registered before the check: a raise in between still wakes us.
+            raised.as_mut().enable();
+            if self.permits(offset) {
+                return true;
+            }
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return false,
+                _ = raised => {}
+            }
+        }
+    }
+
+    /// Whether a commit should carry a new limit now, though nothing else changed.
+    pub fn wanted(&self) -> bool {
+        self.wanted.load(Ordering::Acquire)
+    }
+
+    /// The limit the next commit carries: the highest offset read plus the window (at
+    /// least the limit already proposed). `floor`: the offset the commit names, below
+    /// which nothing is read yet.
+    pub fn propose(&self, floor: i64) -> i64 {
+        let policy = self.policy();
+        let now = Instant::now();
+        let read = self.read.load(Ordering::Relaxed).max(floor);
+        let early = self.wanted();
+        let mut s = self.sizing.lock().unwrap_or_else(|e| e.into_inner());
+        s.window = next_window(s.window, s.at, (now, read), early, policy);
+        s.at = Some((now, read));
+        s.proposed = s.proposed.max(read.saturating_add(s.window));
+        s.proposed
+    }
+
+    /// A commit carrying `limit` was accepted: offsets up to it may start.
+    pub fn accept(&self, limit: i64) {
+        let previous = self.accepted.fetch_max(limit, Ordering::AcqRel);
+        if limit > previous {
+            let window = self.sizing.lock().unwrap_or_else(|e| e.into_inner()).window;
+            self.ask_from
+                .store(limit.saturating_sub(window / 2), Ordering::Relaxed);
+            self.wanted.store(false, Ordering::Release);
+            self.raised.notify_waiters();
+        }
+        // Read past it meanwhile (the commit was built before): another one, now.
+        if self.read.load(Ordering::Relaxed) >= self.ask_from.load(Ordering::Relaxed) {
+            self.ask();
+        }
+    }
+
+    /// The first offset read, before any started: where a first commit stands when
+    /// nothing was committed or the committed offset was not where reading began.
+    pub fn read(&self) -> Option<i64> {
+        Some(self.read.load(Ordering::Relaxed)).filter(|r| *r != NONE)
+    }
+
+    /// No limit can be committed (the broker refuses commit metadata): nothing is
+    /// held back, and the next owner flags conservatively.
+    pub fn lift(&self) {
+        self.accept(i64::MAX);
+        self.ask_from.store(i64::MAX, Ordering::Relaxed);
+    }
+
+    /// The limit of the last accepted commit, if any.
+    pub fn accepted(&self) -> Option<i64> {
+        Some(self.accepted.load(Ordering::Acquire)).filter(|l| *l != NONE)
+    }
+}
+
+/// The next window: about two commit intervals of messages at the rate read since the
+/// last proposal, between the policy's bounds; doubled (at least) when the worker asked
+/// early, which says the window was too small for the rate.
+fn next_window(
+    window: i64,
+    last: Option<(Instant, i64)>,
+    now: (Instant, i64),
+    early: bool,
+    policy: &LimitPolicy,
+) -> i64 {
+    let (min, max) = (policy.window_min(), policy.window_max);
+    let by_rate = last.map_or(0, |(at, read)| {
+        let elapsed = now.0.saturating_duration_since(at).as_micros().max(1);
+        let messages = now.1.saturating_sub(read).max(0) as u128;
+        let interval = policy.commit_interval.as_micros();
+        (messages * 2 * interval / elapsed).min(i64::MAX as u128) as i64
+    });
+    let grown = if early {
+        by_rate.max(window.saturating_mul(2))
+    } else {
+        by_rate
+    };
+    grown.clamp(min, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(max: i64) -> LimitPolicy {
+        LimitPolicy {
+            window_max: max,
+            commit_interval: Duration::from_secs(5),
+            wanted: Arc::new(Notify::new()),
+        }
+    }
+
+    fn limit(max: i64) -> DispatchLimit {
+        let l = DispatchLimit::default();
+        l.configure(policy(max));
+        l
+    }
+
+    #[test]
+    fn nothing_starts_before_a_limit_is_accepted_and_nothing_above_it() {
+        let l = limit(100_000);
+        assert!(!l.permits(0), "no limit committed yet");
+        assert!(l.wanted(), "the worker at the limit asks for a commit");
+        let first = l.propose(0);
+        assert_eq!(first, 1_000, "the first window is the minimum");
+        assert!(!l.permits(0), "proposed is not accepted");
+        l.accept(first);
+        assert!(!l.wanted());
+        assert!(l.permits(0) && l.permits(1_000) && !l.permits(1_001));
+        l.accept(10);
+        assert_eq!(
+            l.accepted(),
+            Some(1_000),
+            "an older acceptance never lowers it"
+        );
+    }
+
+    #[test]
+    fn the_window_follows_the_rate_between_its_bounds_and_proposals_only_grow() {
+        let p = policy(100_000);
+        let t0 = Instant::now();
+        let t = |ms| t0 + Duration::from_millis(ms);
+        // 1000 messages per second, two 5 s intervals: 10,000.
+        assert_eq!(
+            next_window(0, Some((t(0), 0)), (t(1000), 1000), false, &p),
+            10_000
+        );
+        assert_eq!(
+            next_window(0, Some((t(0), 0)), (t(1000), 0), false, &p),
+            1_000
+        );
+        assert_eq!(
+            next_window(0, Some((t(0), 0)), (t(1), 1_000_000), false, &p),
+            100_000
+        );
+        assert_eq!(
+            next_window(4_000, None, (t(0), 0), true, &p),
+            8_000,
+            "asked early: doubled"
+        );
+        assert_eq!(
+            next_window(0, None, (t(0), 0), false, &policy(10)),
+            10,
+            "the cap wins"
+        );
+
+        let l = limit(100_000);
+        let a = l.propose(500);
+        assert_eq!(a, 1_500);
+        assert!(l.propose(0) >= a);
+    }
+
+    #[test]
+    fn the_worker_asks_for_a_commit_past_the_middle_of_its_window() {
+        let l = limit(100_000);
+        l.accept(l.propose(0));
+        assert!(l.permits(499) && !l.wanted());
+        assert!(l.permits(500) && l.wanted(), "past the middle: asks");
+        l.lift();
+        assert!(l.permits(i64::MAX - 1));
+    }
+}
