@@ -268,3 +268,34 @@ fn a_stop_while_a_batch_is_gathered_loses_nothing() {
         assert_eq!(after[&p], Some(end), "partition {p}");
     }
 }
+
+/// The processor gets `redelivered` and `attempt` on every message: a message failing
+/// twice (`retry:2`) says false and 1, then true and 2 (in its failures' reasons); with `process` (batches of 1) and the default `process_batch` (batches of 8, where
+/// the rest of the batch comes again with it). Produced once the partition is assigned:
+/// no message can be a repeat on its first try.
+#[test]
+fn a_retried_message_says_it_is_redelivered_and_its_attempt() {
+    for max in [1usize, 8] {
+        let (topic, group) = fresh_topic(&format!("batch-attempt{max}"), 1);
+        let ackd = faulty_batches(&topic, &group, max).spawn();
+        ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+        let mut payloads = vec!["ok"; 8];
+        payloads[5] = "retry:2";
+        produce_payloads(&topic, 0, &payloads);
+        ackd.wait_for_count(is_processed, 8, WAIT);
+        let lines = ackd.stop(0, WAIT);
+        let errors: Vec<String> = all_at(&lines, "retry")
+            .iter()
+            .map(|l| field(l, "error").unwrap_or_default())
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "retryable: attempt 1 of 2 failing (redelivered=false attempt=1)",
+                "retryable: attempt 2 of 2 failing (redelivered=true attempt=2)",
+            ],
+            "batches of {max}"
+        );
+        assert_eq!(processed_on(&lines, 0), (0..8).collect::<Vec<_>>());
+    }
+}

@@ -1405,3 +1405,141 @@ fn sigterm_under_partition_ordering_waits_for_the_call_the_child_has_not_for_oth
         "partition queued stop: handled_before_sigterm={handled_before} handled_by_first={handled_first} acked_first={total}"
     );
 }
+
+// ---- redelivered and attempt (docs/exec.md#redelivered-and-attempt) ----
+
+/// One message of a request line: its offset, `"redelivered"` and `"attempt"`.
+type Delivery = (i64, bool, u64);
+
+/// The messages of each request line the handler recorded in `requests`, in order (one
+/// for a message, a batch's in turn).
+fn deliveries(dir: &Path) -> Vec<Vec<Delivery>> {
+    let text = std::fs::read_to_string(dir.join("requests")).unwrap_or_default();
+    text.lines()
+        .map(|l| {
+            let messages = match serde_json::from_str(l).unwrap() {
+                serde_json::Value::Array(batch) => batch,
+                one => vec![one],
+            };
+            messages
+                .iter()
+                .map(|m| {
+                    let delivery = (
+                        m["offset"].as_i64(),
+                        m["redelivered"].as_bool(),
+                        m["attempt"].as_u64(),
+                    );
+                    match delivery {
+                        (Some(o), Some(r), Some(a)) => (o, r, a),
+                        _ => panic!("no offset, redelivered or attempt: {m}"),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// ackd with the exec processor running `command`, spawned, and assigned its partition:
+/// messages produced now are new to every processor (not redelivered on a first try).
+fn exec_assigned(topic: &str, group: &str, command: &str, batch: usize) -> AckdProcess {
+    let mut ackd = exec_ackd(topic, group, command);
+    if batch > 1 {
+        ackd = ackd.batches(batch);
+    }
+    let ackd = ackd.spawn();
+    ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    ackd
+}
+
+/// "ok", `middle`, "ok" produced once a handler running `case` (per message, as in
+/// [`test_handler`]) was assigned the partition: ackd's lines, and the deliveries its
+/// requests said, in order.
+fn first_tries_and_again(name: &str, case: &str, middle: &str) -> (Vec<String>, Vec<Delivery>) {
+    let (topic, group, dir) = exec_case(name, 1);
+    let ackd = exec_assigned(&topic, &group, &test_handler(&dir, case), 1);
+    produce_strs(&topic, &["ok", middle, "ok"]);
+    ackd.wait_for_count(is_processed, 3, WAIT);
+    let lines = ackd.stop_exec_cleanly(WAIT);
+    (lines, deliveries(&dir).concat())
+}
+
+/// What [`first_tries_and_again`] hands over when the middle message fails once: each
+/// first try says false and 1, the second try of the middle one true and 2.
+const AGAIN_ONCE: [Delivery; 4] = [(0, false, 1), (1, false, 1), (1, true, 2), (2, false, 1)];
+
+/// A `{"retry":…}` reply: the message comes again with `"redelivered":true` and
+/// `"attempt":2`; the first try and the other messages say false and 1.
+#[test]
+fn a_retried_request_says_redelivered_and_its_attempt() {
+    let (lines, deliveries) = first_tries_and_again(
+        "exec-attempt",
+        r#"if v == "retry-me" and once("retry-%d-%d" % (p, o)):
+    reply = {"retry": "not yet"}"#,
+        "retry-me",
+    );
+    assert_eq!(count_at(&lines, "retry"), 1, "{}", lines.join("\n"));
+    assert_eq!(deliveries, AGAIN_ONCE);
+}
+
+/// A child killed (SIGKILL) while it holds a request: the request written to the new
+/// child says `"redelivered":true` and `"attempt":2`.
+#[test]
+fn a_request_sent_again_after_its_child_was_killed_says_redelivered() {
+    let (lines, deliveries) = first_tries_and_again(
+        "exec-attempt-killed",
+        r#"if v == "die" and once("die-%d-%d" % (p, o)):
+    os.kill(os.getpid(), signal.SIGKILL)"#,
+        "die",
+    );
+    assert_eq!(count_at(&lines, "exec_restart"), 1, "{}", lines.join("\n"));
+    assert_eq!(deliveries, AGAIN_ONCE);
+}
+
+/// Batches of 4: the child is killed holding the batch with offset 5; that batch comes
+/// again to the new child, each of its messages `"redelivered":true`, `"attempt":2`;
+/// every other request's messages say false and 1.
+#[test]
+fn a_batch_sent_again_after_its_child_was_killed_says_so_for_each_message() {
+    let (topic, group, dir) = exec_case("exec-attempt-batch", 1);
+    let command = write_handler(
+        &dir,
+        r#"requests = open(os.path.join(DIR, "requests"), "a")
+for line in sys.stdin:
+    requests.write(line); requests.flush()
+    batch = json.loads(line)
+    if any(m["offset"] == 5 for m in batch) and once("die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    print(json.dumps({"ack": True, "first": batch[0]["offset"], "last": batch[-1]["offset"]}), flush=True)"#,
+    );
+    let ackd = exec_assigned(&topic, &group, &command, 4);
+    produce_numbered(&topic, 10);
+    ackd.wait_for_count(is_processed, 10, WAIT);
+    let lines = ackd.stop_exec_cleanly(WAIT);
+    assert_eq!(count_at(&lines, "exec_restart"), 1, "{}", lines.join("\n"));
+    let requests = deliveries(&dir);
+    let killed = requests
+        .iter()
+        .position(|r| r.iter().any(|d| d.0 == 5))
+        .expect("a request held offset 5");
+    let offsets = |r: &[Delivery]| r.iter().map(|d| d.0).collect::<Vec<_>>();
+    let again = &requests[killed + 1];
+    assert_eq!(offsets(again), offsets(&requests[killed]), "{requests:?}");
+    assert!(
+        again.iter().all(|d| (d.1, d.2) == (true, 2)),
+        "{requests:?}"
+    );
+    for (i, r) in requests
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != killed + 1)
+    {
+        assert!(
+            r.iter().all(|d| (d.1, d.2) == (false, 1)),
+            "{i}: {requests:?}"
+        );
+    }
+    assert_eq!(
+        processed(&lines),
+        (0..10).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+}

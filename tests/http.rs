@@ -1072,3 +1072,122 @@ fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_othe
         acked.len()
     );
 }
+
+// ---- redelivered and attempt (docs/http.md#redelivered-and-attempt) ----
+
+/// A request's `Ackd-Redelivered` and `Ackd-Attempt` headers.
+fn delivery_headers(r: &Request) -> (bool, u64) {
+    let redelivered = match r.header("ackd-redelivered") {
+        Some("true") => true,
+        Some("false") => false,
+        other => panic!("Ackd-Redelivered: {other:?}: {r:?}"),
+    };
+    let attempt = r.header("ackd-attempt").and_then(|a| a.parse().ok());
+    (
+        redelivered,
+        attempt.unwrap_or_else(|| panic!("Ackd-Attempt: {r:?}")),
+    )
+}
+
+/// The `"redelivered"` and `"attempt"` of each message of a JSON body (one, or a batch's).
+fn delivery_fields(r: &Request) -> Vec<(bool, u64)> {
+    let v = r.json();
+    let messages = v.as_array().cloned().unwrap_or_else(|| vec![v]);
+    messages
+        .iter()
+        .map(|m| (m["redelivered"].as_bool(), m["attempt"].as_u64()))
+        .map(|d| match d {
+            (Some(r), Some(a)) => (r, a),
+            _ => panic!("no redelivered or attempt: {messages:?}"),
+        })
+        .collect()
+}
+
+/// ackd POSTing to `endpoint`, spawned, and assigned its partition: messages produced
+/// now are new to every endpoint (not redelivered on a first try).
+fn http_assigned(ackd: AckdBuilder) -> AckdProcess {
+    let ackd = ackd.spawn();
+    ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    ackd
+}
+
+/// A 503 for one message, in both body modes: every request has `Ackd-Redelivered` and
+/// `Ackd-Attempt`, false and 1 on a first try, true and 2 on the retry; a json body
+/// says the same in its object.
+#[test]
+fn every_request_says_whether_it_may_be_a_repeat_and_its_attempt() {
+    for body in ["json", "raw"] {
+        let (topic, group) = fresh_topic(&format!("http-attempt-{body}"), 1);
+        let endpoint = Endpoint::start(|r, before| {
+            if r.value() == "flaky" && before == 0 {
+                status(503, "not yet")
+            } else {
+                ok()
+            }
+        });
+        let ackd =
+            http_assigned(http_ackd(&topic, &group, &endpoint.url()).env("ACKD_HTTP_BODY", body));
+        produce_strs(&topic, &["a", "flaky", "b"]);
+        ackd.wait_for_count(is_processed, 3, WAIT);
+        ackd.stop(0, WAIT);
+        let requests = endpoint.requests();
+        let seen: Vec<(i64, (bool, u64))> = requests
+            .iter()
+            .map(|r| (r.position().1, delivery_headers(r)))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (0, (false, 1)),
+                (1, (false, 1)),
+                (1, (true, 2)),
+                (2, (false, 1))
+            ],
+            "{body}"
+        );
+        for r in requests.iter().filter(|_| body == "json") {
+            assert_eq!(delivery_fields(r), vec![delivery_headers(r)], "{r:?}");
+        }
+    }
+}
+
+/// Batches of 4, the one holding offset 5 answered 500 once: it comes again with
+/// `Ackd-Redelivered: true` and `Ackd-Attempt: 2`, each of its messages saying so in
+/// the body; every other request, and the first try, say false and 1.
+#[test]
+fn a_retried_http_batch_says_so_in_its_headers_and_for_each_message() {
+    let (topic, group) = fresh_topic("http-attempt-batch", 1);
+    let endpoint = Endpoint::start(|r, before| {
+        if r.batch_offsets().contains(&5) && before == 0 {
+            status(500, "not yet")
+        } else {
+            ok()
+        }
+    });
+    let ackd = http_assigned(http_ackd(&topic, &group, &endpoint.url()).batches(4));
+    produce_numbered(&topic, 10);
+    ackd.wait_for_count(is_processed, 10, WAIT);
+    let lines = ackd.stop(0, WAIT);
+    assert_eq!(count_at(&lines, "retry"), 1, "{}", lines.join("\n"));
+    let requests = endpoint.requests();
+    let refused = requests
+        .iter()
+        .position(|r| r.batch_offsets().contains(&5))
+        .expect("a batch held offset 5");
+    let again = &requests[refused + 1];
+    assert_eq!(again.batch_offsets(), requests[refused].batch_offsets());
+    for (i, r) in requests.iter().enumerate() {
+        let expected = if i == refused + 1 {
+            (true, 2)
+        } else {
+            (false, 1)
+        };
+        assert_eq!(delivery_headers(r), expected, "{i}: {r:?}");
+        let each = vec![expected; r.batch_offsets().len()];
+        assert_eq!(delivery_fields(r), each, "{i}: {r:?}");
+    }
+    assert_eq!(
+        processed(&lines),
+        (0..10).map(|o| (0, o)).collect::<Vec<_>>()
+    );
+}

@@ -8,6 +8,9 @@
 //!   line), `Content-Type: application/json`. Body `raw`: the value bytes,
 //!   `Content-Type: application/octet-stream`, metadata in `Ackd-*` headers (see
 //!   [`raw_headers`]).
+//! - Every request says whether it may be a repeat: `Ackd-Redelivered: true|false` and
+//!   `Ackd-Attempt: N` ([`Delivery`]); a batch's, true if any of its messages may be,
+//!   and the batch's attempt.
 //! - `ACKD_HTTP_HEADERS` are added to every request; their values are secrets (marked
 //!   sensitive, registered with [`crate::config::secret`], redacted from failure reasons).
 //! - 2xx acks. 408, 429, 5xx, timeouts and connection errors are retryable, with the
@@ -158,7 +161,7 @@ impl Http {
                 raw_headers(message),
             ),
         };
-        self.post(content_type, body, metadata)
+        self.post(content_type, body, (Delivery::of(message), metadata))
             .await
             .map_err(|refused| refused.error)
     }
@@ -169,7 +172,8 @@ impl Http {
     pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
         let first = messages.first().map_or(-1, Message::offset);
         let body = super::json::encode_batch(messages);
-        self.post("application/json", body, Vec::new())
+        let delivery = Delivery::of_batch(messages);
+        self.post("application/json", body, (delivery, Vec::new()))
             .await
             .map_err(|refused| {
                 let offset = refused
@@ -184,7 +188,7 @@ impl Http {
         &self,
         content_type: &'static str,
         body: Vec<u8>,
-        metadata: Vec<(&'static str, HeaderValue)>,
+        metadata: (Delivery, Vec<(&'static str, HeaderValue)>),
     ) -> Result<(), Refused> {
         let refused = |error| Refused {
             error,
@@ -231,19 +235,20 @@ impl Http {
         })
     }
 
-    /// The POST of `body`: the configured headers, the request's own (`metadata`), and
-    /// `content_type` unless ACKD_HTTP_HEADERS gives one.
+    /// The POST of `body`: the configured headers, the request's own (`metadata`: its
+    /// delivery, and a raw body's metadata), and `content_type` unless ACKD_HTTP_HEADERS
+    /// gives one.
     fn request(
         &self,
         content_type: &'static str,
         body: Vec<u8>,
-        metadata: Vec<(&'static str, HeaderValue)>,
+        (delivery, metadata): (Delivery, Vec<(&'static str, HeaderValue)>),
     ) -> reqwest::RequestBuilder {
         let mut request = self
             .client
             .post(self.config.url.0.clone())
             .headers(self.headers.clone());
-        for (name, value) in metadata {
+        for (name, value) in delivery.headers().into_iter().chain(metadata) {
             request = request.header(name, value);
         }
         // ACKD_HTTP_HEADERS may give the bodies their own Content-Type.
@@ -317,6 +322,41 @@ impl Http {
     }
 }
 
+/// Whether a request may carry a repeat, and its attempt: its `Ackd-Redelivered` and
+/// `Ackd-Attempt` headers, in every body mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// [`Message::redelivered`]; for a batch, true if it is for any of its messages.
+    pub redelivered: bool,
+    /// [`Message::attempt`]; for a batch, the batch's (the highest of its messages').
+    pub attempt: u32,
+}
+
+impl Delivery {
+    pub fn of(m: &Message<'_>) -> Delivery {
+        Delivery {
+            redelivered: m.redelivered(),
+            attempt: m.attempt(),
+        }
+    }
+
+    pub fn of_batch(messages: &[Message<'_>]) -> Delivery {
+        Delivery {
+            redelivered: messages.iter().any(Message::redelivered),
+            attempt: messages.iter().map(Message::attempt).max().unwrap_or(1),
+        }
+    }
+
+    /// `Ackd-Redelivered: true|false` and `Ackd-Attempt: N`.
+    pub fn headers(self) -> [(&'static str, HeaderValue); 2] {
+        let redelivered = if self.redelivered { "true" } else { "false" };
+        [
+            ("ackd-redelivered", HeaderValue::from_static(redelivered)),
+            ("ackd-attempt", HeaderValue::from(self.attempt)),
+        ]
+    }
+}
+
 /// A response that did not acknowledge the request, and the offset it named, if any.
 struct Refused {
     error: ProcessError,
@@ -385,6 +425,9 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 /// - the Kafka headers, when there are any, as one `Ackd-Headers` header: the JSON
 ///   array of the `json` body's `headers` (order, repeats and nulls kept), non-ASCII
 ///   escaped as `\uXXXX` so that it is a valid header value.
+///
+/// [`Delivery`]'s `Ackd-Redelivered` and `Ackd-Attempt` come with them, as with every
+/// request.
 pub fn raw_headers(m: &Message<'_>) -> Vec<(&'static str, HeaderValue)> {
     let mut h = vec![
         ("ackd-topic", text_value(m.topic())),
@@ -534,6 +577,45 @@ mod tests {
         assert_eq!(get(&h, "ackd-key-base64").as_deref(), Some("IHBhZGRlZA=="));
         let h = raw_headers(&Message::new("t", 0, 0, None, Some(b""), None));
         assert!(get(&h, "ackd-key").is_none() && get(&h, "ackd-key-base64").is_none());
+    }
+
+    #[test]
+    fn the_delivery_headers_say_whether_a_request_may_be_a_repeat() {
+        let shown = |d: Delivery| {
+            d.headers()
+                .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+                .join(", ")
+        };
+        let first = Message::new("t", 0, 4, None, None, None);
+        assert_eq!(
+            shown(Delivery::of(&first)),
+            "ackd-redelivered: false, ackd-attempt: 1"
+        );
+        let again = first.with_delivery(true, 2);
+        assert_eq!(
+            shown(Delivery::of(&again)),
+            "ackd-redelivered: true, ackd-attempt: 2"
+        );
+        // A batch: true if any message may be a repeat; the batch's attempt.
+        let next = Message::new("t", 0, 5, None, None, None);
+        assert_eq!(
+            Delivery::of_batch(&[first, next]),
+            Delivery {
+                redelivered: false,
+                attempt: 1
+            }
+        );
+        assert_eq!(
+            Delivery::of_batch(&[next, first.with_delivery(true, 1)]),
+            Delivery {
+                redelivered: true,
+                attempt: 1
+            }
+        );
+        assert_eq!(
+            Delivery::of_batch(&[again, next.with_delivery(true, 2)]).attempt,
+            2
+        );
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The JSON object a message is handed on as: the `exec` processor's request line and
 //! the `http` processor's `json` body (docs/exec.md).
 //!
-//! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
+//! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}],"redelivered":false,"attempt":1}`
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,
-//! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null.
+//! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null;
+//! `redelivered` and `attempt` are [`Message::redelivered`] and [`Message::attempt`].
 
 use base64::Engine as _;
 use serde_json::{Map, Value};
@@ -20,6 +21,8 @@ pub fn encode(m: &Message<'_>) -> Vec<u8> {
     put_bytes(&mut o, "key", m.key());
     put_bytes(&mut o, "value", m.payload());
     o.insert("headers".into(), headers(m));
+    o.insert("redelivered".into(), m.redelivered().into());
+    o.insert("attempt".into(), m.attempt().into());
     serde_json::to_vec(&Value::Object(o)).unwrap_or_else(|_| b"{}".to_vec())
 }
 
@@ -93,5 +96,31 @@ mod tests {
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["value"], "a\nb");
         assert_eq!(v["offset"], 7);
+    }
+
+    #[test]
+    fn the_object_says_whether_the_message_may_be_a_repeat_and_its_attempt() {
+        let m = Message::new("t", 0, 7, None, None, None);
+        let v: Value = serde_json::from_slice(&encode(&m)).unwrap();
+        assert_eq!(
+            (&v["redelivered"], &v["attempt"]),
+            (&json!(false), &json!(1))
+        );
+        let again = m.with_delivery(true, 3);
+        let v: Value = serde_json::from_slice(&encode(&again)).unwrap();
+        assert_eq!(
+            (&v["redelivered"], &v["attempt"]),
+            (&json!(true), &json!(3))
+        );
+        // In a batch, each message says so for itself.
+        let batch = [
+            m.with_delivery(true, 2),
+            Message::new("t", 0, 8, None, None, None),
+        ];
+        let v: Value = serde_json::from_slice(&encode_batch(&batch)).unwrap();
+        assert_eq!(v[0]["redelivered"], true);
+        assert_eq!(v[0]["attempt"], 2);
+        assert_eq!(v[1]["redelivered"], false);
+        assert_eq!(v[1]["attempt"], 1);
     }
 }

@@ -43,7 +43,8 @@ pub enum Builtin {
     #[cfg(feature = "testkit")]
     Slow(crate::config::delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
-    /// panics, `retry:N` fails retryably N times before it succeeds, `block:PATH` blocks
+    /// panics, `retry:N` fails retryably N times before it succeeds (its reason says the
+    /// message's `redelivered` and `attempt`), `block:PATH` blocks
     /// its thread (never yielding, like a processor stuck in a blocking call) until the
     /// file PATH exists (two minutes at most), then acks; anything else acks.
     #[cfg(feature = "testkit")]
@@ -139,8 +140,11 @@ impl Processor for Builtin {
                             .or_default();
                         *n += 1;
                         if *n <= wanted {
+                            // What the message said, for tests of the delivery fields.
                             Err(ProcessError::retryable(format!(
-                                "attempt {n} of {wanted} failing"
+                                "attempt {n} of {wanted} failing (redelivered={} attempt={})",
+                                _message.redelivered(),
+                                _message.attempt()
                             )))
                         } else {
                             Ok(())

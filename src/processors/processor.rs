@@ -22,6 +22,10 @@ pub struct Message<'a> {
     pub(crate) payload: Option<&'a [u8]>,
     pub(crate) timestamp_ms: Option<i64>,
     pub(crate) kafka: Option<&'a Kafka<'a>>,
+    /// See [`Message::redelivered`].
+    pub(crate) redelivered: bool,
+    /// See [`Message::attempt`].
+    pub(crate) attempt: u32,
 }
 
 /// A message from librdkafka, its headers parsed on first use: librdkafka parses them
@@ -95,7 +99,9 @@ pub struct Header<'a> {
 }
 
 impl<'a> Message<'a> {
-    /// Builds a message from parts; for tests of processors and for embedding.
+    /// Builds a message from parts; for tests of processors and for embedding. It is a
+    /// first delivery ([`Message::redelivered`] false, [`Message::attempt`] 1): see
+    /// [`Message::with_redelivery`] for another.
     pub fn new(
         topic: &'a str,
         partition: i32,
@@ -112,7 +118,22 @@ impl<'a> Message<'a> {
             payload,
             timestamp_ms,
             kafka: None,
+            redelivered: false,
+            attempt: 1,
         }
+    }
+
+    /// The same message, as ackd hands it over again: `redelivered` and `attempt` (see
+    /// their getters; an attempt of 0 counts as 1). For tests of processors.
+    pub fn with_redelivery(self, redelivered: bool, attempt: u32) -> Self {
+        self.with_delivery(redelivered, attempt.max(1))
+    }
+
+    /// The same message with its delivery set: the consumer's view of it, or a retry.
+    pub(crate) fn with_delivery(mut self, redelivered: bool, attempt: u32) -> Self {
+        self.redelivered = redelivered;
+        self.attempt = attempt;
+        self
     }
 
     pub(crate) fn from_kafka(kafka: &'a Kafka<'a>, topic: &'a str) -> Self {
@@ -126,6 +147,8 @@ impl<'a> Message<'a> {
             payload: m.payload(),
             timestamp_ms: m.timestamp().to_millis(),
             kafka: Some(kafka),
+            redelivered: false,
+            attempt: 1,
         }
     }
 
@@ -149,6 +172,23 @@ impl<'a> Message<'a> {
     /// The message timestamp in milliseconds since the epoch, when the broker has one.
     pub fn timestamp_ms(&self) -> Option<i64> {
         self.timestamp_ms
+    }
+    /// Whether this message may have been handed to a processor before: by a previous
+    /// owner of the partition (after a crash: within the window its `at=assigned` line
+    /// states), by this process in an earlier attempt, or ackd cannot know. False only
+    /// when no processor can have seen it; true does not mean it was seen (a message in
+    /// the window may be a first delivery). A handler that must not apply a message
+    /// twice needs to look it up in its own store only when this is true.
+    pub fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+    /// 1 on the first try in this process, one more each time ackd hands the message to
+    /// a processor again: a retry after a failure, or the exec processor's re-sending it
+    /// to a new child after its child died. In a batch every message has the batch's
+    /// attempt. Counted per process: a new owner of the partition starts at 1 (with
+    /// [`Message::redelivered`] saying whether it may be a repeat).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
     /// The headers, in the order they were produced.
     ///
@@ -178,6 +218,8 @@ impl<'a> Message<'a> {
                 .headers()
                 .map(|h| (h.name.to_string(), h.value.map(<[u8]>::to_vec)))
                 .collect(),
+            redelivered: self.redelivered,
+            attempt: self.attempt,
         }
     }
 }
@@ -191,6 +233,8 @@ impl std::fmt::Debug for Message<'_> {
             .field("offset", &self.offset)
             .field("key_len", &self.key.map(<[u8]>::len))
             .field("payload_len", &self.payload.map(<[u8]>::len))
+            .field("redelivered", &self.redelivered)
+            .field("attempt", &self.attempt)
             .finish()
     }
 }
@@ -205,6 +249,10 @@ pub struct OwnedMessage {
     pub payload: Option<Vec<u8>>,
     pub timestamp_ms: Option<i64>,
     pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// [`Message::redelivered`] of the message it copies.
+    pub redelivered: bool,
+    /// [`Message::attempt`] of the message it copies.
+    pub attempt: u32,
 }
 
 /// Whether a failed message may succeed if tried again.

@@ -59,8 +59,16 @@ impl<P: Processor> Handler<'_, P> {
     pub(super) async fn handle(&mut self, view: &Message<'_>) -> Handled {
         let mut attempt = 1;
         let error = loop {
+            // A retry hands over a copy that says so; the first attempt, the view itself.
+            let again;
+            let handed = if attempt == 1 {
+                view
+            } else {
+                again = retried(view, attempt);
+                &again
+            };
             let started = self.shared.metrics.stopwatch();
-            let call = AssertUnwindSafe(self.config.processor.process(view)).catch_unwind();
+            let call = AssertUnwindSafe(self.config.processor.process(handed)).catch_unwind();
             let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
                 return Handled::Interrupted;
             };
@@ -94,16 +102,20 @@ impl<P: Processor> Handler<'_, P> {
         acks: &mut impl Acks,
     ) -> BatchEnd {
         let mut rest = batch;
-        // Attempts of rest[0], the message the last failure was on.
+        // Attempts of rest[0], the message the last failure was on (the retry policy's).
         let mut attempt = 1;
+        // Calls made: each handed all of `rest` over, so its messages' attempts.
+        let (mut calls, mut again) = (0, Vec::new());
         while let Some(first) = rest.first() {
             if self.sequential {
                 self.shared
                     .in_flight
                     .store(first.offset(), Ordering::Release);
             }
+            calls += 1;
+            let handed = handed_over(rest, calls, &mut again);
             let started = Instant::now();
-            let call = AssertUnwindSafe(self.config.processor.process_batch(rest)).catch_unwind();
+            let call = AssertUnwindSafe(self.config.processor.process_batch(handed)).catch_unwind();
             let Some(outcome) = self.attempt((first.offset(), rest.len()), call).await else {
                 return BatchEnd::Interrupted;
             };
@@ -111,7 +123,7 @@ impl<P: Processor> Handler<'_, P> {
             let (failed_at, error) = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.processed_many(rest.len() as u64, took);
-                    ack_processed(acks, batch.len() - rest.len(), rest);
+                    ack_processed(acks, batch.len() - rest.len(), handed);
                     return BatchEnd::Done;
                 }
                 Ok(Err(BatchError { offset, error })) => (failed_at(rest, offset), error),
@@ -124,7 +136,7 @@ impl<P: Processor> Handler<'_, P> {
                 self.shared
                     .metrics
                     .processed_many(failed_at as u64, Took::UNTIMED);
-                ack_processed(acks, batch.len() - rest.len(), &rest[..failed_at]);
+                ack_processed(acks, batch.len() - rest.len(), &handed[..failed_at]);
                 rest = &rest[failed_at..];
                 attempt = 1;
             }
@@ -178,6 +190,27 @@ impl<P: Processor> Handler<'_, P> {
     }
 }
 
+/// `view` as its `attempt`th handing over in this call: a retry, so redelivered. The
+/// attempts count on from the view's own (1, unless the partition handed it over before).
+fn retried<'m>(view: &Message<'m>, attempt: u32) -> Message<'m> {
+    view.with_delivery(true, view.attempt().saturating_add(attempt - 1))
+}
+
+/// What the `calls`th call of a batch hands over: `rest` itself the first time, then
+/// copies of it (in `again`, its allocation reused) that say they are handed over again.
+fn handed_over<'s, 'm>(
+    rest: &'s [Message<'m>],
+    calls: u32,
+    again: &'s mut Vec<Message<'m>>,
+) -> &'s [Message<'m>] {
+    if calls == 1 {
+        return rest;
+    }
+    again.clear();
+    again.extend(rest.iter().map(|m| retried(m, calls)));
+    again
+}
+
 /// Acknowledges `views`, processed: a batch's messages from its `from`th on.
 fn ack_processed(acks: &mut impl Acks, from: usize, views: &[Message<'_>]) {
     for (i, view) in views.iter().enumerate() {
@@ -202,4 +235,146 @@ fn failed_at(rest: &[Message<'_>], offset: i64) -> usize {
         "the processor reported a failure at an offset that is not in the batch: the batch failed at its first message"
     );
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::failure::{OnFailure, RetryPolicy};
+    use crate::consumer::worker::{Batching, Concurrency};
+    use crate::processors::processor::ProcessError;
+
+    /// What each call was handed: (offset, redelivered, attempt) of its messages.
+    type Calls = Mutex<Vec<Vec<(i64, bool, u32)>>>;
+
+    /// Fails retryably at the offsets of `fail_at`, one per call in turn, then acks.
+    struct Recording {
+        calls: Calls,
+        fail_at: Mutex<Vec<i64>>,
+    }
+
+    impl Recording {
+        fn failing_at(offsets: &[i64]) -> Recording {
+            Recording {
+                calls: Mutex::default(),
+                fail_at: Mutex::new(offsets.iter().rev().copied().collect()),
+            }
+        }
+
+        fn record(&self, messages: &[Message<'_>]) -> Option<i64> {
+            let seen = messages
+                .iter()
+                .map(|m| (m.offset(), m.redelivered(), m.attempt()))
+                .collect();
+            self.calls.lock().unwrap().push(seen);
+            self.fail_at.lock().unwrap().pop()
+        }
+    }
+
+    impl Processor for Recording {
+        async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
+            match self.record(std::slice::from_ref(message)) {
+                Some(_) => Err(ProcessError::retryable("not yet")),
+                None => Ok(()),
+            }
+        }
+
+        async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
+            match self.record(messages) {
+                Some(at) => Err(BatchError::new(at, ProcessError::retryable("not yet"))),
+                None => Ok(()),
+            }
+        }
+    }
+
+    fn config(processor: Recording) -> WorkerConfig<Recording> {
+        WorkerConfig {
+            processor: Arc::new(processor),
+            log_messages: false,
+            message_source: None,
+            at_end: None,
+            retry: RetryPolicy {
+                initial: Duration::from_millis(1),
+                max: Duration::from_millis(1),
+                max_attempts: 5,
+            },
+            on_failure: OnFailure::Halt,
+            dead_letter: None,
+            batch: Batching {
+                max_messages: 8,
+                max_wait: Duration::ZERO,
+                max_bytes: 0,
+            },
+            concurrency: Concurrency::SEQUENTIAL,
+        }
+    }
+
+    /// Runs `run` with a handler of `config`.
+    async fn with_handler<P: Processor, T>(
+        config: &WorkerConfig<P>,
+        run: impl AsyncFnOnce(&mut Handler<'_, P>) -> T,
+    ) -> T {
+        let shared = WorkerShared::new();
+        let (_stop_tx, mut stop) = watch::channel(false);
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut handler = Handler {
+            config,
+            shared: &shared,
+            stop: &mut stop,
+            rng: &mut rng,
+            sequential: true,
+        };
+        run(&mut handler).await
+    }
+
+    #[tokio::test]
+    async fn each_retry_hands_the_message_over_redelivered_with_its_attempt() {
+        let config = config(Recording::failing_at(&[5, 5]));
+        let view = Message::new("t", 0, 5, None, None, None);
+        let handled = with_handler(&config, async |h| h.handle(&view).await).await;
+        assert!(matches!(handled, Handled::Processed));
+        let calls = config.processor.calls.lock().unwrap().concat();
+        assert_eq!(calls, [(5, false, 1), (5, true, 2), (5, true, 3)]);
+        // A message the partition says may be a repeat is one from its first attempt.
+        let config = self::config(Recording::failing_at(&[]));
+        let view = view.with_delivery(true, 1);
+        with_handler(&config, async |h| h.handle(&view).await).await;
+        let calls = config.processor.calls.lock().unwrap().concat();
+        assert_eq!(calls, [(5, true, 1)]);
+    }
+
+    /// Acknowledged messages, by index, with the delivery they were handed over with.
+    impl Acks for Vec<(usize, bool, u32)> {
+        fn ack(&mut self, index: usize, view: &Message<'_>, _processed: bool) {
+            self.push((index, view.redelivered(), view.attempt()));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_handed_over_again_is_the_next_attempt_of_each_of_its_messages() {
+        // Fails at 1 (0 is acknowledged), then at 2 (1 is), then acks 2 and 3.
+        let config = config(Recording::failing_at(&[1, 2]));
+        let views: Vec<Message<'_>> = (0..4)
+            .map(|o| Message::new("t", 0, o, None, None, None))
+            .collect();
+        let mut acks: Vec<(usize, bool, u32)> = Vec::new();
+        let ended = with_handler(&config, async |h| h.handle_batch(&views, &mut acks).await).await;
+        assert!(matches!(ended, BatchEnd::Done));
+        let calls = config.processor.calls.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            [
+                vec![(0, false, 1), (1, false, 1), (2, false, 1), (3, false, 1)],
+                vec![(1, true, 2), (2, true, 2), (3, true, 2)],
+                vec![(2, true, 3), (3, true, 3)],
+            ]
+        );
+        assert_eq!(
+            acks,
+            [(0, false, 1), (1, true, 2), (2, true, 3), (3, true, 3)]
+        );
+    }
 }

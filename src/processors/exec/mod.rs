@@ -14,7 +14,8 @@
 //!   a request it holds, or does not answer one within `ACKD_EXEC_TIMEOUT_MS` (from the
 //!   moment it was given it) is killed (SIGTERM to its group, SIGKILL after 2 s), then
 //!   every request it held fails as retryable (the worker's retry and `ACKD_ON_FAILURE`
-//!   apply; a retry never overlaps the old attempt), and it is
+//!   apply; a retry never overlaps the old attempt, and its request, rendered again,
+//!   says `"redelivered":true` and the next `"attempt"`), and it is
 //!   started again after a backoff (100 ms, doubling to 10 s; back to
 //!   100 ms once a child answered). Each restart is an `at=exec_restart` line carrying
 //!   `count#exec.restarts=1` (l2met sums them) and the total so far.
@@ -27,7 +28,7 @@
 //!   one still running halfway to the deadline gets SIGTERM, just before it SIGKILL.
 //!
 //! Wire format (docs/exec.md): request (built by [`super::json`])
-//! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}]}`
+//! `{"topic":"t","partition":0,"offset":41,"timestamp_ms":1700000000000,"key":"k-1","value":"hello","headers":[{"name":"trace","value":"t-1"}],"redelivered":false,"attempt":1}`
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,
 //! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null; reply
 //! `{"ack":true,"offset":41}`, `{"retry":"reason","offset":41}` or

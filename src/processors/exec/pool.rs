@@ -122,7 +122,10 @@ async fn slot(
     }
 }
 
-/// What a failed child's inbox still has (never given to it) goes to another child.
+/// What a failed child's inbox still has (never given to it) goes to another child, as
+/// it is: no child saw it, so its request still says what it said (`"redelivered"`,
+/// `"attempt"`). What the child held fails instead (`replace`): its retry is a new
+/// request, rendered again as a redelivery.
 fn hand_back(id: usize, shared: &Shared, inbox: &mut mpsc::UnboundedReceiver<Job>) {
     while let Ok(job) = inbox.try_recv() {
         shared.dispatch.release(id);

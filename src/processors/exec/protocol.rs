@@ -301,7 +301,8 @@ mod tests {
         assert_eq!(
             json(&request_line(&m)),
             json!({"topic":"t","partition":2,"offset":41,
-                "timestamp_ms":1_700_000_000_000_i64,"key":"k-1","value":"hello","headers":[]})
+                "timestamp_ms":1_700_000_000_000_i64,"key":"k-1","value":"hello","headers":[],
+                "redelivered":false,"attempt":1})
         );
         let m = Message::new("t", 0, 0, None, Some(&[0xff, 0x00, 0x80]), None);
         let v = json(&request_line(&m));
