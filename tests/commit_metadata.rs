@@ -22,20 +22,6 @@ use rdkafka::{Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Commit metadata without its `l=` dispatch limit (which follows the partition's rate),
-/// and that limit.
-fn without_limit(m: &str) -> (String, Option<i64>) {
-    let Some(at) = m.find(";l=") else {
-        return (m.to_string(), None);
-    };
-    let rest = &m[at + 3..];
-    let end = rest.find(';').unwrap_or(rest.len());
-    (
-        format!("{}{}", &m[..at], &rest[end..]),
-        rest[..end].parse().ok(),
-    )
-}
-
 fn int(line: &str, key: &str) -> Option<i64> {
     field(line, key).and_then(|v| v.parse().ok())
 }

@@ -49,6 +49,21 @@ fn commit_and_last(lines: &[String]) -> BTreeMap<i32, (i64, Option<i64>)> {
     out
 }
 
+/// Whether a run committed past where some partition resumed.
+fn committed_progress(lines: &[String]) -> bool {
+    let mut resumed: BTreeMap<i32, i64> = BTreeMap::new();
+    lines.iter().any(|l| {
+        let int = |k: &str| field(l, k).and_then(|v| v.parse::<i64>().ok());
+        let Some(p) = int("partition").map(|p| p as i32) else {
+            return false;
+        };
+        if at(l, "assigned") {
+            resumed.insert(p, int("offset").unwrap_or(0));
+        }
+        at(l, "committed") && int("offset") > resumed.get(&p).copied()
+    })
+}
+
 fn crash_restarts(kills: usize) {
     let (topic, group) = fresh_topic("crash", PARTITIONS);
     // ~200 messages/s, ~50 per partition and second.
@@ -57,8 +72,9 @@ fn crash_restarts(kills: usize) {
     let mut runs: Vec<AckdProcess> = Vec::new();
     for _ in 0..kills {
         let run = member(&topic, &group);
-        // Mid-stream: it has committed at least once and keeps processing.
-        run.wait_for_line(|l| at(l, "committed"), WAIT);
+        // Mid-stream: it has committed progress at least once (not only its first commit,
+        // which names where it resumed) and keeps processing.
+        wait_until(WAIT, || committed_progress(&run.lines()));
         let so_far = processed(&run.lines()).len();
         run.wait_for_count(is_processed, so_far + 60, WAIT);
         run.sigkill();

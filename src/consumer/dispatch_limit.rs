@@ -33,6 +33,18 @@ pub struct LimitPolicy {
     pub wanted: Arc<Notify>,
 }
 
+/// The defaults (`ACKD_REDELIVERY_WINDOW_MAX`, `ACKD_COMMIT_INTERVAL_MS`), for a worker
+/// built without settings (tests).
+impl Default for LimitPolicy {
+    fn default() -> Self {
+        LimitPolicy {
+            window_max: 100_000,
+            commit_interval: Duration::from_secs(5),
+            wanted: Arc::new(Notify::new()),
+        }
+    }
+}
+
 impl LimitPolicy {
     fn window_min(&self) -> i64 {
         (MIN_REDELIVERY_WINDOW as i64).min(self.window_max)
@@ -93,11 +105,7 @@ impl DispatchLimit {
     }
 
     fn policy(&self) -> &LimitPolicy {
-        self.policy.get_or_init(|| LimitPolicy {
-            window_max: 100_000,
-            commit_interval: Duration::from_secs(5),
-            wanted: Arc::new(Notify::new()),
-        })
+        self.policy.get_or_init(LimitPolicy::default)
     }
 
     /// Whether `offset` may start now; notes it as read, and asks for a commit once it

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-/// The per-message line (when `ACKD_LOG_MESSAGES` is on): one per acknowledged message.
+/// The per-message line (when `ACKD_LOG_MESSAGES` is on): one per acknowledged message,
+/// with `redelivered=true` when it went to the processor flagged as a possible repeat.
 /// The same count is in the summary as `count#processed`: chart one of the two.
 pub fn message_processed(
     source: &str,
@@ -21,6 +22,7 @@ pub fn message_processed(
     partition: i32,
     offset: i64,
     key: Option<&[u8]>,
+    redelivered: bool,
 ) {
     tracing::info!(
         "count#messages.processed" = 1,
@@ -28,7 +30,8 @@ pub fn message_processed(
         topic,
         partition,
         offset,
-        key
+        key,
+        redelivered = redelivered.then_some(true)
     );
 }
 

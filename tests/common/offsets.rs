@@ -231,3 +231,17 @@ pub fn is_coordinator_moving(e: &KafkaError) -> bool {
         )
     )
 }
+
+/// Commit metadata without its `l=` dispatch limit (which follows the partition's rate),
+/// and that limit.
+pub fn without_limit(m: &str) -> (String, Option<i64>) {
+    let Some(at) = m.find(";l=") else {
+        return (m.to_string(), None);
+    };
+    let rest = &m[at + 3..];
+    let end = rest.find(';').unwrap_or(rest.len());
+    (
+        format!("{}{}", &m[..at], &rest[end..]),
+        rest[..end].parse().ok(),
+    )
+}

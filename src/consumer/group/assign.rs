@@ -373,8 +373,7 @@ mod tests {
         );
         let top = format!("ackd/3:o=0;p=0;l={};end", i64::MAX);
         assert_eq!(window_from(&previous(&top, 0), 0, 0), None);
-        let low = format!("ackd/3:o=5;p=-5;l=-5;end");
-        let w = window_from(&previous(&low, 5), 5, 0).unwrap();
+        let w = window_from(&previous("ackd/3:o=5;p=-5;l=-5;end", 5), 5, 0).unwrap();
         assert_eq!(w.at_most, Some(0));
         assert_eq!(flagged_through(w), None);
     }

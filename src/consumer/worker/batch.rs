@@ -44,9 +44,14 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             return Step::Stop;
         }
         let kafka: Vec<Kafka<'_>> = batch.iter().map(Kafka::new).collect();
+        let window = self.flagging.window;
         let views: Vec<Message<'_>> = kafka
             .iter()
-            .map(|k| Message::from_kafka(k, self.topic))
+            .map(|k| {
+                let view = Message::from_kafka(k, self.topic);
+                let redelivered = window.covers(view.offset());
+                view.with_delivery(redelivered, 1)
+            })
             .collect();
         let refused = self.dispatch_batch(&views);
         let dispatched = &views[..refused.map_or(views.len(), |(i, _)| i)];

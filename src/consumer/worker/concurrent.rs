@@ -362,6 +362,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         let config = self.config;
         let shared = self.shared;
         let topic: &'q str = self.topic;
+        let window = self.flagging.window;
         let mut rng = fastrand::Rng::with_seed(id ^ 0x9e37_79b9_7f4a_7c15);
         async move {
             let mut acks = Vec::new();
@@ -369,7 +370,11 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
                 let kafka: Vec<Kafka<'_>> = unit.messages().iter().map(Kafka::new).collect();
                 let views: Vec<Message<'_>> = kafka
                     .iter()
-                    .map(|k| Message::from_kafka(k, topic))
+                    .map(|k| {
+                        let view = Message::from_kafka(k, topic);
+                        let redelivered = window.covers(view.offset());
+                        view.with_delivery(redelivered, 1)
+                    })
                     .collect();
                 let mut handler = Handler {
                     config,
@@ -417,6 +422,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
         for &(i, processed) in &done.acks {
             let kafka = Kafka::new(&messages[i]);
             let view = Message::from_kafka(&kafka, self.topic);
+            let view = view.with_delivery(self.flagging.window.covers(view.offset()), 1);
             self.progress.ack(&view, processed);
         }
         self.progress.publish_acked_above(ranges);

@@ -309,6 +309,7 @@ mod tests {
                 max_bytes: 0,
             },
             concurrency: Concurrency::SEQUENTIAL,
+            limits: Default::default(),
         }
     }
 

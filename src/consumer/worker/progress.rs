@@ -172,7 +172,9 @@ impl Progress<'_> {
         let offset = view.offset();
         // The line first: a commit line that names this offset always follows it.
         if self.log_messages && processed {
-            metrics::message_processed(self.source, self.topic, self.partition, offset, view.key());
+            let (source, topic, key) = (self.source, self.topic, view.key());
+            let redelivered = view.redelivered();
+            metrics::message_processed(source, topic, self.partition, offset, key, redelivered);
         }
         self.shared
             .highest_acked

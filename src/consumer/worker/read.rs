@@ -145,7 +145,8 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         self.shared.in_flight.store(offset, Ordering::Release);
         self.shared.metrics.received();
         let kafka = Kafka::new(&message);
-        let view = Message::from_kafka(&kafka, self.topic);
+        let redelivered = self.flagging.window.covers(offset);
+        let view = Message::from_kafka(&kafka, self.topic).with_delivery(redelivered, 1);
         let outcome = Handler {
             config: self.config,
             shared: self.shared,
