@@ -15,6 +15,9 @@ pub mod accounting;
 pub mod ackd;
 /// Kafka brokers: the shared one per test binary, with options, or a cluster of a test's own.
 pub mod broker;
+/// Every delivery a processor saw, with its redelivered flag, checked against the bounds
+/// `at=assigned` stated ([`deliveries::assert_flagged`]).
+pub mod deliveries;
 /// Reading ackd's output: logfmt fields, `at=` lines, processed messages, refused commits.
 pub mod lines;
 /// Log ends and committed offsets of a group: read, asserted, committed raw.

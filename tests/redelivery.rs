@@ -1,0 +1,432 @@
+//! Redelivery known in advance (issue 23), on a real broker: every message handed to a
+//! processor a second time, by any process, says `redelivered=true`; after a crash the
+//! next owner's `at=assigned` states `redelivery_at_most=N` and `flagged_through=B`, and
+//! per partition it repeats at most N messages, none above B; nothing is lost.
+//!
+//! Deliveries are read from the `log` processor's per-message lines (`redelivered=true
+//! attempt=N` when flagged), or from a file an `exec` handler appends each request to
+//! before it answers (tests/common/deliveries.rs). Each test prints its row of the
+//! summary table (`--nocapture`).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{
+    ackd::*, broker::*, deliveries::*, lines::*, offsets::*, produce::*, topics::*, wait::*,
+};
+
+const WAIT: Duration = Duration::from_secs(90);
+const PARTITIONS: i32 = 4;
+/// SIGKILLs per random-kill test (`REDELIVERY_KILLS` overrides).
+const KILLS: usize = 7;
+
+/// A small xorshift generator: the kills' moments, reproducible from the seed printed
+/// (`REDELIVERY_SEED` sets it).
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(case: &str) -> Rng {
+        let seed = std::env::var("REDELIVERY_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        eprintln!("{case}: REDELIVERY_SEED={seed}");
+        Rng(seed | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Processor {
+    /// The in-process `log` processor: deliveries are its per-message lines.
+    Log,
+    /// `exec` with the recorder handler: deliveries are its file's lines.
+    Exec,
+}
+
+/// One random-kill case: where it runs, with what, and where the exec handler writes.
+struct Case {
+    topic: String,
+    group: String,
+    processor: Processor,
+    ordering: &'static str,
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl Case {
+    fn new(name: &str, processor: Processor, ordering: &'static str) -> Case {
+        let (topic, group) = fresh_topic(name, PARTITIONS);
+        let (dir, file) = deliveries_file(name);
+        Case {
+            topic,
+            group,
+            processor,
+            ordering,
+            dir,
+            file,
+        }
+    }
+
+    /// ackd run number `run`: commits every 500 ms; under `key` ordering 8 calls in
+    /// flight per partition (and 4 exec children).
+    fn spawn(&self, run: usize) -> AckdProcess {
+        let b = match self.processor {
+            Processor::Log => AckdBuilder::new(&self.topic, &self.group),
+            Processor::Exec => exec_ackd(
+                &self.topic,
+                &self.group,
+                &recorder_command(&self.dir, &self.file, run),
+            ),
+        };
+        let b = b
+            .env("ACKD_COMMIT_INTERVAL_MS", "500")
+            .env("ACKD_ORDERING", self.ordering);
+        match (self.ordering, self.processor) {
+            ("key", Processor::Exec) => b
+                .env("ACKD_CONCURRENCY", "8")
+                .env("ACKD_EXEC_CONCURRENCY", "4"),
+            ("key", Processor::Log) => b.env("ACKD_CONCURRENCY", "8"),
+            _ => b,
+        }
+        .spawn()
+    }
+
+    /// The deliveries of run `run` (its process `p`), in order.
+    fn deliveries_of(&self, run: usize, p: &AckdProcess) -> Vec<Delivery> {
+        match self.processor {
+            Processor::Log => from_processed_lines(run, &p.lines()),
+            Processor::Exec => from_file(&self.file)
+                .into_iter()
+                .filter(|d| d.run == run)
+                .collect(),
+        }
+    }
+
+    /// Every delivery of `runs`, in the order they happened (runs one after the other).
+    fn ordered(&self, runs: &[AckdProcess]) -> Vec<Delivery> {
+        match self.processor {
+            Processor::Log => runs
+                .iter()
+                .enumerate()
+                .flat_map(|(r, p)| self.deliveries_of(r, p))
+                .collect(),
+            Processor::Exec => from_file(&self.file),
+        }
+    }
+
+    /// After run `run` was killed: its exec handlers have stopped too (they see EOF),
+    /// so that nothing it handed over is recorded after the next run began.
+    fn wait_handlers_gone(&self, run: usize) {
+        if self.processor == Processor::Exec {
+            let command = recorder_command(&self.dir, &self.file, run);
+            let args = command.split(' ').skip(1).collect::<Vec<_>>().join("\0");
+            wait_until(WAIT, || !process_running_with(&args));
+        }
+    }
+}
+
+/// Whether a process's command line (NUL-separated arguments) contains `args`.
+fn process_running_with(args: &str) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(args))
+    })
+}
+
+/// Runs of a case killed at random moments: each is assigned, then, three times out of
+/// four, hands over at least one message first; then waits up to 1.5 s and is SIGKILLed.
+fn kill_runs(case: &Case, kills: usize, rng: &mut Rng) -> Vec<AckdProcess> {
+    let mut runs = Vec::new();
+    for run in 0..kills {
+        let p = case.spawn(run);
+        p.wait_for_line(|l| at(l, "assigned"), WAIT);
+        if rng.below(4) > 0 {
+            wait_until(WAIT, || !case.deliveries_of(run, &p).is_empty());
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(1500)));
+        p.sigkill();
+        p.assert_exit(128 + libc::SIGKILL, WAIT);
+        case.wait_handlers_gone(run);
+        runs.push(p);
+    }
+    runs
+}
+
+/// The random-kill test of one processor and ordering: a steady producer (about 200
+/// messages/s over 4 partitions), `KILLS` SIGKILLed runs, then a last run that drains
+/// everything and stops gracefully. Checks and prints what [`assert_flagged`] does.
+fn random_kills(name: &str, processor: Processor, ordering: &'static str) {
+    let started = Instant::now();
+    let kills = std::env::var("REDELIVERY_KILLS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(KILLS);
+    let case = Case::new(name, processor, ordering);
+    let mut rng = Rng::seeded(name);
+    let producer = SteadyProducer::start(&case.topic, 10, Duration::from_millis(50));
+    let mut runs = kill_runs(&case, kills, &mut rng);
+    let last = case.spawn(kills);
+    last.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    runs.push(last);
+    wait_until(WAIT, || {
+        let seen: BTreeSet<_> = case
+            .ordered(&runs)
+            .iter()
+            .map(|d| (d.partition, d.offset))
+            .collect();
+        seen.is_superset(&expected)
+    });
+    runs[kills].stop(0, WAIT);
+    let per_run: Vec<(Vec<Delivery>, Vec<String>)> = runs
+        .iter()
+        .enumerate()
+        .map(|(r, p)| (case.deliveries_of(r, p), p.lines()))
+        .collect();
+    let (f, rows) = assert_flagged(&per_run, &case.ordered(&runs), &expected);
+    assert_committed_to_ends(&case.group, &case.topic, PARTITIONS, &log_ends(&delivered));
+    eprintln!(
+        "{SUMMARY_HEADER}\n{}\n  ({:.1} s; at=redelivered lines: {})",
+        summary(name, kills, &f, &rows),
+        started.elapsed().as_secs_f64(),
+        redelivered_lines(&runs).join(" | ")
+    );
+}
+
+/// The `at=redelivered` lines of every run, shortened to run, partition, flagged, bound.
+fn redelivered_lines(runs: &[AckdProcess]) -> Vec<String> {
+    runs.iter()
+        .enumerate()
+        .flat_map(|(r, p)| {
+            all_at(&p.lines(), "redelivered")
+                .into_iter()
+                .map(|l| {
+                    let f = |k| field(l, k).unwrap_or_default();
+                    format!(
+                        "r{r}p{} flagged={} at_most={}",
+                        f("partition"),
+                        f("flagged"),
+                        f("redelivery_at_most")
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn sigkills_under_partition_ordering_with_the_log_processor_repeat_only_flagged_messages() {
+    random_kills("kills-log-partition", Processor::Log, "partition");
+}
+
+#[test]
+fn sigkills_under_key_ordering_with_the_log_processor_repeat_only_flagged_messages() {
+    random_kills("kills-log-key", Processor::Log, "key");
+}
+
+#[test]
+fn sigkills_under_partition_ordering_with_exec_repeat_only_flagged_messages() {
+    random_kills("kills-exec-partition", Processor::Exec, "partition");
+}
+
+#[test]
+fn sigkills_under_key_ordering_with_exec_repeat_only_flagged_messages() {
+    random_kills("kills-exec-key", Processor::Exec, "key");
+}
+
+/// Deliveries recorded in `file` by run `run`.
+fn recorded(file: &Path, run: usize) -> usize {
+    from_file(file).iter().filter(|d| d.run == run).count()
+}
+
+/// A zombie: ackd A (exec, recording) is SIGSTOPped mid-stream past its session (1 s),
+/// B takes its partitions and works on; then A is continued. Both stop gracefully at the
+/// end. In the order the deliveries happened (one file, appended by both), no repeat is
+/// unflagged; B repeats at most what its `at=assigned` lines stated, inside the windows.
+#[test]
+fn a_zombie_woken_after_its_session_expired_repeats_nothing_unflagged() {
+    let case = Case::new("zombie", Processor::Exec, "partition");
+    let producer = SteadyProducer::start(&case.topic, 5, Duration::from_millis(50));
+    let a = case.spawn(0);
+    a.wait_for_line(|l| at(l, "assigned"), WAIT);
+    wait_until(WAIT, || recorded(&case.file, 0) >= 100);
+    a.signal(libc::SIGSTOP);
+    let b = case.spawn(1);
+    b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let b_before = recorded(&case.file, 1);
+    wait_until(WAIT, || recorded(&case.file, 1) >= b_before + 200);
+    let before_wake = a.line_count();
+    a.signal(libc::SIGCONT);
+    a.wait_for_line_from(before_wake, |l| at(l, "revoke_begun"), WAIT);
+    let delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    wait_until(WAIT, || {
+        let seen: BTreeSet<_> = from_file(&case.file)
+            .iter()
+            .map(|d| (d.partition, d.offset))
+            .collect();
+        seen.is_superset(&expected)
+    });
+    let (a_lines, b_lines) = (a.stop(0, WAIT), b.stop(0, WAIT));
+    let ordered = from_file(&case.file);
+    let (mine, theirs): (Vec<Delivery>, Vec<Delivery>) = ordered.iter().partition(|d| d.run == 0);
+    // B after A as runs: B's repeats of A's deliveries against what B stated.
+    let per_run = vec![(mine, a_lines.clone()), (theirs, b_lines.clone())];
+    let (f, rows) = assert_flagged(&per_run, &ordered, &expected);
+    let woken: Vec<&String> = a_lines[before_wake..]
+        .iter()
+        .filter(|l| !is_processed(l))
+        .take(20)
+        .collect();
+    eprintln!(
+        "{SUMMARY_HEADER}\n{}\n  the zombie after waking: {woken:?}",
+        summary("zombie (SIGSTOP past the session)", 0, &f, &rows)
+    );
+}
+
+/// A broker that refuses every commit's metadata (`offset.metadata.max.bytes`=8): ackd
+/// still processes everything (committing without metadata), and after each SIGKILL the
+/// next owner cannot know, so it flags every message the log holds from its committed
+/// offset (`redelivery_at_most` = high watermark - offset): no unflagged repeat.
+#[test]
+fn with_commit_metadata_refused_a_sigkill_is_followed_by_conservative_flags() {
+    let b = Broker::start(BrokerOptions {
+        server_config: vec![("offset.metadata.max.bytes".into(), "8".into())],
+        ..BrokerOptions::default()
+    });
+    let (topic, group) = fresh_topic_on(&b, "refused", 2);
+    let member = || {
+        AckdBuilder::on(&b.bootstrap(), &topic, &group)
+            .env("ACKD_COMMIT_INTERVAL_MS", "500")
+            .spawn()
+    };
+    let producer =
+        SteadyProducer::start_with(producer_on(&b), &topic, 5, Duration::from_millis(50));
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let p = member();
+        wait_until(WAIT, || {
+            let lines = p.lines();
+            count_at(&lines, "committed") >= 2 && processed(&lines).len() >= 50
+        });
+        p.sigkill();
+        p.assert_exit(128 + libc::SIGKILL, WAIT);
+        runs.push(p);
+    }
+    let last = member();
+    last.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    runs.push(last);
+    let all = |runs: &[AckdProcess]| -> Vec<Delivery> {
+        runs.iter()
+            .enumerate()
+            .flat_map(|(r, p)| from_processed_lines(r, &p.lines()))
+            .collect()
+    };
+    wait_until(WAIT, || {
+        let seen: BTreeSet<_> = all(&runs).iter().map(|d| (d.partition, d.offset)).collect();
+        seen.is_superset(&expected)
+    });
+    runs[2].stop(0, WAIT);
+    let lines: Vec<Vec<String>> = runs.iter().map(|p| p.lines()).collect();
+    assert!(
+        lines[0].iter().any(|l| at(l, "commit_metadata_refused")),
+        "no at=commit_metadata_refused:\n{}",
+        lines[0].join("\n")
+    );
+    for (r, l) in lines.iter().enumerate().skip(1) {
+        for s in stated(l) {
+            assert!(
+                s.at_most.is_some_and(|n| n > 0) && s.offset.is_some(),
+                "run {r}: after a SIGKILL without metadata, a positive bound: {}",
+                s.line
+            );
+        }
+    }
+    let per_run: Vec<(Vec<Delivery>, Vec<String>)> = lines
+        .iter()
+        .enumerate()
+        .map(|(r, l)| (from_processed_lines(r, l), l.clone()))
+        .collect();
+    let (f, rows) = assert_flagged(&per_run, &all(&runs), &expected);
+    let committed = committed_at(&b, &group, &topic, 2);
+    for (p, end) in log_ends(&delivered) {
+        assert_eq!(committed[&p], Some(end), "partition {p}");
+    }
+    eprintln!(
+        "{SUMMARY_HEADER}\n{}",
+        summary("metadata refused (max 8 bytes)", 2, &f, &rows)
+    );
+}
+
+/// A previous owner on the older format (`ackd/2`, no dispatch limit) that crashed at
+/// offset 8 of 20: ackd cannot know what it started, so `at=assigned` states
+/// `redelivery_at_most=12` (high watermark 20 - 8) through offset 19, offsets 8..=19
+/// arrive `redelivered=true`, and 20..=24, produced after the assignment, arrive false.
+#[test]
+fn a_previous_owner_on_the_older_format_gets_everything_up_to_the_log_end_flagged() {
+    let (topic, group) = fresh_topic("older-format", 1);
+    produce_numbered(&topic, 20);
+    commit_raw_metadata_on(
+        &broker().bootstrap(),
+        &group,
+        &topic,
+        0,
+        8,
+        b"ackd/2:o=8;p=12;end",
+    );
+    let p = AckdBuilder::new(&topic, &group).spawn();
+    let assigned = p.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let s = stated(std::slice::from_ref(&assigned)).remove(0);
+    assert_eq!(
+        (s.offset, s.at_most, s.from, s.through),
+        (Some(8), Some(12), Some(8), Some(19)),
+        "{assigned}"
+    );
+    p.wait_for_count(is_processed, 12, WAIT);
+    let values: Vec<String> = (20..25).map(|i| format!("v-{i}")).collect();
+    produce_strs(
+        &topic,
+        &values.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    p.wait_for_count(is_processed, 17, WAIT);
+    let lines = p.stop(0, WAIT);
+    let got: Vec<(i64, bool, u64)> = from_processed_lines(0, &lines)
+        .iter()
+        .map(|d| (d.offset, d.redelivered, d.attempt))
+        .collect();
+    let want: Vec<(i64, bool, u64)> = (8..25).map(|o| (o, o < 20, 1)).collect();
+    assert_eq!(got, want, "{}", lines.join("\n"));
+    let redelivered = all_at(&lines, "redelivered");
+    assert!(
+        redelivered
+            .iter()
+            .any(|l| field(l, "flagged").as_deref() == Some("12")
+                && field(l, "redelivery_at_most").as_deref() == Some("12")),
+        "no at=redelivered flagged=12 redelivery_at_most=12:\n{}",
+        lines.join("\n")
+    );
+    assert_committed(&group, &topic, 0, Some(25));
+}
