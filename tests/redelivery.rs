@@ -68,8 +68,8 @@ struct Case {
 }
 
 impl Case {
-    fn new(name: &str, processor: Processor, ordering: &'static str) -> Case {
-        let (topic, group) = fresh_topic(name, PARTITIONS);
+    fn new(name: &str, partitions: i32, processor: Processor, ordering: &'static str) -> Case {
+        let (topic, group) = fresh_topic(name, partitions);
         let (dir, file) = deliveries_file(name);
         Case {
             topic,
@@ -178,7 +178,7 @@ fn random_kills(name: &str, processor: Processor, ordering: &'static str) {
         .ok()
         .and_then(|k| k.parse().ok())
         .unwrap_or(KILLS);
-    let case = Case::new(name, processor, ordering);
+    let case = Case::new(name, PARTITIONS, processor, ordering);
     let mut rng = Rng::seeded(name);
     let producer = SteadyProducer::start(&case.topic, 10, Duration::from_millis(50));
     let mut runs = kill_runs(&case, kills, &mut rng);
@@ -264,7 +264,7 @@ fn recorded(file: &Path, run: usize) -> usize {
 /// unflagged; B repeats at most what its `at=assigned` lines stated, inside the windows.
 #[test]
 fn a_zombie_woken_after_its_session_expired_repeats_nothing_unflagged() {
-    let case = Case::new("zombie", Processor::Exec, "partition");
+    let case = Case::new("zombie", PARTITIONS, Processor::Exec, "partition");
     let producer = SteadyProducer::start(&case.topic, 5, Duration::from_millis(50));
     let a = case.spawn(0);
     a.wait_for_line(|l| at(l, "assigned"), WAIT);
@@ -429,4 +429,117 @@ fn a_previous_owner_on_the_older_format_gets_everything_up_to_the_log_end_flagge
         lines.join("\n")
     );
     assert_committed(&group, &topic, 0, Some(25));
+}
+
+/// The committed metadata of partition 0, as text, polled every 200 ms until `done`
+/// says it is what the test waits for; returns it.
+#[track_caller]
+fn wait_for_metadata(group: &str, topic: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, raw) = committed_raw_metadata_on(&broker().bootstrap(), group, topic, 0);
+        let m = String::from_utf8_lossy(&raw).into_owned();
+        if done(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "metadata still {m:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Two crashes in a row behind a message that never finishes (key ordering). Run 0
+/// (`ACKD_MAX_PENDING`=5000) holds offsets 1 and 1500 ("hold": the handler does not
+/// answer), finishes every other offset up to 1999, commits 1 with them as acknowledged
+/// ranges and a dispatch limit past 1500, and is SIGKILLed. Run 1, configured with
+/// `ACKD_MAX_PENDING`=2 and `ACKD_REDELIVERY_WINDOW_MAX`=1000 (a rolling change of
+/// settings), inherits that window, starts offset 1 again (held), and is SIGKILLed. Run
+/// 2 must still flag 1500, which run 0 handed over: whatever run 1's own limit was, the
+/// window run 1 inherited is still a window of possible repeats.
+#[test]
+fn a_second_crash_keeps_the_window_the_crashed_owner_before_it_left() {
+    let case = Case::new("double-crash", 1, Processor::Exec, "key");
+    let release = case.dir.join("release");
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..2000)
+        .map(|i| {
+            let value = if i == 1 || i == 1999 { "hold" } else { "ok" };
+            (
+                Some(format!("k-{i}").into_bytes()),
+                value.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    let delivered = produce(&case.topic, &messages);
+    let held: Vec<i64> = delivered
+        .iter()
+        .zip(&messages)
+        .filter(|(_, m)| m.1 == b"hold")
+        .map(|(d, _)| d.offset)
+        .collect();
+    assert_eq!(held, [1, 1999], "one partition, in order");
+    let member = |run: usize, env: &[(&str, &str)]| {
+        let command = holding_recorder_command(&case.dir, &case.file, run, &release);
+        env.iter()
+            .fold(
+                exec_ackd(&case.topic, &case.group, &command)
+                    .env("ACKD_COMMIT_INTERVAL_MS", "500")
+                    .env("ACKD_ORDERING", "key"),
+                |b, (k, v)| b.env(*k, *v),
+            )
+            .spawn()
+    };
+    let delivered_by = |run: usize, offset: i64| {
+        from_file(&case.file)
+            .iter()
+            .any(|d| d.run == run && d.offset == offset)
+    };
+    let run0 = member(
+        0,
+        &[
+            ("ACKD_MAX_PENDING", "5000"),
+            ("ACKD_CONCURRENCY", "16"),
+            ("ACKD_EXEC_CONCURRENCY", "4"),
+        ],
+    );
+    // Everything but the two held messages finished, and committed as ranges above 0.
+    run0.wait_for_count(is_processed, 1998, WAIT);
+    let m0 = wait_for_metadata(&case.group, &case.topic, |m| m.contains(";p=1998;"));
+    assert!(delivered_by(0, 1999), "{m0}");
+    run0.sigkill();
+    run0.assert_exit(128 + libc::SIGKILL, WAIT);
+    let run1 = member(
+        1,
+        &[
+            ("ACKD_MAX_PENDING", "2"),
+            ("ACKD_CONCURRENCY", "2"),
+            ("ACKD_EXEC_CONCURRENCY", "2"),
+            ("ACKD_REDELIVERY_WINDOW_MAX", "1000"),
+        ],
+    );
+    wait_until(WAIT, || delivered_by(1, 1));
+    run1.sigkill();
+    run1.assert_exit(128 + libc::SIGKILL, WAIT);
+    let m1 = committed_raw_metadata_on(&broker().bootstrap(), &case.group, &case.topic, 0);
+    std::fs::write(&release, "").unwrap();
+    let run2 = member(2, &[]);
+    let expected: BTreeSet<(i32, i64)> = (0..2000).map(|o| (0, o)).collect();
+    // Run 2 finishes the held messages: everything is committed.
+    wait_until(WAIT, || {
+        committed_offset(&case.group, &case.topic, 0) == Some(2000)
+    });
+    run2.stop(0, WAIT);
+    let runs = [run0, run1, run2];
+    eprintln!(
+        "double crash: run 0 committed {m0:?}; run 1 left {:?}",
+        String::from_utf8_lossy(&m1.1)
+    );
+    let per_run: Vec<(Vec<Delivery>, Vec<String>)> = runs
+        .iter()
+        .enumerate()
+        .map(|(r, p)| (case.deliveries_of(r, p), p.lines()))
+        .collect();
+    let (f, rows) = assert_flagged(&per_run, &from_file(&case.file), &expected);
+    eprintln!(
+        "{SUMMARY_HEADER}\n{}",
+        summary("double crash behind a held message", 2, &f, &rows)
+    );
 }
