@@ -280,7 +280,14 @@ fn a_second_live_process_with_the_same_instance_id_fences_the_first() {
         assert_eq!(
             group_committed[&p],
             resumed.get(&p).copied(),
-            "partition {p}"
+            "partition {p}: {}",
+            second
+                .lines()
+                .iter()
+                .filter(|l| !is_processed(l))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         assert_eq!(
             first_committed.get(&p),

@@ -58,7 +58,8 @@ impl LimitPolicy {
 pub struct DispatchLimit {
     /// The limit of the last accepted commit: the highest offset that may start.
     accepted: AtomicI64,
-    /// Past this offset the worker asks for a commit at once (the middle of the window).
+    /// Past this offset the worker asks for a commit at once (half way from where it had
+    /// read to the limit, when the limit was accepted).
     ask_from: AtomicI64,
     /// The highest offset the worker has read (started, or held at the limit).
     read: AtomicI64,
@@ -111,7 +112,8 @@ impl DispatchLimit {
     /// Whether `offset` may start now; notes it as read, and asks for a commit once it
     /// passes the middle of the window. A few atomic operations: the hot path.
     pub fn permits(&self, offset: i64) -> bool {
-        self.read.fetch_max(offset, Ordering::Relaxed);
+        // A partition's offsets come in ascending order: a store, not a read-modify-write.
+        self.read.store(offset, Ordering::Relaxed);
         let permitted = offset <= self.accepted.load(Ordering::Acquire);
         if !permitted || offset >= self.ask_from.load(Ordering::Relaxed) {
             self.ask();
@@ -168,9 +170,10 @@ impl DispatchLimit {
     pub fn accept(&self, limit: i64) {
         let previous = self.accepted.fetch_max(limit, Ordering::AcqRel);
         if limit > previous {
-            let window = self.sizing.lock().unwrap_or_else(|e| e.into_inner()).window;
+            let read = self.read.load(Ordering::Relaxed).max(0);
+            let slack = limit.saturating_sub(read).max(0);
             self.ask_from
-                .store(limit.saturating_sub(window / 2), Ordering::Relaxed);
+                .store(limit.saturating_sub(slack / 2), Ordering::Relaxed);
             self.wanted.store(false, Ordering::Release);
             self.raised.notify_waiters();
         }
@@ -200,8 +203,9 @@ impl DispatchLimit {
 }
 
 /// The next window: about two commit intervals of messages at the rate read since the
-/// last proposal, between the policy's bounds; doubled (at least) when the worker asked
-/// early, which says the window was too small for the rate.
+/// last proposal (measured over at least [`RATE_SAMPLE`]), between the policy's bounds;
+/// doubled (at least) when the worker asked early, which says the window was too small
+/// for the rate.
 fn next_window(
     window: i64,
     last: Option<(Instant, i64)>,
@@ -210,19 +214,26 @@ fn next_window(
     policy: &LimitPolicy,
 ) -> i64 {
     let (min, max) = (policy.window_min(), policy.window_max);
-    let by_rate = last.map_or(0, |(at, read)| {
-        let elapsed = now.0.saturating_duration_since(at).as_micros().max(1);
-        let messages = now.1.saturating_sub(read).max(0) as u128;
-        let interval = policy.commit_interval.as_micros();
-        (messages * 2 * interval / elapsed).min(i64::MAX as u128) as i64
-    });
-    let grown = if early {
-        by_rate.max(window.saturating_mul(2))
-    } else {
-        by_rate
+    let by_rate = last
+        .map(|(at, read)| (now.0.saturating_duration_since(at), read))
+        .filter(|(elapsed, _)| *elapsed >= RATE_SAMPLE)
+        .map(|(elapsed, read)| {
+            let messages = now.1.saturating_sub(read).max(0) as u128;
+            let interval = policy.commit_interval.as_micros();
+            (messages * 2 * interval / elapsed.as_micros()).min(i64::MAX as u128) as i64
+        });
+    let grown = match (by_rate, early) {
+        (Some(r), true) => r.max(window.saturating_mul(2)),
+        (Some(r), false) => r,
+        (None, true) => window.saturating_mul(2),
+        (None, false) => window,
     };
     grown.clamp(min, max)
 }
+
+/// The shortest time a rate is measured over: proposals closer together (commits asked
+/// for early) keep the window, or double it.
+const RATE_SAMPLE: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
@@ -276,8 +287,13 @@ mod tests {
             1_000
         );
         assert_eq!(
-            next_window(0, Some((t(0), 0)), (t(1), 1_000_000), false, &p),
+            next_window(0, Some((t(0), 0)), (t(100), 1_000_000), false, &p),
             100_000
+        );
+        assert_eq!(
+            next_window(3_000, Some((t(0), 0)), (t(1), 1_000_000), false, &p),
+            3_000,
+            "too short a sample: the window stays"
         );
         assert_eq!(
             next_window(4_000, None, (t(0), 0), true, &p),
@@ -302,6 +318,11 @@ mod tests {
         l.accept(l.propose(0));
         assert!(l.permits(499) && !l.wanted());
         assert!(l.permits(500) && l.wanted(), "past the middle: asks");
+        // Read on to 800 meanwhile: the next limit's middle is from there.
+        assert!(l.permits(800));
+        l.accept(2_800);
+        assert!(l.permits(1_799) && !l.wanted());
+        assert!(l.permits(1_800) && l.wanted());
         l.lift();
         assert!(l.permits(i64::MAX - 1));
     }

@@ -294,7 +294,7 @@ async fn poll_loop<P: Processor>(
                 None
             }
             _ = control.limits_wanted.notified() => {
-                commit_due(consumer);
+                limits_due(consumer);
                 None
             }
             event = consumer.recv() => on_event(consumer, event),
@@ -328,6 +328,16 @@ fn commit_due<P: Processor>(consumer: &AckdConsumer<P>) {
     let _busy = ctx.health.busy(Busy::Commit);
     if let Some(committer) = ctx.committer.get() {
         committer.periodic(ctx.lock().uncommitted(None));
+    }
+}
+
+/// A worker wants its dispatch limit raised: the committer commits its partition (and
+/// any other that wants one) now.
+fn limits_due<P: Processor>(consumer: &AckdConsumer<P>) {
+    let ctx = consumer.context();
+    let _busy = ctx.health.busy(Busy::Commit);
+    if let Some(committer) = ctx.committer.get() {
+        committer.limits(ctx.lock().limits_wanted());
     }
 }
 

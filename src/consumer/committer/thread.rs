@@ -115,6 +115,21 @@ impl Committer {
         });
     }
 
+    /// Queues a commit of partitions whose workers wait for (or will soon reach) their
+    /// dispatch limit, even while a periodic one waits: that one may not carry their new
+    /// limit. Each worker asks once per limit accepted, so these do not pile up.
+    pub fn limits(&self, offsets: Vec<CommitOffset>) {
+        if offsets.is_empty() {
+            return;
+        }
+        let _ = self.jobs.send(Job {
+            offsets: self.tag(offsets),
+            reason: Reason::Periodic,
+            deadline: None,
+            reply: None,
+        });
+    }
+
     /// Commits and waits for the broker's answer until `deadline()`. A commit still
     /// queued at the deadline is dropped, never sent. The deadline may come sooner while
     /// it waits (a revoke's, when the stop begins): it is read every [`DEADLINE_CHECK`];

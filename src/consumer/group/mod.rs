@@ -78,6 +78,17 @@ impl Group {
         self.pending(only, false)
     }
 
+    /// What a commit asked for by workers at their dispatch limit sends: the partitions
+    /// whose worker wants its limit raised (src/consumer/dispatch_limit.rs), and only
+    /// those: the others keep to the commit interval.
+    pub fn limits_wanted(&self) -> Vec<CommitOffset> {
+        self.owned
+            .iter()
+            .filter(|(_, p)| p.worker.shared.dispatch.wanted())
+            .filter_map(|(tp, p)| p.to_commit(tp, false))
+            .collect()
+    }
+
     /// What releasing `only` commits: [`Group::uncommitted`], and the offsets last
     /// committed periodically again, as released.
     pub fn to_release(&self, only: &[TopicPartition]) -> Vec<CommitOffset> {
