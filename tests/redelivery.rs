@@ -543,3 +543,67 @@ fn a_second_crash_keeps_the_window_the_crashed_owner_before_it_left() {
         summary("double crash behind a held message", 2, &f, &rows)
     );
 }
+
+/// The window's size at a steady rate (docs/guarantees.md, "Redelivery after a crash,
+/// known in advance"): each commit proposes the highest offset read plus about two
+/// commit intervals of messages at the partition's rate, at least 1,000. At ~50 messages/s
+/// per partition and 500 ms commits that is the minimum, 1,000: after each of 3 SIGKILLs
+/// (each run ~2.5 s past its start), the next owner's `redelivery_at_most` is at most
+/// what the killed run had read above the commit (its highest processed offset + 1 - the
+/// resume offset) plus twice that minimum (room for "about").
+#[test]
+fn at_a_steady_rate_the_stated_window_is_about_two_commit_intervals_at_least_1000() {
+    const SLACK: i64 = 2 * 1000;
+    let case = Case::new("window-size", 2, Processor::Log, "partition");
+    let producer = SteadyProducer::start(&case.topic, 5, Duration::from_millis(50));
+    let mut runs: Vec<AckdProcess> = Vec::new();
+    let mut report = Vec::new();
+    let mut problems = Vec::new();
+    for run in 0..4 {
+        let p = case.spawn(run);
+        p.wait_for_line(|l| at(l, "assigned"), WAIT);
+        if let Some(killed) = runs.last() {
+            let highest = highest_per_partition(&from_processed_lines(run - 1, &killed.lines()));
+            for s in stated(&p.lines()) {
+                let (Some(o), Some(n)) = (s.offset, s.at_most) else {
+                    problems.push(format!("no offset or count: {}", s.line));
+                    continue;
+                };
+                let read = highest.get(&s.partition).map_or(0, |h| h + 1 - o);
+                report.push(format!("r{run}p{} {n} (read {read})", s.partition));
+                if n > read + SLACK {
+                    problems.push(format!(
+                        "stated {n} > read above the commit {read} + {SLACK}: {}",
+                        s.line
+                    ));
+                }
+            }
+        }
+        if run == 3 {
+            runs.push(p);
+            break;
+        }
+        let start = from_processed_lines(run, &p.lines()).len();
+        p.wait_for_count(is_processed, start + 250, WAIT);
+        p.sigkill();
+        p.assert_exit(128 + libc::SIGKILL, WAIT);
+        runs.push(p);
+    }
+    producer.finish();
+    runs[3].stop(0, WAIT);
+    eprintln!(
+        "window at ~50 messages/s per partition, 500 ms commits (2 intervals = 50 messages, minimum 1000): stated after each SIGKILL: {}",
+        report.join(", ")
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The highest offset of each partition among `deliveries`.
+fn highest_per_partition(deliveries: &[Delivery]) -> std::collections::BTreeMap<i32, i64> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in deliveries {
+        let e = out.entry(d.partition).or_insert(d.offset);
+        *e = (*e).max(d.offset);
+    }
+    out
+}
