@@ -63,6 +63,8 @@ struct Case {
     group: String,
     processor: Processor,
     ordering: &'static str,
+    /// `ACKD_BATCH_MAX_MESSAGES` (1: none).
+    batch: usize,
     dir: PathBuf,
     file: PathBuf,
 }
@@ -76,6 +78,7 @@ impl Case {
             group,
             processor,
             ordering,
+            batch: 1,
             dir,
             file,
         }
@@ -94,7 +97,8 @@ impl Case {
         };
         let b = b
             .env("ACKD_COMMIT_INTERVAL_MS", "500")
-            .env("ACKD_ORDERING", self.ordering);
+            .env("ACKD_ORDERING", self.ordering)
+            .env("ACKD_BATCH_MAX_MESSAGES", self.batch.to_string());
         match (self.ordering, self.processor) {
             ("key", Processor::Exec) => b
                 .env("ACKD_CONCURRENCY", "8")
@@ -173,12 +177,15 @@ fn kill_runs(case: &Case, kills: usize, rng: &mut Rng) -> Vec<AckdProcess> {
 /// messages/s over 4 partitions), `KILLS` SIGKILLed runs, then a last run that drains
 /// everything and stops gracefully. Checks and prints what [`assert_flagged`] does.
 fn random_kills(name: &str, processor: Processor, ordering: &'static str) {
+    random_kills_of(Case::new(name, PARTITIONS, processor, ordering), name);
+}
+
+fn random_kills_of(case: Case, name: &str) {
     let started = Instant::now();
     let kills = std::env::var("REDELIVERY_KILLS")
         .ok()
         .and_then(|k| k.parse().ok())
         .unwrap_or(KILLS);
-    let case = Case::new(name, PARTITIONS, processor, ordering);
     let mut rng = Rng::seeded(name);
     let producer = SteadyProducer::start(&case.topic, 10, Duration::from_millis(50));
     let mut runs = kill_runs(&case, kills, &mut rng);
@@ -251,6 +258,16 @@ fn sigkills_under_partition_ordering_with_exec_repeat_only_flagged_messages() {
 #[test]
 fn sigkills_under_key_ordering_with_exec_repeat_only_flagged_messages() {
     random_kills("kills-exec-key", Processor::Exec, "key");
+}
+
+/// Batches of up to 10 (exec, partition ordering): every message of a batch says
+/// whether it may be a repeat.
+#[test]
+fn sigkills_with_exec_batches_repeat_only_flagged_messages() {
+    let name = "kills-exec-batches";
+    let mut case = Case::new(name, PARTITIONS, Processor::Exec, "partition");
+    case.batch = 10;
+    random_kills_of(case, name);
 }
 
 /// Deliveries recorded in `file` by run `run`.

@@ -46,7 +46,8 @@ pub fn from_processed_lines(run: usize, lines: &[String]) -> Vec<Delivery> {
 }
 
 /// An exec handler that appends `run partition offset redelivered attempt` for every
-/// request to `file` (one unbuffered `write` on an `O_APPEND` descriptor, so that the
+/// message of every request (a message, or a batch's in turn) to `file` (one unbuffered
+/// `write` per request on an `O_APPEND` descriptor, so that the
 /// file's order is the order in which the deliveries happened, across processes) before
 /// it acknowledges the message. `dir` gets the script. It ignores SIGTERM and stops at
 /// EOF, like docs/exec.md's.
@@ -69,12 +70,19 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 run = sys.argv[2]
 for line in sys.stdin:
-    m = json.loads(line)
-    flag = "true" if m["redelivered"] else "false"
-    os.write(fd, f"{run} {m['partition']} {m['offset']} {flag} {m['attempt']}\n".encode())
-    while len(sys.argv) > 3 and (m.get("value") or "").startswith("hold") and not os.path.exists(sys.argv[3]):
+    req = json.loads(line)
+    batch = req if isinstance(req, list) else [req]
+    os.write(fd, "".join(
+        f"{run} {m['partition']} {m['offset']} {'true' if m['redelivered'] else 'false'} {m['attempt']}\n"
+        for m in batch).encode())
+    while len(sys.argv) > 3 and any((m.get("value") or "").startswith("hold") for m in batch) and not os.path.exists(sys.argv[3]):
         time.sleep(0.05)
-    print(json.dumps({"ack": True, "topic": m["topic"], "partition": m["partition"], "offset": m["offset"]}), flush=True)
+    reply = {"ack": True, "topic": batch[0]["topic"], "partition": batch[0]["partition"]}
+    if isinstance(req, list):
+        reply.update(first=batch[0]["offset"], last=batch[-1]["offset"])
+    else:
+        reply.update(offset=req["offset"])
+    print(json.dumps(reply), flush=True)
 "#;
 
 /// The deliveries [`recorder_command`]'s handlers wrote to `file`, in order.
