@@ -137,7 +137,12 @@ impl Case {
     fn wait_handlers_gone(&self, run: usize) {
         if self.processor == Processor::Exec {
             let command = recorder_command(&self.dir, &self.file, run);
-            let args = command.split(' ').skip(1).collect::<Vec<_>>().join("\0");
+            // Each argument ends with a NUL in /proc/PID/cmdline: run 1 is not run 10.
+            let args: String = command
+                .split(' ')
+                .skip(1)
+                .map(|a| format!("{a}\0"))
+                .collect();
             wait_until(WAIT, || !process_running_with(&args));
         }
     }

@@ -85,10 +85,13 @@ for line in sys.stdin:
     print(json.dumps(reply), flush=True)
 "#;
 
-/// The deliveries [`recorder_command`]'s handlers wrote to `file`, in order.
+/// The deliveries [`recorder_command`]'s handlers wrote to `file`, in order (a last
+/// line still being written, without its newline, is left for the next read).
 pub fn from_file(file: &Path) -> Vec<Delivery> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
-    text.lines()
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
+        .lines()
         .map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             let parsed = (f.len() == 5).then(|| {
@@ -317,8 +320,9 @@ pub fn assert_flagged(
             .map(|(r, (_, l))| format!("---- run {r}\n{}", l.join("\n")))
             .collect();
         panic!(
-            "{}\n==== every run's lines:\n{}",
+            "{}\n{SUMMARY_HEADER}\n{}\n==== every run's lines:\n{}",
             problems.join("\n"),
+            summary("(this case)", runs.len() - 1, &f, &rows),
             all_lines.join("\n")
         );
     }
