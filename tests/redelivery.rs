@@ -65,6 +65,8 @@ struct Case {
     ordering: &'static str,
     /// `ACKD_BATCH_MAX_MESSAGES` (1: none).
     batch: usize,
+    /// `ACKD_GROUP_PROTOCOL=consumer` (KIP-848) instead of classic.
+    consumer_protocol: bool,
     dir: PathBuf,
     file: PathBuf,
 }
@@ -79,6 +81,7 @@ impl Case {
             processor,
             ordering,
             batch: 1,
+            consumer_protocol: false,
             dir,
             file,
         }
@@ -94,6 +97,11 @@ impl Case {
                 &self.group,
                 &recorder_command(&self.dir, &self.file, run),
             ),
+        };
+        let b = if self.consumer_protocol {
+            b.consumer_protocol()
+        } else {
+            b
         };
         let b = b
             .env("ACKD_COMMIT_INTERVAL_MS", "500")
@@ -280,13 +288,24 @@ fn recorded(file: &Path, run: usize) -> usize {
     from_file(file).iter().filter(|d| d.run == run).count()
 }
 
-/// A zombie: ackd A (exec, recording) is SIGSTOPped mid-stream past its session (1 s),
-/// B takes its partitions and works on; then A is continued. Both stop gracefully at the
-/// end. In the order the deliveries happened (one file, appended by both), no repeat is
-/// unflagged; B repeats at most what its `at=assigned` lines stated, inside the windows.
+/// A zombie: ackd A (exec, recording) is SIGSTOPped mid-stream past its session (1 s
+/// classic; 6 s under the consumer protocol, the test broker's), B takes its partitions
+/// and works on; then A is continued. Both stop gracefully at the end. In the order the
+/// deliveries happened (one file, appended by both), no repeat is unflagged; B repeats at
+/// most what its `at=assigned` lines stated, inside the windows.
 #[test]
-fn a_zombie_woken_after_its_session_expired_repeats_nothing_unflagged() {
-    let case = Case::new("zombie", PARTITIONS, Processor::Exec, "partition");
+fn a_classic_zombie_woken_after_its_session_expired_repeats_nothing_unflagged() {
+    zombie("zombie-classic", false);
+}
+
+#[test]
+fn a_consumer_protocol_zombie_woken_after_its_session_expired_repeats_nothing_unflagged() {
+    zombie("zombie-consumer", true);
+}
+
+fn zombie(name: &str, consumer_protocol: bool) {
+    let mut case = Case::new(name, PARTITIONS, Processor::Exec, "partition");
+    case.consumer_protocol = consumer_protocol;
     let producer = SteadyProducer::start(&case.topic, 5, Duration::from_millis(50));
     let a = case.spawn(0);
     a.wait_for_line(|l| at(l, "assigned"), WAIT);
@@ -322,7 +341,7 @@ fn a_zombie_woken_after_its_session_expired_repeats_nothing_unflagged() {
         .collect();
     eprintln!(
         "{SUMMARY_HEADER}\n{}\n  the zombie after waking: {woken:?}",
-        summary("zombie (SIGSTOP past the session)", 0, &f, &rows)
+        summary(name, 0, &f, &rows)
     );
 }
 
@@ -469,6 +488,28 @@ fn wait_for_metadata(group: &str, topic: &str, done: impl Fn(&str) -> bool) -> S
     }
 }
 
+/// Produces `n` messages with keys `k-<i>` to a one-partition topic: value "hold" at the
+/// offsets `held` (a holding recorder does not answer them), "ok" elsewhere.
+fn produce_holding(topic: &str, n: i64, held: &[i64]) {
+    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..n)
+        .map(|i| {
+            let value = if held.contains(&i) { "hold" } else { "ok" };
+            (
+                Some(format!("k-{i}").into_bytes()),
+                value.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    let delivered = produce(topic, &messages);
+    let got: Vec<i64> = delivered
+        .iter()
+        .zip(&messages)
+        .filter(|(_, m)| m.1 == b"hold")
+        .map(|(d, _)| d.offset)
+        .collect();
+    assert_eq!(got, held, "one partition, in order");
+}
+
 /// Two crashes in a row behind a message that never finishes (key ordering). Run 0
 /// (`ACKD_MAX_PENDING`=5000) holds offsets 1 and 1500 ("hold": the handler does not
 /// answer), finishes every other offset up to 1999, commits 1 with them as acknowledged
@@ -481,23 +522,7 @@ fn wait_for_metadata(group: &str, topic: &str, done: impl Fn(&str) -> bool) -> S
 fn a_second_crash_keeps_the_window_the_crashed_owner_before_it_left() {
     let case = Case::new("double-crash", 1, Processor::Exec, "key");
     let release = case.dir.join("release");
-    let messages: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..2000)
-        .map(|i| {
-            let value = if i == 1 || i == 1999 { "hold" } else { "ok" };
-            (
-                Some(format!("k-{i}").into_bytes()),
-                value.as_bytes().to_vec(),
-            )
-        })
-        .collect();
-    let delivered = produce(&case.topic, &messages);
-    let held: Vec<i64> = delivered
-        .iter()
-        .zip(&messages)
-        .filter(|(_, m)| m.1 == b"hold")
-        .map(|(d, _)| d.offset)
-        .collect();
-    assert_eq!(held, [1, 1999], "one partition, in order");
+    produce_holding(&case.topic, 2000, &[1, 1999]);
     let member = |run: usize, env: &[(&str, &str)]| {
         let command = holding_recorder_command(&case.dir, &case.file, run, &release);
         env.iter()
@@ -628,4 +653,56 @@ fn highest_per_partition(deliveries: &[Delivery]) -> std::collections::BTreeMap<
         *e = (*e).max(d.offset);
     }
     out
+}
+
+/// Graceful handoffs flag nothing: A is assigned (no message yet), then a steady
+/// producer starts; B joins (A releases half the partitions to it), then A stops with
+/// SIGTERM (B takes the rest). Every `at=assigned` states `redelivery_at_most=0`, no
+/// delivery says `redelivered=true`, and no message comes twice.
+#[test]
+fn graceful_handoffs_state_nothing_to_redeliver_and_flag_nothing() {
+    let case = Case::new("graceful", PARTITIONS, Processor::Log, "partition");
+    let a = case.spawn(0);
+    a.wait_for_count(|l| at(l, "assigned"), PARTITIONS as usize, WAIT);
+    let producer = SteadyProducer::start(&case.topic, 10, Duration::from_millis(50));
+    a.wait_for_count(is_processed, 100, WAIT);
+    let b = case.spawn(1);
+    b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    b.wait_for_count(is_processed, 50, WAIT);
+    a.stop(0, WAIT);
+    b.wait_for_count(|l| at(l, "assigned"), PARTITIONS as usize, WAIT);
+    let delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    let all = || -> Vec<Delivery> {
+        from_processed_lines(0, &a.lines())
+            .into_iter()
+            .chain(from_processed_lines(1, &b.lines()))
+            .collect()
+    };
+    wait_until(WAIT, || {
+        let seen: BTreeSet<_> = all().iter().map(|d| (d.partition, d.offset)).collect();
+        seen.is_superset(&expected)
+    });
+    b.stop(0, WAIT);
+    let lines: Vec<String> = a.lines().into_iter().chain(b.lines()).collect();
+    let stated_lines = stated(&lines);
+    let all = all();
+    let f = findings(&all);
+    let flagged: Vec<&Delivery> = all.iter().filter(|d| d.redelivered).collect();
+    assert!(
+        stated_lines.iter().all(|s| s.at_most == Some(0))
+            && flagged.is_empty()
+            && f.repeats.is_empty(),
+        "stated {:?}; flagged {flagged:?}; repeats {:?}\n{}",
+        stated_lines.iter().map(|s| &s.line).collect::<Vec<_>>(),
+        f.repeats,
+        lines.join("\n")
+    );
+    assert_committed_to_ends(&case.group, &case.topic, PARTITIONS, &log_ends(&delivered));
+    eprintln!(
+        "graceful handoffs: {} messages, {} assignments stated 0, none flagged, none repeated",
+        f.messages,
+        stated_lines.len()
+    );
 }
