@@ -488,6 +488,51 @@ fn wait_for_metadata(group: &str, topic: &str, done: impl Fn(&str) -> bool) -> S
     }
 }
 
+impl Case {
+    /// Run `run` with a holding recorder (answering "hold" messages once `release`
+    /// exists), key ordering, and `env`.
+    fn holding_member(&self, release: &Path, run: usize, env: &[(&str, &str)]) -> AckdProcess {
+        let command = holding_recorder_command(&self.dir, &self.file, run, release);
+        env.iter()
+            .fold(
+                exec_ackd(&self.topic, &self.group, &command)
+                    .env("ACKD_COMMIT_INTERVAL_MS", "500")
+                    .env("ACKD_ORDERING", "key"),
+                |b, (k, v)| b.env(*k, *v),
+            )
+            .spawn()
+    }
+
+    /// Whether run `run` handed over the message at `offset` (partition 0).
+    fn delivered_by(&self, run: usize, offset: i64) -> bool {
+        from_file(&self.file)
+            .iter()
+            .any(|d| d.run == run && d.partition == 0 && d.offset == offset)
+    }
+
+    /// Run 0, reading far ahead (`ACKD_MAX_PENDING`=5000; windows of 1,000) behind the
+    /// held messages:
+    /// SIGKILLed once it finished the others and committed them as ranges up to
+    /// `highest` (`p=`); returns it and that commit's metadata.
+    fn killed_behind_held(&self, release: &Path, highest: i64) -> (AckdProcess, String) {
+        let run0 = self.holding_member(
+            release,
+            0,
+            &[
+                ("ACKD_MAX_PENDING", "5000"),
+                ("ACKD_CONCURRENCY", "16"),
+                ("ACKD_EXEC_CONCURRENCY", "4"),
+                ("ACKD_REDELIVERY_WINDOW_MAX", "1000"),
+            ],
+        );
+        let p = format!(";p={highest};");
+        let m0 = wait_for_metadata(&self.group, &self.topic, |m| m.contains(&p));
+        run0.sigkill();
+        run0.assert_exit(128 + libc::SIGKILL, WAIT);
+        (run0, m0)
+    }
+}
+
 /// Produces `n` messages with keys `k-<i>` to a one-partition topic: value "hold" at the
 /// offsets `held` (a holding recorder does not answer them), "ok" elsewhere.
 fn produce_holding(topic: &str, n: i64, held: &[i64]) {
@@ -523,36 +568,10 @@ fn a_second_crash_keeps_the_window_the_crashed_owner_before_it_left() {
     let case = Case::new("double-crash", 1, Processor::Exec, "key");
     let release = case.dir.join("release");
     produce_holding(&case.topic, 2000, &[1, 1999]);
-    let member = |run: usize, env: &[(&str, &str)]| {
-        let command = holding_recorder_command(&case.dir, &case.file, run, &release);
-        env.iter()
-            .fold(
-                exec_ackd(&case.topic, &case.group, &command)
-                    .env("ACKD_COMMIT_INTERVAL_MS", "500")
-                    .env("ACKD_ORDERING", "key"),
-                |b, (k, v)| b.env(*k, *v),
-            )
-            .spawn()
-    };
-    let delivered_by = |run: usize, offset: i64| {
-        from_file(&case.file)
-            .iter()
-            .any(|d| d.run == run && d.offset == offset)
-    };
-    let run0 = member(
-        0,
-        &[
-            ("ACKD_MAX_PENDING", "5000"),
-            ("ACKD_CONCURRENCY", "16"),
-            ("ACKD_EXEC_CONCURRENCY", "4"),
-        ],
-    );
-    // Everything but the two held messages finished, and committed as ranges above 0.
-    run0.wait_for_count(is_processed, 1998, WAIT);
-    let m0 = wait_for_metadata(&case.group, &case.topic, |m| m.contains(";p=1998;"));
+    let member = |run, env: &[(&str, &str)]| case.holding_member(&release, run, env);
+    let delivered_by = |run, offset| case.delivered_by(run, offset);
+    let (run0, m0) = case.killed_behind_held(&release, 1998);
     assert!(delivered_by(0, 1999), "{m0}");
-    run0.sigkill();
-    run0.assert_exit(128 + libc::SIGKILL, WAIT);
     let run1 = member(
         1,
         &[
@@ -704,5 +723,56 @@ fn graceful_handoffs_state_nothing_to_redeliver_and_flag_nothing() {
         "graceful handoffs: {} messages, {} assignments stated 0, none flagged, none repeated",
         f.messages,
         stated_lines.len()
+    );
+}
+
+/// One crash behind a held message (key ordering): run 0 holds offset 1, finishes 0 and
+/// 2..=1999 (committed as ranges above 1), and is SIGKILLed; then messages are produced
+/// past its dispatch limit L. Run 1 skips the acknowledged ranges, hands over 1 again and
+/// 2000..=L for the first time, all flagged, and the rest unflagged; its
+/// `at=redelivered complete=true` counts exactly the 1 + (L - 1999) it handed over
+/// flagged, not the offsets it skipped.
+#[test]
+fn after_a_crash_behind_a_held_message_the_redelivered_count_leaves_out_the_skipped() {
+    let case = Case::new("held-count", 1, Processor::Exec, "key");
+    let release = case.dir.join("release");
+    produce_holding(&case.topic, 2000, &[1]);
+    let (run0, m0) = case.killed_behind_held(&release, 1999);
+    std::fs::write(&release, "").unwrap();
+    let limit = without_limit(&m0)
+        .1
+        .unwrap_or_else(|| panic!("no l= in {m0}"));
+    let end = limit + 11;
+    produce_keyed(&case.topic, (end - 2000) as usize, 2000);
+    let run1 = case.holding_member(&release, 1, &[]);
+    wait_until(WAIT, || {
+        committed_offset(&case.group, &case.topic, 0) == Some(end)
+    });
+    run1.stop(0, WAIT);
+    let runs = [run0, run1];
+    let per_run: Vec<(Vec<Delivery>, Vec<String>)> = runs
+        .iter()
+        .enumerate()
+        .map(|(r, p)| (case.deliveries_of(r, p), p.lines()))
+        .collect();
+    let expected: BTreeSet<(i32, i64)> = (0..end).map(|o| (0, o)).collect();
+    let (f, rows) = assert_flagged(&per_run, &from_file(&case.file), &expected);
+    let flags: Vec<(i64, bool)> = per_run[1]
+        .0
+        .iter()
+        .map(|d| (d.offset, d.redelivered))
+        .collect();
+    let want: Vec<(i64, bool)> = std::iter::once((1, true))
+        .chain((2000..end).map(|o| (o, o <= limit)))
+        .collect();
+    let mut sorted = flags.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted, want,
+        "run 1's deliveries (offset, redelivered); run 0 committed {m0}"
+    );
+    eprintln!(
+        "{SUMMARY_HEADER}\n{}",
+        summary("one crash behind a held message", 1, &f, &rows)
     );
 }
