@@ -428,45 +428,84 @@ fn with_commit_metadata_refused_a_sigkill_is_followed_by_conservative_flags() {
 /// arrive `redelivered=true`, and 20..=24, produced after the assignment, arrive false.
 #[test]
 fn a_previous_owner_on_the_older_format_gets_everything_up_to_the_log_end_flagged() {
-    let (topic, group) = fresh_topic("older-format", 1);
+    flagged_up_to_the_log_end("older-format", Some(b"ackd/2:o=8;p=12;end"));
+}
+
+/// The same when offset 8 was committed with another client's metadata.
+#[test]
+fn another_writers_commit_gets_everything_up_to_the_log_end_flagged() {
+    flagged_up_to_the_log_end("foreign-writer", Some(b"checkpoint:8"));
+}
+
+/// The same when offset 8 was committed without metadata.
+#[test]
+fn a_commit_without_metadata_gets_everything_up_to_the_log_end_flagged() {
+    flagged_up_to_the_log_end("bare-commit", Some(b""));
+}
+
+/// The same with the first ackd format (`ackd:processed=`).
+#[test]
+fn the_first_ackd_format_gets_everything_up_to_the_log_end_flagged() {
+    flagged_up_to_the_log_end("first-format", Some(b"ackd:processed=12"));
+}
+
+/// The same with current metadata that describes another offset (`o=5` beside 8: moved
+/// by a tool): its limit says nothing about 8.
+#[test]
+fn metadata_beside_another_offset_gets_everything_up_to_the_log_end_flagged() {
+    flagged_up_to_the_log_end("stale-metadata", Some(b"ackd/3:o=5;p=6;l=9;end"));
+}
+
+/// A group that never committed: everything the log held at the assignment (0..=19,
+/// `redelivery_at_most=20`) is flagged, what comes after is not.
+#[test]
+fn a_group_without_a_committed_offset_gets_what_the_log_held_flagged() {
+    flagged_up_to_the_log_end("no-commit", None);
+}
+
+/// 20 messages; offset 8 committed with `metadata` (None: nothing committed, the start
+/// is 0); ackd is assigned the partition and must flag from the start through 19 and
+/// state that count, then 5 messages more arrive unflagged.
+fn flagged_up_to_the_log_end(name: &str, metadata: Option<&[u8]>) {
+    let (topic, group) = fresh_topic(name, 1);
     produce_numbered(&topic, 20);
-    commit_raw_metadata_on(
-        &broker().bootstrap(),
-        &group,
-        &topic,
-        0,
-        8,
-        b"ackd/2:o=8;p=12;end",
-    );
+    let start = match metadata {
+        Some(m) => {
+            commit_raw_metadata_on(&broker().bootstrap(), &group, &topic, 0, 8, m);
+            8
+        }
+        None => 0,
+    };
     let p = AckdBuilder::new(&topic, &group).spawn();
     let assigned = p.wait_for_line(|l| at(l, "assigned"), WAIT);
     let s = stated(std::slice::from_ref(&assigned)).remove(0);
+    let committed = metadata.map(|_| start);
     assert_eq!(
         (s.offset, s.at_most, s.from, s.through),
-        (Some(8), Some(12), Some(8), Some(19)),
+        (committed, Some(20 - start), committed, Some(19)),
         "{assigned}"
     );
-    p.wait_for_count(is_processed, 12, WAIT);
+    p.wait_for_count(is_processed, (20 - start) as usize, WAIT);
     let values: Vec<String> = (20..25).map(|i| format!("v-{i}")).collect();
     produce_strs(
         &topic,
         &values.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    p.wait_for_count(is_processed, 17, WAIT);
+    p.wait_for_count(is_processed, (25 - start) as usize, WAIT);
     let lines = p.stop(0, WAIT);
     let got: Vec<(i64, bool, u64)> = from_processed_lines(0, &lines)
         .iter()
         .map(|d| (d.offset, d.redelivered, d.attempt))
         .collect();
-    let want: Vec<(i64, bool, u64)> = (8..25).map(|o| (o, o < 20, 1)).collect();
+    let want: Vec<(i64, bool, u64)> = (start..25).map(|o| (o, o < 20, 1)).collect();
     assert_eq!(got, want, "{}", lines.join("\n"));
-    let redelivered = all_at(&lines, "redelivered");
+    let n = (20 - start).to_string();
     assert!(
-        redelivered
-            .iter()
-            .any(|l| field(l, "flagged").as_deref() == Some("12")
-                && field(l, "redelivery_at_most").as_deref() == Some("12")),
-        "no at=redelivered flagged=12 redelivery_at_most=12:\n{}",
+        all_at(&lines, "redelivered").iter().any(|l| {
+            field(l, "flagged") == Some(n.clone())
+                && field(l, "redelivery_at_most") == Some(n.clone())
+        }),
+        "no at=redelivered flagged={n} redelivery_at_most={n}:\n{}",
         lines.join("\n")
     );
     assert_committed(&group, &topic, 0, Some(25));
