@@ -30,9 +30,12 @@ pub struct Row {
     /// Messages the group has yet to process: end - committed; without a commit, what
     /// ackd would read under ACKD_START_FROM (earliest: the whole retained log, latest: 0).
     pub lag: i64,
-    /// `p=H` of the last commit's metadata (`ackd/2:o=O;p=H;…`, beside its own offset):
-    /// the highest offset the committing process had processed.
+    /// `p=H` of the last commit's metadata (`ackd/3:o=O;p=H;l=L;…`, beside its own
+    /// offset): the highest offset the committing process had processed.
     pub processed: Option<i64>,
+    /// `l=L` of that metadata: the highest offset the committing process may start
+    /// before its next commit (src/consumer/dispatch_limit.rs).
+    pub dispatch_limit: Option<i64>,
     /// How many offsets above the committed one that metadata names as acknowledged
     /// (`;a=`, concurrent ordering): the next owner skips them.
     pub acked_above: Option<i64>,
@@ -167,7 +170,8 @@ fn row(
             .zip(previous.as_ref())
             .map(|(c, p)| crate::consumer::acked_ranges::count(&p.acked_above(c)))
             .filter(|n| *n > 0),
-        processed: previous.map(|p| p.processed),
+        processed: previous.as_ref().map(|p| p.processed),
+        dispatch_limit: previous.as_ref().and_then(|p| p.limit),
         member,
     }
 }
@@ -199,6 +203,7 @@ fn log_lines(settings: &Settings, group: &GroupDescription, rows: &[Row]) {
             client_id,
             host,
             processed = r.processed,
+            dispatch_limit = r.dispatch_limit,
             acked_above = r.acked_above
         );
     }
@@ -316,6 +321,7 @@ mod tests {
             end: 2,
             lag: 1,
             processed: None,
+            dispatch_limit: None,
             acked_above: None,
             member: Some((
                 "m-1\u{1b}[2J".into(),

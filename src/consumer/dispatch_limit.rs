@@ -109,6 +109,15 @@ impl DispatchLimit {
         self.policy.get_or_init(LimitPolicy::default)
     }
 
+    /// The window this partition's previous owner left (`through`: the last offset it may
+    /// have handed to a processor, or that ackd cannot rule out): every limit this owner
+    /// commits reaches at least there, so that if it crashes too, its successor still
+    /// flags what the owner before it may have processed.
+    pub fn inherit(&self, through: i64) {
+        let mut s = self.sizing.lock().unwrap_or_else(|e| e.into_inner());
+        s.proposed = s.proposed.max(through);
+    }
+
     /// Whether `offset` may start now; notes it as read, and asks for a commit once it
     /// passes the middle of the window. A few atomic operations: the hot path.
     pub fn permits(&self, offset: i64) -> bool {

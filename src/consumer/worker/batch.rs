@@ -69,6 +69,13 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
                 .collect();
             &kept
         };
+        // The rest of the batch was read past next(): counted against the window too,
+        // once its offsets acknowledged by the previous owner are skipped.
+        let skipped = self.progress.skip.total_skipped();
+        for m in &batch[1..] {
+            self.flagging
+                .read(m.offset(), skipped, self.topic, self.partition);
+        }
         let ended = self.handle_dispatched(dispatched).await;
         // The batch's messages are released on return: holding librdkafka's messages
         // while halted would keep the consumer from closing.

@@ -92,7 +92,7 @@ pub(super) async fn consume<C, P>(
                 Step::Stop
             }
             Step::Stop => {
-                let skipped = worker.progress.skip.skipped();
+                let skipped = worker.progress.skip.total_skipped();
                 worker.flagging.finish(skipped, &topic, partition);
                 return;
             }

@@ -86,7 +86,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             }
             self.held.take()
         };
-        let skipped = self.progress.skip.skipped();
+        let skipped = self.progress.skip.total_skipped();
         self.flagging
             .read(offset, skipped, self.topic, self.partition);
         next

@@ -6,8 +6,10 @@
 pub(super) struct Skip {
     /// Inclusive ranges, ascending, not yet passed.
     ranges: std::collections::VecDeque<(i64, i64)>,
-    /// Offsets skipped so far.
+    /// Offsets skipped since the last `at=resume_skipped` line.
     skipped: u64,
+    /// Offsets skipped in this assignment.
+    total: u64,
 }
 
 impl Skip {
@@ -17,12 +19,13 @@ impl Skip {
         Skip {
             ranges: ranges.into(),
             skipped: 0,
+            total: 0,
         }
     }
 
-    /// Offsets skipped so far.
-    pub(super) fn skipped(&self) -> u64 {
-        self.skipped
+    /// Offsets skipped in this assignment.
+    pub(super) fn total_skipped(&self) -> u64 {
+        self.total
     }
 
     /// Nothing (left) to skip.
@@ -63,6 +66,7 @@ impl Skip {
             .is_some_and(|&(start, _)| start <= offset);
         if hit {
             self.skipped += 1;
+            self.total += 1;
             if self.ranges.front().is_some_and(|&(_, end)| end == offset) {
                 self.ranges.pop_front();
             }

@@ -62,6 +62,7 @@ where
 {
     let shared = Arc::new(WorkerShared::new());
     shared.dispatch.configure(config.limits.clone());
+    shared.dispatch.inherit(resume.window.through);
     let (stop, stop_rx) = watch::channel(false);
     let task = runtime.spawn(run(
         queue,
