@@ -15,7 +15,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
+use common::{
+    ackd::*, docs::code_block, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -29,19 +31,7 @@ fn exec_case(name: &str, partitions: i32) -> (String, String, std::path::PathBuf
 /// The `n`th (from 1) Python block of docs/exec.md ("exec processor"), exactly as
 /// written there: 1 is the handler, 2 the batched handler.
 fn readme_handler(n: usize) -> String {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/exec.md"))
-            .expect("read docs/exec.md");
-    let section = readme
-        .split("# exec processor")
-        .nth(1)
-        .expect("docs/exec.md has an exec processor section");
-    let code = section
-        .split("```python\n")
-        .nth(n)
-        .and_then(|rest| rest.split("```").next())
-        .unwrap_or_else(|| panic!("the section has a python block number {n}"));
-    code.to_string()
+    code_block("docs/exec.md", "# exec processor", "```python\n", n)
 }
 
 /// What every test handler starts with: SIGTERM ignored (as in docs/exec.md's), `DIR`,
@@ -1549,19 +1539,8 @@ for line in sys.stdin:
 /// The exec handler of docs/guarantees.md ("Writing an idempotent handler"), exactly as
 /// written there.
 fn idempotent_handler() -> String {
-    let doc =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/guarantees.md"))
-            .expect("read docs/guarantees.md");
-    let section = doc
-        .split("## Writing an idempotent handler")
-        .nth(1)
-        .expect("docs/guarantees.md has the idempotent handler section");
-    section
-        .split("```python\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("the section has a python block")
-        .to_string()
+    let heading = "## Writing an idempotent handler";
+    code_block("docs/guarantees.md", heading, "```python\n", 1)
 }
 
 /// Each (partition, offset) in the handler's `orders` table, with how many rows it has.

@@ -38,22 +38,12 @@ impl DocsHandler {
     /// Its code block, exactly as the docs show it, written to `dir`; the command line
     /// that runs it.
     fn install(self, dir: &Path) -> String {
-        let docs =
-            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/exec.md"))
-                .expect("read docs/exec.md");
-        let section = docs
-            .split("## Many requests in flight per child")
-            .nth(1)
-            .expect("docs/exec.md has a \"Many requests in flight per child\" section");
         let (fence, file, program) = match self {
             DocsHandler::Python => ("```python\n", "handler.py", "python3"),
             DocsHandler::Node => ("```js\n", "handler.js", "node"),
         };
-        let code = section
-            .split(fence)
-            .nth(1)
-            .and_then(|rest| rest.split("```").next())
-            .unwrap_or_else(|| panic!("the section has a {fence:?} block"));
+        let heading = "## Many requests in flight per child";
+        let code = common::docs::code_block("docs/exec.md", heading, fence, 1);
         let path = dir.join(file);
         std::fs::write(&path, code).unwrap();
         format!("{program} {}", path.display())

@@ -544,20 +544,7 @@ fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
 
 /// The Python endpoint of docs/http.md ("http processor"), exactly as written there.
 fn readme_endpoint() -> String {
-    let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/http.md"),
-    )
-    .expect("read docs/http.md");
-    let section = readme
-        .split("# http processor")
-        .nth(1)
-        .expect("docs/http.md has an http processor section");
-    section
-        .split("```python\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("the section has a python block")
-        .to_string()
+    common::docs::code_block("docs/http.md", "# http processor", "```python\n", 1)
 }
 
 /// docs/http.md's endpoint: text values are acked, a binary value gets its 400 (skipped

@@ -192,8 +192,8 @@ impl DispatchLimit {
         }
     }
 
-    /// The first offset read, before any started: where a first commit stands when
-    /// nothing was committed or the committed offset was not where reading began.
+    /// The offset read last (before anything started: the first one, held at the
+    /// limit, which is where a first commit stands).
     pub fn read(&self) -> Option<i64> {
         Some(self.read.load(Ordering::Relaxed)).filter(|r| *r != NONE)
     }

@@ -18,6 +18,8 @@ pub mod broker;
 /// Every delivery a processor saw, with its redelivered flag, checked against the bounds
 /// `at=assigned` stated ([`deliveries::assert_flagged`]).
 pub mod deliveries;
+/// Code blocks of the docs, as the docs show them ([`docs::code_block`]).
+pub mod docs;
 /// Reading ackd's output: logfmt fields, `at=` lines, processed messages, refused commits.
 pub mod lines;
 /// Log ends and committed offsets of a group: read, asserted, committed raw.

@@ -107,21 +107,20 @@ impl Committer {
         if offsets.is_empty() || self.periodic_queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        let _ = self.jobs.send(Job {
-            offsets: self.tag(offsets),
-            reason: Reason::Periodic,
-            deadline: None,
-            reply: None,
-        });
+        self.queue_periodic(offsets);
     }
 
     /// Queues a commit of partitions whose workers wait for (or will soon reach) their
     /// dispatch limit, even while a periodic one waits: that one may not carry their new
     /// limit. Each worker asks once per limit accepted, so these do not pile up.
     pub fn limits(&self, offsets: Vec<CommitOffset>) {
-        if offsets.is_empty() {
-            return;
+        if !offsets.is_empty() {
+            self.queue_periodic(offsets);
         }
+    }
+
+    /// Queues `offsets` as a periodic commit, nobody waiting for its answer.
+    fn queue_periodic(&self, offsets: Vec<CommitOffset>) {
         let _ = self.jobs.send(Job {
             offsets: self.tag(offsets),
             reason: Reason::Periodic,
