@@ -58,8 +58,8 @@ impl LimitPolicy {
 pub struct DispatchLimit {
     /// The limit of the last accepted commit: the highest offset that may start.
     accepted: AtomicI64,
-    /// Past this offset the worker asks for a commit at once (half way from where it had
-    /// read to the limit, when the limit was accepted).
+    /// Past this offset the worker asks for a commit at once (half a window before the
+    /// limit, or half way from where it had read if less was left, when it was accepted).
     ask_from: AtomicI64,
     /// The highest offset the worker has read (started, or held at the limit).
     read: AtomicI64,
@@ -180,7 +180,10 @@ impl DispatchLimit {
         let previous = self.accepted.fetch_max(limit, Ordering::AcqRel);
         if limit > previous {
             let read = self.read.load(Ordering::Relaxed).max(0);
-            let slack = limit.saturating_sub(read).max(0);
+            // Half the window, or half the slack when less is left: an inherited limit
+            // far beyond this owner's window cannot rise before the work nears it.
+            let window = self.sizing.lock().unwrap_or_else(|e| e.into_inner()).window;
+            let slack = limit.saturating_sub(read).max(0).min(window.max(1));
             self.ask_from
                 .store(limit.saturating_sub(slack / 2), Ordering::Relaxed);
             self.wanted.store(false, Ordering::Release);
@@ -329,10 +332,30 @@ mod tests {
         assert!(l.permits(500) && l.wanted(), "past the middle: asks");
         // Read on to 800 meanwhile: the next limit's middle is from there.
         assert!(l.permits(800));
-        l.accept(2_800);
-        assert!(l.permits(1_799) && !l.wanted());
-        assert!(l.permits(1_800) && l.wanted());
+        // Its next limit: 800 and the window (1,000).
+        l.accept(1_800);
+        assert!(l.permits(1_299) && !l.wanted());
+        assert!(l.permits(1_300) && l.wanted());
         l.lift();
         assert!(l.permits(i64::MAX - 1));
+    }
+
+    #[test]
+    fn an_inherited_window_is_not_asked_about_until_its_end_nears() {
+        // The previous owner may have started up to 499,999: this owner's limits reach
+        // there, so half way there the proposal cannot rise and an ask would only make
+        // the supervisor commit the same limit again (and the worker swap the flag on
+        // every message): it asks once the last window before the limit is reached.
+        let l = limit(100_000);
+        l.inherit(499_999);
+        l.accept(l.propose(0));
+        assert_eq!(l.accepted(), Some(499_999));
+        assert!(l.permits(0) && l.permits(300_000));
+        assert!(!l.wanted(), "far from the limit: no commit is due");
+        assert!(l.permits(499_498) && !l.wanted());
+        assert!(
+            l.permits(499_499) && l.wanted(),
+            "half a window before it: one is"
+        );
     }
 }
