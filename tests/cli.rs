@@ -140,12 +140,51 @@ fn help_lists_every_setting_of_the_readme_with_its_default() {
                 "{name}: docs/settings.md says {default:?}, --help says {line:?}"
             );
         }
-        // The librdkafka properties ackd sets by default are listed too.
+        // The librdkafka properties ackd sets by default are listed too, each in the
+        // table of docs/settings.md with the value --help shows.
         assert!(
             help.contains("partition.assignment.strategy=cooperative-sticky"),
             "{help}"
         );
+        let documented = readme_rdkafka_defaults();
+        let listed: Vec<(String, String)> = help
+            .lines()
+            .skip_while(|l| !l.starts_with("librdkafka properties ackd sets"))
+            .skip(1)
+            .take_while(|l| l.starts_with("    "))
+            .filter_map(|l| l.trim().split_once('='))
+            .map(|(p, v)| (p.to_string(), v.to_string()))
+            .collect();
+        assert!(listed.len() >= 5, "{help}");
+        for (property, value) in &listed {
+            assert_eq!(
+                documented
+                    .iter()
+                    .find(|(p, _)| p == property)
+                    .map(|(_, v)| v),
+                Some(value),
+                "{property}: --help sets {value}; the librdkafka table of docs/settings.md \
+                 must give that default"
+            );
+        }
     }
+}
+
+/// The table of librdkafka properties ackd sets in docs/settings.md: each property and
+/// the first value of its default column.
+fn readme_rdkafka_defaults() -> Vec<(String, String)> {
+    let docs = include_str!("../docs/settings.md");
+    docs.lines()
+        .skip_while(|l| !l.starts_with("| Property | Default |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let property = cells.get(1)?.trim_matches('`');
+            let default = cells.get(2)?.split('`').nth(1)?;
+            Some((property.to_string(), default.to_string()))
+        })
+        .collect()
 }
 
 #[test]

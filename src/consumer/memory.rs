@@ -28,10 +28,15 @@ use crate::config::settings::Settings;
 pub const MIN_SHARE: u64 = 64 * 1024;
 /// Partitions assumed when the brokers cannot tell how many the topics have.
 pub const ASSUMED_PARTITIONS: u64 = 256;
-/// ackd's defaults (config/default.toml), which a budget only ever lowers.
-const MAX_QUEUE_KBYTES: u64 = 16 * 1024;
-const MAX_QUEUE_MESSAGES: u64 = 10_000;
-const MAX_FETCH_BYTES: u64 = 1024 * 1024;
+/// ackd's default for a librdkafka limit (the `[rdkafka]` table of config/default.toml,
+/// declared there only), which a budget only ever lowers.
+fn default_limit(property: &str) -> u64 {
+    crate::config::settings::rdkafka_defaults()
+        .into_iter()
+        .find(|(p, _)| p == property)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("config/default.toml sets {property} to a number"))
+}
 /// librdkafka's least `message.max.bytes`.
 const MIN_FETCH_BYTES: u64 = 8 * 1024;
 
@@ -68,16 +73,16 @@ impl Budget {
                 MIN_SHARE / 1024
             ));
         }
-        let fetch_bytes = (share / 4).clamp(MIN_FETCH_BYTES, MAX_FETCH_BYTES);
+        let fetch_bytes = (share / 4).clamp(MIN_FETCH_BYTES, default_limit("fetch.max.bytes"));
         Ok(Budget {
             bytes,
             partitions,
             counted,
             share,
-            queue_kbytes: (share / 2 / 1024).clamp(1, MAX_QUEUE_KBYTES),
+            queue_kbytes: (share / 2 / 1024).clamp(1, default_limit("queued.max.messages.kbytes")),
             // librdkafka keeps a few hundred bytes per queued message besides its value:
             // bound the count too, for small messages.
-            queue_messages: (share / 1024).clamp(16, MAX_QUEUE_MESSAGES),
+            queue_messages: (share / 1024).clamp(16, default_limit("queued.min.messages")),
             fetch_bytes,
         })
     }
@@ -161,10 +166,11 @@ mod tests {
 
     #[test]
     fn never_raises_the_defaults() {
+        // config/default.toml's values: a copy of them kept 10000 messages after it became 5000.
         let b = Budget::plan(4096, Some(1)).unwrap();
-        assert_eq!(b.queue_kbytes, MAX_QUEUE_KBYTES);
-        assert_eq!(b.queue_messages, MAX_QUEUE_MESSAGES);
-        assert_eq!(b.fetch_bytes, MAX_FETCH_BYTES);
+        assert_eq!(b.queue_kbytes, default_limit("queued.max.messages.kbytes"));
+        assert_eq!(b.queue_messages, default_limit("queued.min.messages"));
+        assert_eq!(b.fetch_bytes, default_limit("fetch.max.bytes"));
     }
 
     #[test]
