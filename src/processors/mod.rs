@@ -95,11 +95,14 @@ impl Processor for Builtin {
         matches!(self, Builtin::Exec(_) | Builtin::Http(_))
     }
 
+    // Exec and http futures are boxed: unboxed, every call's future (noop's too) had their
+    // size, 792 bytes that each message's call copied twice: 7% of noop's CPU.
+    // One allocation is nothing next to a child's or a server's reply.
     async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
         match self {
             Builtin::Log | Builtin::Noop => Ok(()),
-            Builtin::Exec(exec) => exec.process(_message).await,
-            Builtin::Http(http) => http.process(_message).await,
+            Builtin::Exec(exec) => Box::pin(exec.process(_message)).await,
+            Builtin::Http(http) => Box::pin(http.process(_message)).await,
             #[cfg(feature = "testkit")]
             Builtin::Slow(delay) => {
                 tokio::time::sleep(delay.sample(&mut fastrand::Rng::new())).await;
@@ -158,8 +161,8 @@ impl Processor for Builtin {
 
     async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
         match self {
-            Builtin::Exec(exec) => exec.process_batch(messages).await,
-            Builtin::Http(http) => http.process_batch(messages).await,
+            Builtin::Exec(exec) => Box::pin(exec.process_batch(messages)).await,
+            Builtin::Http(http) => Box::pin(http.process_batch(messages)).await,
             _ => crate::processors::processor::each(self, messages).await,
         }
     }
