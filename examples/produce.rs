@@ -9,14 +9,15 @@
 //! `--value-bytes B` pads each value with `.` to B bytes (the benchmark's ~100-byte messages).
 //! `--batch-bytes B` sets the producer's `batch.size` (librdkafka's default is 1000000;
 //! the Java client's is 16384): a consumer fetches whole record batches. `--timeout-ms T`:
-//! how long a delivery may take (default 10000).
+//! how long a delivery may take (default 10000). `--rate R`: at most R messages a second,
+//! evenly (every 10 ms), for a steady load instead of a backlog.
 //!
 //! Prints one logfmt line per partition once every delivery is confirmed:
 //! `at=produced topic=demo partition=P first_offset=A last_offset=B count=N`.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -24,7 +25,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 const USAGE: &str =
-    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--keys K] [--value-bytes B] [--batch-bytes B] [--timeout-ms T]";
+    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--keys K] [--value-bytes B] [--batch-bytes B] [--timeout-ms T] [--rate R]";
 
 struct Args {
     brokers: String,
@@ -35,6 +36,8 @@ struct Args {
     value_bytes: usize,
     batch_bytes: Option<usize>,
     timeout_ms: u64,
+    /// Messages a second at most (`None`: as fast as the producer takes them).
+    rate: Option<u64>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -46,6 +49,7 @@ fn parse_args() -> Result<Args, String> {
     let mut value_bytes = 0;
     let mut batch_bytes = None;
     let mut timeout_ms = 10_000;
+    let mut rate = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -106,6 +110,15 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--timeout-ms: not a number: {v}"))?;
             }
+            "--rate" => {
+                let v = value()?;
+                rate = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&r: &u64| r > 0)
+                        .ok_or_else(|| format!("--rate: not a number above 0: {v}"))?,
+                );
+            }
             other => return Err(format!("unknown argument: {other}")),
         }
     }
@@ -118,6 +131,7 @@ fn parse_args() -> Result<Args, String> {
         value_bytes,
         batch_bytes,
         timeout_ms,
+        rate,
     })
 }
 
@@ -137,7 +151,11 @@ fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
         .map_err(|e| format!("create producer: {e}"))?;
 
     let mut pending = Vec::new();
+    let started = Instant::now();
     for i in args.start..args.start + args.count {
+        if let Some(rate) = args.rate {
+            keep_to_rate(started, i - args.start, rate);
+        }
         let key = format!("k-{}", args.keys.map_or(i, |k| i % k));
         let mut value = format!("message {i}");
         if value.len() < args.value_bytes {
@@ -188,6 +206,17 @@ fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
         .flush(Duration::from_secs(10))
         .map_err(|e| format!("flush: {e}"))?;
     Ok(partitions)
+}
+
+/// Every 10 ms worth of messages at `rate` a second, waits until the `sent`th is due.
+fn keep_to_rate(started: Instant, sent: u64, rate: u64) {
+    let step = (rate / 100).max(1);
+    if sent.is_multiple_of(step) {
+        let due = started + Duration::from_secs_f64(sent as f64 / rate as f64);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
 }
 
 fn main() -> ExitCode {
