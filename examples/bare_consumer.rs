@@ -10,8 +10,9 @@
 //! `config/default.toml`, read at build time), so that the benchmark compares the code
 //! around librdkafka, not its settings. With
 //! `--print` it writes the line ackd's `log` processor writes, one per message, to a
-//! buffered stdout:
-//! `count#ackd.messages.processed=1 source=T topic=T partition=P offset=O key=K`.
+//! buffered stdout, as ackd writes it for a group with nothing committed (the bench's
+//! fresh groups), where every message may be a repeat:
+//! `count#ackd.messages.processed=1 source=T topic=T partition=P offset=O key=K redelivered=true`.
 //!
 //! At the end it writes one line on stderr:
 //! `at=bench_phases messages=N join_ms=J consume_ms=C commit_ms=K` (J: from the start
@@ -189,7 +190,7 @@ fn run(args: &Args) -> Result<(), String> {
                     }
                     writeln!(
                         out,
-                        "count#ackd.messages.processed=1 source={t} topic={t} partition={} offset={}{key}",
+                        "count#ackd.messages.processed=1 source={t} topic={t} partition={} offset={}{key} redelivered=true",
                         m.partition(),
                         m.offset(),
                         t = m.topic(),
