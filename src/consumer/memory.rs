@@ -28,14 +28,30 @@ use crate::config::settings::Settings;
 pub const MIN_SHARE: u64 = 64 * 1024;
 /// Partitions assumed when the brokers cannot tell how many the topics have.
 pub const ASSUMED_PARTITIONS: u64 = 256;
-/// ackd's default for a librdkafka limit (the `[rdkafka]` table of config/default.toml,
+/// ackd's defaults for librdkafka's limits (the `[rdkafka]` table of config/default.toml,
 /// declared there only), which a budget only ever lowers.
-fn default_limit(property: &str) -> u64 {
-    crate::config::settings::rdkafka_defaults()
-        .into_iter()
-        .find(|(p, _)| p == property)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("config/default.toml sets {property} to a number"))
+struct DefaultLimits {
+    queue_kbytes: u64,
+    queue_messages: u64,
+    fetch_bytes: u64,
+}
+
+impl DefaultLimits {
+    fn read() -> DefaultLimits {
+        let defaults = crate::config::settings::rdkafka_defaults();
+        let limit = |property: &str| -> u64 {
+            defaults
+                .iter()
+                .find(|(p, _)| p == property)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or_else(|| panic!("config/default.toml sets {property} to a number"))
+        };
+        DefaultLimits {
+            queue_kbytes: limit("queued.max.messages.kbytes"),
+            queue_messages: limit("queued.min.messages"),
+            fetch_bytes: limit("fetch.max.bytes"),
+        }
+    }
 }
 /// librdkafka's least `message.max.bytes`.
 const MIN_FETCH_BYTES: u64 = 8 * 1024;
@@ -73,16 +89,17 @@ impl Budget {
                 MIN_SHARE / 1024
             ));
         }
-        let fetch_bytes = (share / 4).clamp(MIN_FETCH_BYTES, default_limit("fetch.max.bytes"));
+        let most = DefaultLimits::read();
+        let fetch_bytes = (share / 4).clamp(MIN_FETCH_BYTES, most.fetch_bytes);
         Ok(Budget {
             bytes,
             partitions,
             counted,
             share,
-            queue_kbytes: (share / 2 / 1024).clamp(1, default_limit("queued.max.messages.kbytes")),
+            queue_kbytes: (share / 2 / 1024).clamp(1, most.queue_kbytes),
             // librdkafka keeps a few hundred bytes per queued message besides its value:
             // bound the count too, for small messages.
-            queue_messages: (share / 1024).clamp(16, default_limit("queued.min.messages")),
+            queue_messages: (share / 1024).clamp(16, most.queue_messages),
             fetch_bytes,
         })
     }
@@ -168,9 +185,10 @@ mod tests {
     fn never_raises_the_defaults() {
         // config/default.toml's values: a copy of them kept 10000 messages after it became 5000.
         let b = Budget::plan(4096, Some(1)).unwrap();
-        assert_eq!(b.queue_kbytes, default_limit("queued.max.messages.kbytes"));
-        assert_eq!(b.queue_messages, default_limit("queued.min.messages"));
-        assert_eq!(b.fetch_bytes, default_limit("fetch.max.bytes"));
+        let most = DefaultLimits::read();
+        assert_eq!(b.queue_kbytes, most.queue_kbytes);
+        assert_eq!(b.queue_messages, most.queue_messages);
+        assert_eq!(b.fetch_bytes, most.fetch_bytes);
     }
 
     #[test]
