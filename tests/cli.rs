@@ -60,6 +60,17 @@ fn version_with_the_environment_set_consumes_nothing() {
     );
 }
 
+/// The rows of the first table of `docs` whose header row starts with `header`, each as
+/// its trimmed cells (the first one, before the leading `|`, empty).
+fn table_rows<'d>(docs: &'d str, header: &str) -> Vec<Vec<&'d str>> {
+    docs.lines()
+        .skip_while(|l| !l.starts_with(header))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| row.split('|').map(str::trim).collect())
+        .collect()
+}
+
 /// The settings table of docs/settings.md: every variable named in its first column, and
 /// the default column as written.
 fn readme_settings() -> Vec<(String, String)> {
@@ -67,14 +78,8 @@ fn readme_settings() -> Vec<(String, String)> {
     let start = readme
         .find("# Settings\n")
         .expect("docs/settings.md has # Settings");
-    let table = readme[start..]
-        .lines()
-        .skip_while(|l| !l.starts_with("| Variable |"))
-        .skip(2)
-        .take_while(|l| l.starts_with('|'));
     let mut rows = Vec::new();
-    for row in table {
-        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    for cells in table_rows(&readme[start..], "| Variable |") {
         let (names, default) = (cells[1], cells[2]);
         for name in names.split('`').skip(1).step_by(2) {
             rows.push((name.to_string(), default.trim_matches('`').to_string()));
@@ -174,12 +179,9 @@ fn help_lists_every_setting_of_the_readme_with_its_default() {
 /// the first value of its default column.
 fn readme_rdkafka_defaults() -> Vec<(String, String)> {
     let docs = include_str!("../docs/settings.md");
-    docs.lines()
-        .skip_while(|l| !l.starts_with("| Property | Default |"))
-        .skip(2)
-        .take_while(|l| l.starts_with('|'))
-        .filter_map(|row| {
-            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    table_rows(docs, "| Property | Default |")
+        .into_iter()
+        .filter_map(|cells| {
             let property = cells.get(1)?.trim_matches('`');
             let default = cells.get(2)?.split('`').nth(1)?;
             Some((property.to_string(), default.to_string()))
