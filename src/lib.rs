@@ -31,6 +31,7 @@ pub mod commands;
 pub mod config;
 pub mod consumer;
 pub mod exit;
+pub(crate) mod fetched_message;
 pub mod logfmt;
 pub mod output;
 pub mod processors;

@@ -13,6 +13,7 @@ pub(crate) mod group;
 pub(crate) mod key_order;
 pub(crate) mod membership;
 pub(crate) mod memory;
+pub(crate) mod partition_queue;
 pub(crate) mod signals;
 pub(crate) mod stop_clock;
 pub(crate) mod supervisor;

@@ -9,8 +9,8 @@ use std::ffi::CStr;
 use std::future::Future;
 use std::sync::OnceLock;
 
+use crate::fetched_message::FetchedMessage;
 use rdkafka::bindings as rdsys;
-use rdkafka::message::BorrowedMessage;
 
 /// One Kafka message, borrowed for the duration of [`Processor::process`].
 #[derive(Clone, Copy)]
@@ -32,7 +32,7 @@ pub struct Message<'a> {
 /// (two allocations, even for a message without headers) when they are first asked for,
 /// and most processors never ask. The cell makes that happen once, whichever thread asks.
 pub(crate) struct Kafka<'a> {
-    message: &'a BorrowedMessage<'a>,
+    message: &'a FetchedMessage<'a>,
     headers: OnceLock<Vec<RawHeader<'a>>>,
 }
 
@@ -40,7 +40,7 @@ pub(crate) struct Kafka<'a> {
 type RawHeader<'a> = (Cow<'a, str>, Option<&'a [u8]>);
 
 impl<'a> Kafka<'a> {
-    pub(crate) fn new(message: &'a BorrowedMessage<'a>) -> Self {
+    pub(crate) fn new(message: &'a FetchedMessage<'a>) -> Self {
         Kafka {
             message,
             headers: OnceLock::new(),
@@ -57,7 +57,7 @@ impl<'a> Kafka<'a> {
 /// `to_str().unwrap()`). Kafka's Java client only writes UTF-8 names, but the protocol
 /// and librdkafka allow any bytes; such a name comes with its invalid bytes replaced by
 /// U+FFFD, so one odd producer cannot halt a partition.
-fn read_headers<'a>(message: &'a BorrowedMessage<'a>) -> Vec<RawHeader<'a>> {
+fn read_headers<'a>(message: &'a FetchedMessage<'a>) -> Vec<RawHeader<'a>> {
     let mut hdrs: *mut rdsys::rd_kafka_headers_t = std::ptr::null_mut();
     // SAFETY: `message.ptr()` is the live rd_kafka_message_t that `message` borrows; the
     // headers it returns are owned by the message and live as long as it does.
@@ -137,7 +137,6 @@ impl<'a> Message<'a> {
     }
 
     pub(crate) fn from_kafka(kafka: &'a Kafka<'a>, topic: &'a str) -> Self {
-        use rdkafka::Message as _;
         let m = kafka.message;
         Message {
             topic,

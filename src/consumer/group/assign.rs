@@ -14,6 +14,7 @@ use super::{AckdConsumer, Group, GroupContext, Owned};
 use crate::config::settings::StartFrom;
 use crate::consumer::committer::{self, MetadataState, Previous, ReadMetadata};
 use crate::consumer::membership;
+use crate::consumer::partition_queue::PartitionQueue;
 use crate::consumer::worker::{self, RedeliveryWindow};
 use crate::processors::processor::Processor;
 use crate::topic_partition::TopicPartition;
@@ -106,7 +107,7 @@ impl<P: Processor> GroupContext<P> {
     ) {
         let partition = tp.1;
         let predecessor = take_over(group, consumer, &tp);
-        let Some(queue) = consumer.split_partition_queue(&tp.0, partition) else {
+        let Some(queue) = PartitionQueue::split(consumer, &tp.0, partition) else {
             tracing::error!(
                 at = "assign_error",
                 topic = &*tp.0,
@@ -208,7 +209,7 @@ fn take_over<P: Processor>(
             worker::Predecessor {
                 shared,
                 resplit: Box::new(move || {
-                    consumer.upgrade()?.split_partition_queue(&topic, partition)
+                    PartitionQueue::split(&consumer.upgrade()?, &topic, partition)
                 }),
             }
         })

@@ -4,10 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use futures::{FutureExt, StreamExt};
-use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::BorrowedMessage;
-use rdkafka::Message as _;
 use tokio::sync::watch;
 
 use super::config::Batching;
@@ -15,22 +12,23 @@ use super::consume::{Step, Worker};
 use super::handler::{BatchEnd, Handler};
 use super::shared::NONE;
 use crate::consumer::dispatch_limit::DispatchLimit;
+use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
 
 /// What a message weighs against `Batching::max_bytes`.
-pub(super) fn weight(m: &BorrowedMessage<'_>) -> usize {
+pub(super) fn weight(m: &FetchedMessage<'_>) -> usize {
     m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)
 }
 
-impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
+impl<'a, P: Processor> Worker<'a, P> {
     /// A batch that starts with `first` to the processor (`Processor::process_batch`).
-    pub(super) async fn batch(&mut self, first: BorrowedMessage<'a>) -> Step {
+    pub(super) async fn batch(&mut self, first: FetchedMessage<'a>) -> Step {
         let mut batch = Vec::with_capacity(self.config.batch.max_messages.min(1024));
         batch.push(first);
         let after = gather(
             &mut batch,
             &mut self.held,
-            &mut self.stream,
+            &mut self.messages,
             &self.config.batch,
             self.config.at_end.is_some(),
             &self.shared.dispatch,
@@ -144,8 +142,8 @@ enum After {
 /// goes to `held` too, and waits there), or the partition ends. A backlog fills it
 /// without waiting.
 async fn gather<'q, S>(
-    batch: &mut Vec<BorrowedMessage<'q>>,
-    held: &mut Option<KafkaResult<BorrowedMessage<'q>>>,
+    batch: &mut Vec<FetchedMessage<'q>>,
+    held: &mut Option<KafkaResult<FetchedMessage<'q>>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
@@ -153,7 +151,7 @@ async fn gather<'q, S>(
     stop: &mut watch::Receiver<bool>,
 ) -> After
 where
-    S: futures::Stream<Item = Result<BorrowedMessage<'q>, KafkaError>> + Unpin,
+    S: futures::Stream<Item = Result<FetchedMessage<'q>, KafkaError>> + Unpin,
 {
     let deadline = tokio::time::Instant::now() + batching.max_wait;
     // Weighed only with a byte limit: key and payload are two FFI calls per message.

@@ -31,10 +31,7 @@ use std::sync::atomic::Ordering;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::BorrowedMessage;
-use rdkafka::Message as _;
 use tokio::sync::watch;
 
 use super::batch::weight;
@@ -43,16 +40,17 @@ use super::handler::{Acks, BatchEnd, Handled, Handler};
 use super::shared::NONE;
 use crate::config::settings::ProcessingOrder;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
+use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
 
 /// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).
 enum Unit<'q> {
-    One(BorrowedMessage<'q>),
-    Batch(Vec<BorrowedMessage<'q>>),
+    One(FetchedMessage<'q>),
+    Batch(Vec<FetchedMessage<'q>>),
 }
 
 impl<'q> Unit<'q> {
-    fn messages(&self) -> &[BorrowedMessage<'q>] {
+    fn messages(&self) -> &[FetchedMessage<'q>] {
         match self {
             Unit::One(m) => std::slice::from_ref(m),
             Unit::Batch(b) => b,
@@ -77,7 +75,7 @@ impl Acks for Vec<(usize, bool)> {
 
 /// A batch being filled (`ACKD_BATCH_MAX_MESSAGES` above 1) while the calls run.
 struct Open<'q> {
-    messages: Vec<BorrowedMessage<'q>>,
+    messages: Vec<FetchedMessage<'q>>,
     bytes: usize,
     deadline: tokio::time::Instant,
 }
@@ -184,7 +182,7 @@ struct Calls {
     messages: usize,
 }
 
-impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
+impl<'q, P: Processor> Worker<'q, P> {
     /// Reads and processes the partition concurrently until a stop, a halt or its end.
     pub(super) async fn concurrently(&mut self) -> Step {
         let limits = self.config.concurrency;
@@ -261,7 +259,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     /// What the queue gave (`None`: told to stop, or the queue is gone).
     fn read_one(
         &mut self,
-        next: Option<KafkaResult<BorrowedMessage<'q>>>,
+        next: Option<KafkaResult<FetchedMessage<'q>>>,
         run: &mut Concurrent<'q>,
         batching: &super::Batching,
     ) {
@@ -297,7 +295,7 @@ impl<'q, C: ConsumerContext + 'static, P: Processor> Worker<'q, C, P> {
     /// `Err(at)`: it could not be accounted for; the partition halts at `at`.
     fn accept(
         &mut self,
-        m: BorrowedMessage<'q>,
+        m: FetchedMessage<'q>,
         order: &mut KeyOrder<Unit<'q>>,
         open: &mut Option<Open<'q>>,
         batching: &super::Batching,

@@ -4,10 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
-use rdkafka::consumer::{ConsumerContext, MessageStream};
+use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaResult;
-use rdkafka::message::BorrowedMessage;
 use tokio::sync::watch;
 
 use super::config::WorkerConfig;
@@ -16,6 +14,8 @@ use super::redelivery::Flagging;
 use super::resume::Resume;
 use super::shared::WorkerShared;
 use crate::config::settings::ProcessingOrder;
+use crate::consumer::partition_queue::{Messages, PartitionQueue};
+use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::Processor;
 
 /// Reads the partition until told to stop: the worker proper, a small state machine.
@@ -35,7 +35,7 @@ use crate::processors::processor::Processor;
 /// `Halt` and `End` keep the partition (and its queue) until the stop: dropping the
 /// queue would silently stop the partition. `Stop` returns.
 pub(super) async fn consume<C, P>(
-    queue: StreamPartitionQueue<C>,
+    queue: PartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
     resume: Resume,
@@ -56,7 +56,7 @@ pub(super) async fn consume<C, P>(
         window,
     } = resume;
     let mut worker = Worker {
-        stream: queue.stream(),
+        messages: queue.messages(),
         held: None,
         progress: Progress::new(shared, (&topic, partition), &source, &config, resume, acked),
         config: &config,
@@ -113,12 +113,12 @@ pub(super) enum Step {
 }
 
 /// One partition's reading state, between its queue and its processor.
-pub(super) struct Worker<'a, C: ConsumerContext, P> {
-    pub(super) stream: MessageStream<'a, C>,
+pub(super) struct Worker<'a, P> {
+    pub(super) messages: Messages<'a>,
     /// A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
     /// batch's first. Dropped unprocessed on a stop, like a batch being gathered. Or a
     /// fetch error that ended the last batch, handled before anything after it.
-    pub(super) held: Option<KafkaResult<BorrowedMessage<'a>>>,
+    pub(super) held: Option<KafkaResult<FetchedMessage<'a>>>,
     pub(super) progress: Progress<'a>,
     pub(super) config: &'a WorkerConfig<P>,
     pub(super) shared: &'a WorkerShared,

@@ -5,8 +5,6 @@
 use std::sync::atomic::Ordering;
 
 use rdkafka::error::KafkaError;
-use rdkafka::message::BorrowedMessage;
-use rdkafka::Message as _;
 
 use super::config::WorkerConfig;
 use super::gaps::GapLines;
@@ -15,6 +13,7 @@ use super::shared::WorkerShared;
 use super::skip::Skip;
 use crate::config::failure::OnFailure;
 use crate::consumer::tracker::OffsetTracker;
+use crate::fetched_message::FetchedMessage;
 use crate::output::metrics;
 use crate::processors::processor::{Kafka, Message};
 
@@ -135,7 +134,7 @@ impl Progress<'_> {
 
     /// Whether `message` (just dispatched) is one the partition's previous owner
     /// acknowledged above its commit: if so it is acknowledged again, not processed.
-    pub(super) fn skip_acknowledged(&mut self, message: &BorrowedMessage<'_>, topic: &str) -> bool {
+    pub(super) fn skip_acknowledged(&mut self, message: &FetchedMessage<'_>, topic: &str) -> bool {
         if self.skip.is_empty() || !self.skip.take(message.offset(), topic, self.partition) {
             return false;
         }

@@ -5,15 +5,13 @@
 use std::sync::atomic::Ordering;
 
 use futures::{FutureExt, StreamExt};
-use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::BorrowedMessage;
-use rdkafka::Message as _;
 
 use super::consume::{Step, Worker};
 use super::handler::{Handled, Handler};
 use super::resume::resumed;
 use super::shared::NONE;
+use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
 
 /// How many messages in a row a partition's task takes from a queue that had them ready
@@ -25,7 +23,7 @@ use crate::processors::processor::{Kafka, Message, Processor};
 /// backlog.) Processors that await tokio resources also yield at those resources' budget.
 const YIELD_EVERY: usize = 1024;
 
-impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
+impl<'a, P: Processor> Worker<'a, P> {
     /// The next message or fetch error, and what follows from it.
     pub(super) async fn read(&mut self) -> Step {
         let Some(next) = self.next().await else {
@@ -71,7 +69,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
     /// or the queue is gone. One async function on the hot path: a second layer of
     /// future around the read moved each message through twice (about 75 instructions
     /// a message under callgrind).
-    pub(super) async fn next(&mut self) -> Option<KafkaResult<BorrowedMessage<'a>>> {
+    pub(super) async fn next(&mut self) -> Option<KafkaResult<FetchedMessage<'a>>> {
         if self.ready >= YIELD_EVERY {
             self.ready = 0;
             tokio::task::yield_now().await;
@@ -90,7 +88,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
         }
         let mut next = if let Some(held) = self.held.take() {
             Some(held)
-        } else if let Some(next) = self.stream.next().now_or_never() {
+        } else if let Some(next) = self.messages.next().now_or_never() {
             self.ready += 1;
             next
         } else {
@@ -99,7 +97,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
             let next = tokio::select! {
                 biased;
                 _ = self.stop.changed() => None,
-                next = self.stream.next() => next,
+                next = self.messages.next() => next,
             };
             // The wait may have spanned a stall of the process (the message is what
             // woke it): checked again, the message stays unstarted until the
@@ -129,7 +127,7 @@ impl<'a, C: ConsumerContext + 'static, P: Processor> Worker<'a, C, P> {
     }
 
     /// One message to the processor (`Processor::process`).
-    pub(super) async fn single(&mut self, message: BorrowedMessage<'a>) -> Step {
+    pub(super) async fn single(&mut self, message: FetchedMessage<'a>) -> Step {
         let offset = message.offset();
         if let Err(at) = self.progress.dispatch(offset) {
             // Never commit past a message we could not account for.

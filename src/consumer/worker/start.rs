@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::ConsumerContext;
 use tokio::sync::watch;
 
@@ -12,6 +11,7 @@ use super::config::WorkerConfig;
 use super::consume::consume;
 use super::resume::Resume;
 use super::shared::{SetOnDrop, WorkerShared};
+use crate::consumer::partition_queue::PartitionQueue;
 use crate::processors::processor::Processor;
 
 /// The supervisor's handle on a running worker.
@@ -37,19 +37,19 @@ impl WorkerHandle {
 /// A partition's previous worker (of an earlier assignment of it to this process) that
 /// had not ended when the partition came back: it was aborted after its drain timed out,
 /// and its processor has not returned since. Both workers' queues are handles on one
-/// librdkafka queue, and dropping one unhooks the wake-up of every other (rdkafka's
-/// `StreamPartitionQueue` disables the queue's callback on drop): so the new worker
+/// librdkafka queue, and dropping one unhooks the wake-up of every other
+/// (`PartitionQueue` disables the queue's callback on drop): so the new worker
 /// touches the partition only once the old one is gone, then takes a fresh handle.
 pub struct Predecessor<C: ConsumerContext + 'static> {
     pub shared: Arc<WorkerShared>,
     /// Splits the partition's queue again (a handle whose wake-up is hooked anew).
-    pub resplit: Box<dyn FnOnce() -> Option<StreamPartitionQueue<C>> + Send>,
+    pub resplit: Box<dyn FnOnce() -> Option<PartitionQueue<C>> + Send>,
 }
 
 /// Starts the worker for one partition on `runtime`.
 pub fn spawn<C, P>(
     runtime: &tokio::runtime::Handle,
-    queue: StreamPartitionQueue<C>,
+    queue: PartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
     resume: Resume,
@@ -79,7 +79,7 @@ where
 
 #[allow(clippy::too_many_arguments)]
 async fn run<C, P>(
-    queue: StreamPartitionQueue<C>,
+    queue: PartitionQueue<C>,
     topic: Arc<str>,
     partition: i32,
     resume: Resume,
@@ -109,12 +109,12 @@ async fn run<C, P>(
 /// Waits for the partition's previous worker to end (or for a stop), then takes a fresh
 /// handle on the partition's queue. `None`: stopped meanwhile, or no queue.
 async fn after_predecessor<C: ConsumerContext + 'static>(
-    early: StreamPartitionQueue<C>,
+    early: PartitionQueue<C>,
     previous: Predecessor<C>,
     topic: &str,
     partition: i32,
     stop: &mut watch::Receiver<bool>,
-) -> Option<StreamPartitionQueue<C>> {
+) -> Option<PartitionQueue<C>> {
     let started = Instant::now();
     tracing::warn!(
         at = "partition_waiting",

@@ -1,0 +1,214 @@
+//! A partition's own librdkafka queue, split from the consumer's, and its worker's
+//! reading of it several messages at a time.
+//!
+//! rust-rdkafka's partition streams take one message per call, and each call pays for
+//! what librdkafka does around a poll: two clock reads, the poll-interval bookkeeping on
+//! the consumer's shared state (a lock every partition's worker takes), the queue's lock,
+//! and an event to allocate. Taking up to [`READ_AHEAD`] messages per call
+//! (`rd_kafka_consume_batch_queue`) pays for it once per call instead.
+
+use std::ffi::{c_void, CString};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
+use futures::Stream;
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::error::{IsError, KafkaResult};
+
+use crate::fetched_message::FetchedMessage;
+
+/// At most this many messages taken from librdkafka's queue in one call, ...
+pub const READ_AHEAD: usize = 64;
+/// ... and about this many bytes of them, judged by the largest message of the previous
+/// call (the first call takes one): what a worker has taken out of librdkafka's queue is
+/// beyond the queue's own bound (`queued.max.messages.kbytes`), so large messages are
+/// taken one at a time.
+pub const READ_AHEAD_BYTES: usize = 16 * 1024;
+
+/// How many messages to take next, when the previous call's largest had `largest` key
+/// and value bytes.
+pub fn read_ahead(largest: usize) -> usize {
+    (READ_AHEAD_BYTES / largest.max(1)).clamp(1, READ_AHEAD)
+}
+
+/// One partition's queue, no longer forwarded to the consumer's: what librdkafka fetches
+/// for the partition waits here for its worker, which is woken when it becomes non-empty.
+pub struct PartitionQueue<C: ConsumerContext + 'static> {
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+    /// The worker's waker, woken by librdkafka's broker thread (`wake`); the queue holds
+    /// a pointer to it until `drop` unhooks it.
+    waker: Arc<AtomicWaker>,
+    /// Keeps the client alive while the queue, or a message read from it, is.
+    _consumer: Arc<StreamConsumer<C>>,
+}
+
+// SAFETY: librdkafka's queues may be used from any thread; the waker is Sync.
+unsafe impl<C: ConsumerContext> Send for PartitionQueue<C> {}
+unsafe impl<C: ConsumerContext> Sync for PartitionQueue<C> {}
+
+/// Called by librdkafka, on the thread that enqueued, when the queue becomes non-empty.
+unsafe extern "C" fn wake(_: *mut rdsys::rd_kafka_t, waker: *mut c_void) {
+    // SAFETY: `waker` is the `AtomicWaker` the queue holds (`split`), alive until `drop`
+    // has unhooked this callback.
+    unsafe { (*(waker as *const AtomicWaker)).wake() }
+}
+
+impl<C: ConsumerContext + 'static> PartitionQueue<C> {
+    /// Splits `topic`/`partition`'s queue from the consumer's. `None`: librdkafka has no
+    /// such partition. Like rust-rdkafka's `split_partition_queue`, every handle is on the
+    /// same librdkafka queue, and dropping one unhooks the wake-up of every other.
+    pub fn split(consumer: &Arc<StreamConsumer<C>>, topic: &str, partition: i32) -> Option<Self> {
+        let topic = CString::new(topic).ok()?;
+        let client = consumer.client().native_ptr();
+        // SAFETY: a live client and a NUL-terminated topic name.
+        let queue =
+            unsafe { rdsys::rd_kafka_queue_get_partition(client, topic.as_ptr(), partition) };
+        let queue = NonNull::new(queue)?;
+        let waker = Arc::new(AtomicWaker::new());
+        // SAFETY: `queue` is live; `waker` outlives the hook (see `drop`).
+        unsafe {
+            rdsys::rd_kafka_queue_forward(queue.as_ptr(), std::ptr::null_mut());
+            rdsys::rd_kafka_queue_cb_event_enable(
+                queue.as_ptr(),
+                Some(wake),
+                Arc::as_ptr(&waker) as *mut c_void,
+            );
+        }
+        Some(PartitionQueue {
+            queue,
+            waker,
+            _consumer: consumer.clone(),
+        })
+    }
+
+    /// The partition's messages (and fetch errors) in offset order.
+    pub fn messages(&self) -> Messages<'_> {
+        Messages {
+            queue: self.queue,
+            waker: &self.waker,
+            taken: Vec::with_capacity(READ_AHEAD),
+            next: 0,
+            largest: READ_AHEAD_BYTES,
+            messages: PhantomData,
+        }
+    }
+}
+
+impl<C: ConsumerContext + 'static> Drop for PartitionQueue<C> {
+    fn drop(&mut self) {
+        // SAFETY: unhooked under the queue's lock, so no call of `wake` runs or starts
+        // after this returns and the waker may go; then the handle is released.
+        unsafe {
+            rdsys::rd_kafka_queue_cb_event_enable(self.queue.as_ptr(), None, std::ptr::null_mut());
+            rdsys::rd_kafka_queue_destroy(self.queue.as_ptr());
+        }
+    }
+}
+
+/// A partition's messages, taken from its queue up to [`READ_AHEAD`] at a time; the
+/// ones taken and not yet read are released unread when this is dropped (they were
+/// never started, so they are redelivered like anything left in librdkafka's queue).
+pub struct Messages<'q> {
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+    waker: &'q AtomicWaker,
+    /// What the last `rd_kafka_consume_batch_queue` took (ours to destroy from `next` on),
+    /// and its out-array next time: 8 bytes a message, allocated once.
+    taken: Vec<*mut rdsys::rd_kafka_message_t>,
+    /// The index in `taken` of the next message to hand out.
+    next: usize,
+    /// Key and value bytes of the previous call's largest message (see [`read_ahead`]).
+    largest: usize,
+    messages: PhantomData<FetchedMessage<'q>>,
+}
+
+// SAFETY: the queue handle may be used from any thread, and the messages are Send.
+unsafe impl Send for Messages<'_> {}
+
+impl Messages<'_> {
+    /// Takes what the queue has now, without waiting; false when it had nothing. Called
+    /// only once every message taken before was handed out.
+    fn take(&mut self) -> bool {
+        let wanted = read_ahead(self.largest);
+        self.taken.clear();
+        self.next = 0;
+        // SAFETY: the queue is live while `'q` is, and the array has room for `wanted`.
+        let n = unsafe {
+            rdsys::rd_kafka_consume_batch_queue(
+                self.queue.as_ptr(),
+                0,
+                self.taken.as_mut_ptr(),
+                wanted,
+            )
+        };
+        let n = usize::try_from(n).unwrap_or(0).min(wanted);
+        // SAFETY: librdkafka wrote `n` live message pointers, now ours.
+        unsafe { self.taken.set_len(n) };
+        self.taken.retain(|m| !m.is_null());
+        let largest = self.taken.iter().map(|&m| size(m)).max().unwrap_or(0);
+        if largest > 0 {
+            self.largest = largest;
+        }
+        !self.taken.is_empty()
+    }
+}
+
+/// A taken message's key and value bytes (0 for a fetch error).
+fn size(message: *mut rdsys::rd_kafka_message_t) -> usize {
+    // SAFETY: a live message from `rd_kafka_consume_batch_queue`.
+    let m = unsafe { &*message };
+    if m.err.is_error() {
+        0
+    } else {
+        m.key_len + m.len
+    }
+}
+
+impl<'q> Stream for Messages<'q> {
+    type Item = KafkaResult<FetchedMessage<'q>>;
+
+    /// Never ends: `Ready(None)` is not returned.
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.next == self.taken.len() && !self.take() {
+            // Registered before looking again: a message enqueued in between wakes us.
+            self.waker.register(cx.waker());
+            if !self.take() {
+                return Poll::Pending;
+            }
+        }
+        let message = self.taken[self.next];
+        self.next += 1;
+        // SAFETY: not null (`take` keeps no null), live and ours, handed out once; the
+        // client outlives 'q.
+        Poll::Ready(Some(unsafe {
+            FetchedMessage::take(NonNull::new_unchecked(message))
+        }))
+    }
+}
+
+impl Drop for Messages<'_> {
+    fn drop(&mut self) {
+        for &message in &self.taken[self.next..] {
+            // SAFETY: taken, never handed out: ours to destroy, once.
+            unsafe { rdsys::rd_kafka_message_destroy(message) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_about_read_ahead_bytes_and_at_least_one() {
+        assert_eq!(read_ahead(0), READ_AHEAD);
+        assert_eq!(read_ahead(106), READ_AHEAD, "the bench's 100-byte messages");
+        assert_eq!(read_ahead(1024), 16);
+        assert_eq!(read_ahead(READ_AHEAD_BYTES), 1, "the first call");
+        assert_eq!(read_ahead(1 << 20), 1, "a large message goes alone");
+    }
+}
