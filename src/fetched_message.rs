@@ -59,6 +59,11 @@ impl<'q> FetchedMessage<'q> {
         self.message.as_ptr()
     }
 
+    /// Key and value bytes: what the message weighs against `ACKD_BATCH_MAX_BYTES`.
+    pub fn size(&self) -> usize {
+        key_and_value_bytes(self.raw())
+    }
+
     pub fn partition(&self) -> i32 {
         self.raw().partition
     }
@@ -97,6 +102,12 @@ impl<'q> FetchedMessage<'q> {
             _ => Timestamp::NotAvailable,
         }
     }
+}
+
+/// A message's key and value bytes as librdkafka counts them (a null key or value: 0), for
+/// `FetchedMessage::size` and for what the read-ahead takes before it wraps the messages.
+pub(crate) fn key_and_value_bytes(raw: &rdsys::rd_kafka_message_t) -> usize {
+    raw.key_len + raw.len
 }
 
 impl Drop for FetchedMessage<'_> {

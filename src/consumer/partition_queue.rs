@@ -20,7 +20,7 @@ use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{IsError, KafkaResult};
 
-use crate::fetched_message::FetchedMessage;
+use crate::fetched_message::{key_and_value_bytes, FetchedMessage};
 
 /// At most this many messages taken from librdkafka's queue in one call, ...
 pub const READ_AHEAD: usize = 64;
@@ -94,7 +94,7 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
             taken: Vec::with_capacity(READ_AHEAD),
             next: 0,
             largest: READ_AHEAD_BYTES,
-            messages: PhantomData,
+            owns: PhantomData,
         }
     }
 }
@@ -123,7 +123,8 @@ pub struct Messages<'q> {
     next: usize,
     /// Key and value bytes of the previous call's largest message (see [`read_ahead`]).
     largest: usize,
-    messages: PhantomData<FetchedMessage<'q>>,
+    /// The messages from `next` on are owned here, as `FetchedMessage`s borrowing `'q`.
+    owns: PhantomData<FetchedMessage<'q>>,
 }
 
 // SAFETY: the queue handle may be used from any thread, and the messages are Send.
@@ -164,7 +165,7 @@ fn size(message: *mut rdsys::rd_kafka_message_t) -> usize {
     if m.err.is_error() {
         0
     } else {
-        m.key_len + m.len
+        key_and_value_bytes(m)
     }
 }
 

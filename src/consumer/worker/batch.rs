@@ -15,11 +15,6 @@ use crate::consumer::dispatch_limit::DispatchLimit;
 use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
 
-/// What a message weighs against `Batching::max_bytes`.
-pub(super) fn weight(m: &FetchedMessage<'_>) -> usize {
-    m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)
-}
-
 impl<'a, P: Processor> Worker<'a, P> {
     /// A batch that starts with `first` to the processor (`Processor::process_batch`).
     pub(super) async fn batch(&mut self, first: FetchedMessage<'a>) -> Step {
@@ -157,7 +152,7 @@ where
     // Weighed only with a byte limit: key and payload are two FFI calls per message.
     let limit = batching.max_bytes;
     let mut bytes: usize = if limit > 0 {
-        batch.iter().map(weight).sum()
+        batch.iter().map(FetchedMessage::size).sum()
     } else {
         0
     };
@@ -183,7 +178,7 @@ where
                     break;
                 }
                 if limit > 0 {
-                    bytes += weight(&m);
+                    bytes += m.size();
                     if bytes > limit {
                         // Full by size: this one starts the next batch.
                         *held = Some(Ok(m));

@@ -34,7 +34,6 @@ use futures::{FutureExt, StreamExt};
 use rdkafka::error::{KafkaError, KafkaResult};
 use tokio::sync::watch;
 
-use super::batch::weight;
 use super::consume::{Step, Worker};
 use super::handler::{Acks, BatchEnd, Handled, Handler};
 use super::shared::NONE;
@@ -314,7 +313,7 @@ impl<'q, P: Processor> Worker<'q, P> {
         // Batches fill from what the queue has ready; a batch not full waits for more at
         // most ACKD_BATCH_MAX_WAIT_MS (the loop's timer), while the calls go on.
         let limit = batching.max_bytes;
-        let w = if limit > 0 { weight(&m) } else { 0 };
+        let w = if limit > 0 { m.size() } else { 0 };
         if let Some(o) = open.as_mut() {
             if limit > 0 && o.bytes + w > limit {
                 let full = open.take().expect("open");
