@@ -4,7 +4,10 @@
 pub const OK: i32 = 0;
 /// Stopped, but not cleanly: a drain or the final commit missed the deadline or failed,
 /// or a processor failure halted a partition. The log says which offsets were not
-/// committed; they will be redelivered.
+/// committed; they will be redelivered. Also when the final commit was only the release
+/// mark (everything acknowledged was committed periodically) and it was not made: nothing
+/// is redelivered, but the next owner reads no release and flags its predecessor's
+/// dispatch window, as after a crash; exit 0 promises it a clean release.
 pub const INCOMPLETE: i32 = 1;
 /// The command line was wrong (EX_USAGE): ackd takes no arguments but `--help` and
 /// `--version`; the usage went to stderr.

@@ -284,3 +284,90 @@ fn refused_commits_are_logged_with_their_offsets_and_retried() {
             .collect::<Vec<_>>()
     );
 }
+
+/// A stop whose only commit left is the release mark: a periodic commit covered
+/// everything acknowledged, then the broker went away, then SIGTERM. The stop commits
+/// the same offsets again, marked released (`;r`), and nobody answers. Nothing
+/// acknowledged is lost or redelivered: what is lost is the mark, so the next owner
+/// takes the stop for a crash (`released=false`) and flags what comes within its
+/// window. The stop's lines must say that, not that messages will be redelivered.
+#[test]
+fn a_stop_that_loses_only_the_release_mark_says_nothing_is_redelivered() {
+    let broker = Broker::start(BrokerOptions::default());
+    let (topic, group) = fresh_topic_on(&broker, "mark", 2);
+    let producer = producer_for(&broker.bootstrap());
+    let batch1 = produce_with(&producer, &topic, &keyed_messages(40, 0));
+    let ends = log_ends(&batch1);
+    let ackd = AckdBuilder::on(&broker.bootstrap(), &topic, &group)
+        .env("ACKD_COMMIT_INTERVAL_MS", "300")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+        // The session outlives the broker's stop: librdkafka must not give the
+        // assignment up as lost before SIGTERM (a lost partition commits nothing).
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "10000")
+        .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "1000")
+        .spawn();
+    ackd.wait_for_count(is_processed, batch1.len(), WAIT);
+    // Every log end committed periodically, and ackd knows it (its own line).
+    for (p, end) in &ends {
+        ackd.wait_for_line(
+            |l| {
+                at(l, "committed")
+                    && field(l, "partition") == Some(p.to_string())
+                    && field(l, "offset") == Some(end.to_string())
+            },
+            WAIT,
+        );
+    }
+    broker.stop_node(0);
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    // Nothing was acknowledged past what is committed: no line may say otherwise.
+    for what in ["commit_failed", "uncommitted", "not_committed"] {
+        assert_eq!(count_at(&lines, what), 0, "at={what}:\n{all}");
+    }
+    for (p, end) in &ends {
+        let unmarked: Vec<&String> = all_at(&lines, "release_unmarked")
+            .into_iter()
+            .filter(|l| field(l, "partition") == Some(p.to_string()))
+            .collect();
+        assert!(!unmarked.is_empty(), "partition {p}:\n{all}");
+        for l in unmarked {
+            assert_eq!(field(l, "offset"), Some(end.to_string()), "{l}");
+        }
+    }
+    assert_eq!(code, 1, "the stop did not release its partitions:\n{all}");
+
+    // The next owner: resumes at the log ends, redelivers nothing, but reads no release
+    // and flags what comes within the window.
+    broker.start_node(0);
+    broker.wait_node_ready(0);
+    let next = AckdBuilder::on(&broker.bootstrap(), &topic, &group).spawn();
+    next.wait_for_count(|l| at(l, "assigned"), ends.len(), WAIT);
+    let batch2 = produce_with(&producer, &topic, &keyed_messages(10, 1000));
+    next.wait_for_count(is_processed, batch2.len(), WAIT);
+    let after = next.stop(0, WAIT);
+    let all2 = after.join("\n");
+    for l in all_at(&after, "assigned") {
+        let p: i32 = field(l, "partition").unwrap().parse().unwrap();
+        assert_eq!(field(l, "offset"), Some(ends[&p].to_string()), "{l}");
+        assert_eq!(field(l, "released").as_deref(), Some("false"), "{l}");
+    }
+    let t = tally(&batch2, &processed(&after), &after);
+    assert!(
+        t.lost.is_empty() && t.duplicated.is_empty(),
+        "{t:?}\n{all2}"
+    );
+    let flagged = after
+        .iter()
+        .filter(|l| is_processed(l) && field(l, "redelivered").as_deref() == Some("true"))
+        .count();
+    // Within the previous owner's dispatch window: first deliveries, flagged all the same.
+    assert_eq!(flagged, batch2.len(), "{all2}");
+    eprintln!(
+        "release mark lost: exit {code}, {} release_unmarked lines, no commit_failed/uncommitted; next owner resumed at {ends:?} with released=false, {flagged} of {} new messages flagged redelivered",
+        count_at(&lines, "release_unmarked"),
+        batch2.len()
+    );
+}

@@ -12,7 +12,8 @@ use tokio::task::JoinHandle;
 use super::running::Supervisor;
 use super::start::Parts;
 use crate::config::settings::Settings;
-use crate::consumer::group::Group;
+use crate::consumer::committer::Reason;
+use crate::consumer::group::{log_release_unmarked, Group};
 use crate::consumer::signals::{signal_name, SigintCount};
 use crate::exit;
 use crate::output::health::Phase;
@@ -165,7 +166,7 @@ fn deadline_passed(
         None => {
             tracing::error!(
                 at = "shutdown_timeout",
-                "the deadline passed before the final commit"
+                "the deadline passed before the final commit was answered; the lines below say, per partition, what that leaves"
             );
             log_uncommitted(group);
             // A fatal error's own code says more than "incomplete".
@@ -180,7 +181,9 @@ async fn stop_processor<P: Processor>(processor: Arc<P>, deadline: Instant) {
     let _ = tokio::time::timeout_at(deadline.into(), processor.shutdown(deadline)).await;
 }
 
-/// Says, per partition, what was acknowledged and not committed: what will be redelivered.
+/// Says, per partition, what was acknowledged and not committed: what will be
+/// redelivered; or, where everything acknowledged is committed and only the release mark
+/// is not, that nothing is.
 fn log_uncommitted(group: &Mutex<Group>) {
     let Ok(group) = group.try_lock() else {
         tracing::error!(
@@ -189,11 +192,22 @@ fn log_uncommitted(group: &Mutex<Group>) {
         );
         return;
     };
-    for ((topic, partition), p) in &group.owned {
+    for (tp, p) in &group.owned {
+        if group.only_the_mark_left(tp) {
+            if let Some(offset) = p.committed {
+                log_release_unmarked(
+                    tp,
+                    offset,
+                    Reason::Shutdown,
+                    &"the process exits before it is answered",
+                );
+                continue;
+            }
+        }
         tracing::error!(
             at = "uncommitted",
-            topic = &**topic,
-            partition = *partition,
+            topic = &*tp.0,
+            partition = tp.1,
             acked_offset = p.worker.shared.committable(),
             committed_offset = p.committed,
             "redelivery starts at the committed offset"

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::release::{log_release_unmarked, only_the_mark};
 use super::GroupContext;
 use crate::consumer::committer::{CommitError, CommitOffset, Reason};
 use crate::consumer::stop_clock::sleep_until;
@@ -79,12 +80,21 @@ impl<P: Processor> GroupContext<P> {
                     retry.wait(until, deadline);
                 }
                 _ => {
-                    give_up(refusal, reason, &pending, &error);
+                    give_up(refusal, reason, &pending, &self.marks(&pending), &error);
                     return (pending, false);
                 }
             }
             wait = (wait * 2).min(REBALANCE_WAIT_MAX);
         }
+    }
+
+    /// For each of `pending`, whether it carries only the release mark.
+    fn marks(&self, pending: &[CommitOffset]) -> Vec<bool> {
+        let group = self.lock();
+        pending
+            .iter()
+            .map(|c| group.owned.get(&c.tp).is_some_and(|p| only_the_mark(p, c)))
+            .collect()
     }
 }
 
@@ -110,8 +120,15 @@ impl Retrying<'_> {
 }
 
 /// A release's commit that is not tried again: what the committer did not log is said
-/// here.
-fn give_up(refusal: Refusal, reason: Reason, pending: &[CommitOffset], error: &CommitError) {
+/// here. Where it carried only the release mark (`marks`: what it sent is committed
+/// already), nothing acknowledged is lost, and its line says so instead.
+fn give_up(
+    refusal: Refusal,
+    reason: Reason,
+    pending: &[CommitOffset],
+    marks: &[bool],
+    error: &CommitError,
+) {
     if refusal == Refusal::MemberGone {
         tracing::error!(
             at = "member_gone",
@@ -123,8 +140,11 @@ fn give_up(refusal: Refusal, reason: Reason, pending: &[CommitOffset], error: &C
     }
     // The committer logged a refusal (or a drop) per partition; the rest is
     // ours to say.
-    if !matches!(error, CommitError::Refused(_) | CommitError::NotSent) {
-        for c in pending {
+    let logged = matches!(error, CommitError::Refused(_) | CommitError::NotSent);
+    for (c, mark) in pending.iter().zip(marks) {
+        if *mark {
+            log_release_unmarked(&c.tp, c.offset, reason, error);
+        } else if !logged {
             tracing::error!(at = "commit_failed", topic = &*c.tp.0, partition = c.tp.1, offset = c.offset, error = %error,
                 "not committed; messages from the last committed offset will be redelivered");
         }

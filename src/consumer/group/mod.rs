@@ -53,6 +53,7 @@ use crate::consumer::stop_clock::StopClock;
 pub(crate) use connectivity::Connectivity;
 pub(crate) use outcome::Outcome;
 pub(crate) use owned::Owned;
+pub(crate) use release::log_release_unmarked;
 
 /// The consumer type ackd runs.
 pub type AckdConsumer<P> = StreamConsumer<GroupContext<P>>;

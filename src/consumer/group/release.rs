@@ -9,8 +9,8 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use super::commit_retry::CommitRetry;
 use super::outcome::Released;
-use super::{GroupContext, Outcome, Owned};
-use crate::consumer::committer::Reason;
+use super::{Group, GroupContext, Outcome, Owned};
+use crate::consumer::committer::{CommitOffset, Reason};
 use crate::consumer::stop_clock::{StopTimes, STOP_CHECK};
 use crate::consumer::worker;
 use crate::processors::processor::Processor;
@@ -208,6 +208,43 @@ impl<P: Processor> GroupContext<P> {
         let consumer = self.consumer.get().and_then(Weak::upgrade)?;
         consumer.client().fatal_error()
     }
+}
+
+impl Group {
+    /// Whether releasing `tp` commits nothing but the release mark: its acknowledged
+    /// offset and ranges are committed already (periodically), and only the metadata's
+    /// `;r` is not.
+    pub fn only_the_mark_left(&self, tp: &TopicPartition) -> bool {
+        self.owned
+            .get(tp)
+            .is_some_and(|p| p.to_commit(tp, true).is_some_and(|c| only_the_mark(p, &c)))
+    }
+}
+
+/// Whether committing `c` for `p` only marks it released: what it carries is committed
+/// already, so not committing it loses no acknowledgement.
+pub(super) fn only_the_mark(p: &Owned, c: &CommitOffset) -> bool {
+    p.committed == Some(c.offset) && p.committed_acked == c.acked
+}
+
+/// The `at=release_unmarked` line of a partition released without its release mark
+/// (`error`: why): nothing acknowledged is redelivered, but its next owner cannot know
+/// that.
+pub(crate) fn log_release_unmarked(
+    tp: &TopicPartition,
+    offset: i64,
+    reason: Reason,
+    error: &dyn std::fmt::Display,
+) {
+    tracing::warn!(
+        at = "release_unmarked",
+        topic = &*tp.0,
+        partition = tp.1,
+        offset,
+        reason = reason.as_str(),
+        error = %error,
+        "everything acknowledged is committed (up to this offset): nothing acknowledged is redelivered; only the commit that marks the partition released was not made, so its next owner reads released=false, as after a crash, and flags the messages of this process's dispatch window as possible repeats"
+    );
 }
 
 /// Waits until the worker of `s` has returned, or `deadline()` (which a stop may bring
