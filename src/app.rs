@@ -1,6 +1,6 @@
 //! The process from its arguments to its exit: arguments, settings, logging, the panic
 //! hook, then `ackd check`, `ackd status` or the daemon, and the end of the process once
-//! every line is written ([`end_process`]).
+//! every line is written ([`exit::end_process`]).
 
 use std::process::ExitCode;
 
@@ -32,7 +32,7 @@ pub(crate) fn main_with<P: Processor>(
             exit::CONFIG
         }
     };
-    end_process(guard, code)
+    exit::end_process(guard, code)
 }
 
 /// The command the arguments name (`Run`, `Check` or `Status`); `Err`: the process's
@@ -85,7 +85,7 @@ fn start_logging(
         level = "info".to_string();
     }
     let (guard, rust_log_error) = output::lines::init(&level, &prefix);
-    install_panic_hook();
+    exit::install_panic_hook();
     if let Some(e) = rust_log_error {
         tracing::warn!(
             at = "config_warning",
@@ -134,23 +134,7 @@ fn run_command<P: Processor>(
             duration_ms = started.elapsed().as_millis() as u64
         );
     }
-    end_process(guard, code)
-}
-
-/// Writes every queued line, then ends the process at once with `_exit`, without the C
-/// library's exit handlers. A client ackd gave up on (a deadline passed, a forced stop, a
-/// metadata request still under way when authentication failed) leaves librdkafka's
-/// threads running; OpenSSL's exit handler would free what they still use, and with
-/// them alive the process can die of SIGSEGV after its `at=exit` line (seen with
-/// jemalloc). Nothing is left for those handlers to do: lines are flushed here, the
-/// group was left and offsets committed (or given up on) before `at=exit`.
-/// stdout is not flushed here: only the line writer writes to it (and flushes each
-/// batch), and a stuck stdout must not hold the exit (the writer holds its lock).
-fn end_process(lines: output::lines::OutputGuard, code: i32) -> ! {
-    // Waits for the writer thread to write every line (at most 1 s for a stuck stdout).
-    drop(lines);
-    // SAFETY: _exit only ends the process; nothing runs after it.
-    unsafe { libc::_exit(code) }
+    exit::end_process(guard, code)
 }
 
 /// Writes `text` to stdout for `--help`/`--version`; a closed pipe (`ackd --help | head`)
@@ -165,22 +149,4 @@ fn print_out(text: &str) -> ExitCode {
 /// The environment's variables that are UTF-8 (`std::env::vars` panics on others).
 fn utf8_vars() -> impl Iterator<Item = (String, String)> {
     std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-}
-
-/// Panics become one logfmt line (no backtrace on the log drain). A processor's panic is
-/// caught and fails only its message; anything else ends the process non-zero.
-fn install_panic_hook() {
-    std::panic::set_hook(Box::new(|info| {
-        let location = info
-            .location()
-            .map(|l| format!("{}:{}", l.file(), l.line()))
-            .unwrap_or_default();
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "panic".to_string());
-        tracing::error!(at = "panic", location, "{message}");
-    }));
 }

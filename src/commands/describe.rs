@@ -6,8 +6,9 @@
 //! rust-rdkafka 0.39 has no safe wrapper for it, hence the FFI here, kept to copying
 //! the answer out before the event that owns it is destroyed.
 //!
-//! [`describe_group`] falls back to the classic DescribeGroups when the admin API fails;
-//! either way the answer is a [`GroupDescription`].
+//! [`describe_group`] falls back to the classic DescribeGroups when the admin API fails
+//! (the members' assignments decoded here, `decode`); either way the answer is a
+//! [`GroupDescription`].
 
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
@@ -19,7 +20,6 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use rdkafka::error::KafkaError;
 
-use super::assignment;
 use super::connect::{Probe, REQUEST};
 
 /// Copies a C string librdkafka owns; `""` for null.
@@ -179,7 +179,7 @@ pub fn describe_group(probe: &Probe, group: &str) -> Result<GroupDescription, Ka
             id: m.id().to_string(),
             client_id: m.client_id().to_string(),
             host: m.client_host().trim_start_matches('/').to_string(),
-            assignment: m.assignment().and_then(assignment::decode),
+            assignment: m.assignment().and_then(decode),
         })
         .collect();
     Ok(GroupDescription {
@@ -222,5 +222,108 @@ impl GroupDescription {
                     .any(|(t, ps)| t == topic && ps.contains(&partition))
             })
         })
+    }
+}
+
+/// The classic consumer protocol's member assignment, as DescribeGroups returns it:
+/// `ConsumerProtocolAssignment` (versions 0-3, never flexible): int16 version, an int32
+/// count of topics, each an int16-length string and an int32 count of int32 partitions,
+/// then user data (ignored). Anything malformed is `None`, never a panic.
+///
+/// topic → partitions, in the order the bytes give them.
+fn decode(bytes: &[u8]) -> Option<Vec<(String, Vec<i32>)>> {
+    let mut r = Reader(bytes);
+    let version = r.i16()?;
+    if version < 0 {
+        return None;
+    }
+    let topics = r.count()?;
+    let mut out = Vec::new();
+    for _ in 0..topics {
+        let len = usize::try_from(r.i16()?).ok()?;
+        let name = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+        let n = r.count()?;
+        let mut partitions = Vec::new();
+        for _ in 0..n {
+            partitions.push(r.i32()?);
+        }
+        out.push((name, partitions));
+    }
+    Some(out)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn i16(&mut self) -> Option<i16> {
+        Some(i16::from_be_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn i32(&mut self) -> Option<i32> {
+        Some(i32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+    /// An array length: -1 (null) is empty; a count the bytes cannot hold is malformed
+    /// (and must not make us allocate for it).
+    fn count(&mut self) -> Option<usize> {
+        let n = self.i32()?;
+        if n < 0 {
+            return Some(0);
+        }
+        let n = usize::try_from(n).ok()?;
+        (n <= self.0.len()).then_some(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(version: i16, topics: &[(&str, &[i32])], user_data: &[u8]) -> Vec<u8> {
+        let mut b = version.to_be_bytes().to_vec();
+        b.extend((topics.len() as i32).to_be_bytes());
+        for (t, ps) in topics {
+            b.extend((t.len() as i16).to_be_bytes());
+            b.extend(t.as_bytes());
+            b.extend((ps.len() as i32).to_be_bytes());
+            for p in *ps {
+                b.extend(p.to_be_bytes());
+            }
+        }
+        b.extend((user_data.len() as i32).to_be_bytes());
+        b.extend(user_data);
+        b
+    }
+
+    #[test]
+    fn decodes_every_version() {
+        for v in 0..=3 {
+            let b = encode(v, &[("orders", &[0, 2]), ("refunds", &[1])], b"x");
+            assert_eq!(
+                decode(&b),
+                Some(vec![
+                    ("orders".to_string(), vec![0, 2]),
+                    ("refunds".to_string(), vec![1])
+                ])
+            );
+        }
+        assert_eq!(decode(&encode(0, &[], b"")), Some(vec![]));
+    }
+
+    #[test]
+    fn malformed_bytes_are_none_not_a_panic() {
+        let good = encode(1, &[("orders", &[0, 1, 2])], b"");
+        for cut in 0..good.len() - 4 {
+            assert_eq!(decode(&good[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(decode(&[0, 0, 0x7f, 0xff, 0xff, 0xff]), None);
+        assert_eq!(decode(&[0xff, 0xff]), None);
+        assert_eq!(decode(&[0, 0, 0, 0, 0, 1, 0, 2, 0xff, 0xfe]), None);
     }
 }

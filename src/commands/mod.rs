@@ -3,7 +3,6 @@
 //! the group and never commit: they only ask (metadata, group description, committed
 //! offsets, watermarks).
 
-pub mod assignment;
 pub mod check;
 pub mod connect;
 pub mod describe;

@@ -14,7 +14,6 @@
 //! for messages, for a retry or halted is in no call: live. The supervisor marks the
 //! callbacks it serves (rebalances, statistics) the same way.
 
-mod connections;
 mod probes;
 mod prometheus;
 mod server;
