@@ -60,6 +60,9 @@ pub trait CommitLedger: Send + 'static {
         Self: Sized;
     /// In doubt, when a confirming commit is due: what it sends.
     fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>>;
+    /// Not in doubt, when the membership lease wants renewing: what a renewal commit
+    /// sends.
+    fn renewal_due(&mut self) -> Option<Vec<CommitOffset>>;
     /// The broker accepted `c` (with what [`Accepted`] says): what the group has for its
     /// partition, if still owned.
     fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted);

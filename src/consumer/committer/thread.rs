@@ -48,7 +48,8 @@ impl Committer {
             .name("ackd-committer".into())
             .spawn(move || loop {
                 // Woken at least every CONFIRM_EVERY: while the membership is in doubt,
-                // this thread sends the commits that can prove it.
+                // this thread sends the commits that can prove it, and otherwise those
+                // that renew its lease when nothing else does.
                 match rx.recv_timeout(CONFIRM_EVERY) {
                     Ok(job) => {
                         if job.reason == Reason::Periodic {
@@ -168,25 +169,29 @@ impl Committer {
 }
 
 /// While the membership is in doubt, a confirming commit when one is due
-/// ([`CommitLedger::confirmation_due`]), sent and accounted for as any other. The
-/// consumer is upgraded only then: this thread must not hold it past the supervisor's
-/// close.
+/// ([`CommitLedger::confirmation_due`]); else, when the membership lease wants renewing,
+/// a renewal commit ([`CommitLedger::renewal_due`]); sent and accounted for as any
+/// other. The consumer is upgraded only then: this thread must not hold it past the
+/// supervisor's close.
 fn confirm_if_due<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
     consumer: &Weak<X>,
     shared: &Shared,
     group: &Mutex<G>,
     metrics: &CommitMetrics,
 ) {
-    let due = group
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .confirmation_due();
-    let (Some(offsets), Some(consumer)) = (due, consumer.upgrade()) else {
+    let due = {
+        let mut group = group.lock().unwrap_or_else(|e| e.into_inner());
+        match group.confirmation_due() {
+            Some(offsets) => Some((offsets, Reason::Confirm)),
+            None => group.renewal_due().map(|o| (o, Reason::Renew)),
+        }
+    };
+    let (Some((offsets, reason)), Some(consumer)) = (due, consumer.upgrade()) else {
         return;
     };
     let job = Job {
         offsets: tag(shared, offsets),
-        reason: Reason::Confirm,
+        reason,
         deadline: None,
         reply: None,
     };

@@ -16,6 +16,10 @@ impl membership::Members for Group {
         &mut self.doubt
     }
 
+    fn lease(&mut self) -> &mut membership::Lease {
+        &mut self.lease
+    }
+
     fn owns_nothing(&self) -> bool {
         self.owned.is_empty()
     }
@@ -46,6 +50,10 @@ impl CommitLedger for Group {
 
     fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>> {
         membership::confirmation_due(self)
+    }
+
+    fn renewal_due(&mut self) -> Option<Vec<CommitOffset>> {
+        membership::renewal_due(self)
     }
 
     fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted) {
