@@ -62,15 +62,16 @@ const UNCONFIRMABLE_FOR: Duration = Duration::from_secs(10);
 ///
 /// The broker expires a member `S` (the session timeout) after the last heartbeat it
 /// *received*. librdkafka heartbeats every `H` on the coordinator's connection, the same
-/// one that carries commits, in order: a commit sent at `t` and accepted means that
-/// every heartbeat sent before `t` arrived, the last one at or after `t - H`, so the
-/// session lasts at least until `t - H + S`. The lease is renewed to the *send* time of
-/// every accepted commit (ackd's own; an error answer never renews it) and to the time
-/// of an assignment or a revoke that is not lost (librdkafka heard from the group), and
-/// lapses [`LeaseTerms::term`] (`S - H - S/10 - 500 ms`) after it: before the broker can
-/// have expired the session, with margin for the watch's tick, a heartbeat answered
-/// late, and the renewal's own round trip. An idle member (no commit due) sends a
-/// renewal commit (`reason=renew`, one partition's committed offset again) once the
+/// one that carries commits and committed-offset reads, in order: a request sent at `t`
+/// and answered without an error means that every heartbeat sent before `t` arrived,
+/// the last one at or after `t - H`, so the session lasts at least until `t - H + S`.
+/// The lease is renewed to the *send* time of every accepted commit (ackd's own) and of
+/// every renewal read answered (an error answer never renews it), and to the time of an
+/// assignment or a revoke that is not lost (librdkafka heard from the group); it lapses
+/// [`LeaseTerms::term`] (`4/5 S - H`) after that: before the broker can have expired
+/// the session, with a fifth of it as margin for the watch's tick, a heartbeat sent
+/// late, and an assignment's round trip. An idle member (no commit accepted lately)
+/// reads one partition's committed offset (an OffsetFetch: nothing is written) once the
 /// lease is a third of its term old. A lapse puts the membership in doubt (nothing new
 /// starts); only the ways a doubt ends end it, not a later renewal.
 #[derive(Debug, Default)]
@@ -79,7 +80,7 @@ pub struct Lease {
     terms: Option<LeaseTerms>,
     /// The latest proof that the coordinator had this member (its safe time).
     renewed: Option<Instant>,
-    /// When the last renewal commit was asked for.
+    /// When the last renewal read was asked for.
     renewal_tried: Option<Instant>,
 }
 
@@ -96,9 +97,8 @@ pub struct LeaseTerms {
 
 impl LeaseTerms {
     pub fn new(session: Duration, heartbeat: Duration) -> LeaseTerms {
-        let margin = session / 10 + Duration::from_millis(500);
-        // A heartbeat at least as long as the session leaves no margin: a quarter of it.
-        let term = session.saturating_sub(heartbeat + margin).max(session / 4);
+        // A heartbeat so long that nothing is left: a quarter of the session.
+        let term = (session * 4 / 5).saturating_sub(heartbeat).max(session / 4);
         LeaseTerms {
             session,
             heartbeat,
@@ -215,9 +215,9 @@ fn check_lease<G: Members>(group: &mut G) {
     }
 }
 
-/// When nothing else renewed the lease for [`LeaseTerms::renew_after`]: what a renewal
-/// commit sends (one partition's offsets: any accepted commit proves the member).
-pub fn renewal_due<G: Members>(group: &mut G) -> Option<Vec<CommitOffset>> {
+/// When nothing else renewed the lease for [`LeaseTerms::renew_after`]: the partition
+/// whose committed offset a renewal reads, and how long to wait for the answer.
+pub fn renewal_due<G: Members>(group: &mut G) -> Option<(TopicPartition, Duration)> {
     let now = Instant::now();
     if group.owns_nothing() || group.doubt_slot().is_some() {
         return None;
@@ -233,9 +233,9 @@ pub fn renewal_due<G: Members>(group: &mut G) -> Option<Vec<CommitOffset>> {
     if fresh || tried {
         return None;
     }
-    let first = group.confirming().into_iter().next()?;
+    let tp = group.owned_partitions().first().copied()?.clone();
     group.lease().renewal_tried = Some(now);
-    Some(vec![first])
+    Some((tp, terms.renew_after))
 }
 
 /// When this process started watching (the age of a lease never renewed).
@@ -482,7 +482,7 @@ mod tests {
         }
     }
 
-    /// A 6 s session with a 500 ms heartbeat: a 4.4 s lease, renewed after 1.47 s.
+    /// A 6 s session with a 500 ms heartbeat: a 4.3 s lease, renewed after 1.43 s.
     fn member(offset: Option<i64>, renewed_ago: Duration) -> Member {
         let terms = LeaseTerms::new(Duration::from_secs(6), Duration::from_millis(500));
         Member {
@@ -501,12 +501,15 @@ mod tests {
     #[test]
     fn the_lease_lapses_before_the_broker_can_expire_the_session() {
         let terms = LeaseTerms::new(Duration::from_secs(6), Duration::from_millis(500));
-        assert_eq!(terms.term, Duration::from_millis(4400));
+        assert_eq!(terms.term, Duration::from_millis(4300));
         assert!(terms.term + terms.heartbeat + TICK < terms.session);
-        assert_eq!(terms.renew_after, Duration::from_millis(4400) / 3);
+        assert_eq!(terms.renew_after, Duration::from_millis(4300) / 3);
         // Kafka's KIP-848 defaults: a 45 s session, a 5 s heartbeat.
         let terms = LeaseTerms::new(Duration::from_secs(45), Duration::from_secs(5));
-        assert_eq!(terms.term, Duration::from_millis(35_000));
+        assert_eq!(terms.term, Duration::from_millis(31_000));
+        // The tests' classic members: a 1 s session, a 300 ms heartbeat.
+        let terms = LeaseTerms::new(Duration::from_secs(1), Duration::from_millis(300));
+        assert_eq!(terms.term, Duration::from_millis(500));
         // A heartbeat as long as the session leaves a quarter of it.
         let terms = LeaseTerms::new(Duration::from_secs(4), Duration::from_secs(4));
         assert_eq!(terms.term, Duration::from_secs(1));
@@ -514,10 +517,10 @@ mod tests {
 
     #[test]
     fn a_lapsed_lease_holds_the_partitions_until_a_commit_sent_since_is_accepted() {
-        let mut m = member(Some(10), Duration::from_millis(4300));
+        let mut m = member(Some(10), Duration::from_millis(4200));
         check_lease(&mut m);
         assert!(m.doubt.is_none() && !m.held.get(), "not lapsed yet");
-        let mut m = member(Some(10), Duration::from_millis(4400));
+        let mut m = member(Some(10), Duration::from_millis(4300));
         check_lease(&mut m);
         assert!(m.doubt.is_some() && m.held.get(), "lapsed: held");
         // A renewal that was sent before the lapse (answered late) ends nothing.
@@ -540,11 +543,17 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_member_renews_its_lease_with_one_commit() {
+    fn an_idle_member_renews_its_lease_with_one_read() {
         let mut m = member(Some(10), Duration::from_millis(100));
         assert_eq!(renewal_due(&mut m), None, "fresh");
-        let mut m = member(Some(10), Duration::from_millis(1500));
-        assert_eq!(renewal_due(&mut m).map(|o| o.len()), Some(1));
+        let mut m = member(None, Duration::from_millis(1500));
+        assert_eq!(
+            renewal_due(&mut m),
+            Some((
+                (std::sync::Arc::from("t"), 0),
+                Duration::from_millis(4300) / 3
+            ))
+        );
         assert_eq!(renewal_due(&mut m), None, "asked already");
         renewed(&mut m, Instant::now());
         m.lease.renewal_tried = None;

@@ -30,8 +30,6 @@ pub enum Reason {
     /// While the membership is in doubt: a commit whose acceptance proves it
     /// (src/consumer/membership.rs).
     Confirm,
-    /// An idle member's commit whose acceptance renews its membership lease.
-    Renew,
 }
 
 impl Reason {
@@ -41,14 +39,7 @@ impl Reason {
             Reason::Revoke => "revoke",
             Reason::Shutdown => "shutdown",
             Reason::Confirm => "confirm",
-            Reason::Renew => "renew",
         }
-    }
-
-    /// A commit that only proves the membership: a refusal or a drop is not news about
-    /// the offsets (they are committed already, or with the next periodic commit).
-    pub fn only_asks(self) -> bool {
-        matches!(self, Reason::Confirm | Reason::Renew)
     }
 
     /// A release's commit: this process processes nothing more of the partition.

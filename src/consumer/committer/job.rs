@@ -116,7 +116,7 @@ fn claim<'a>(job: &'a Job, shared: &Shared) -> Claimed<'a> {
 /// The `at=commit_failed` line of each offset dropped from a job (`why`).
 fn log_dropped(reason: Reason, dropped: &[&CommitOffset], why: &str) {
     // A confirming commit only asks; one for a partition released meanwhile is moot.
-    for c in dropped.iter().filter(|_| !reason.only_asks()) {
+    for c in dropped.iter().filter(|_| reason != Reason::Confirm) {
         tracing::error!(
             at = "commit_failed",
             topic = &*c.tp.0,
@@ -250,12 +250,11 @@ fn account<G: CommitLedger>(
 }
 
 /// The `at=commit_failed` line of a partition the broker refused (none for a confirming
-/// commit: `at=membership_unconfirmed` says it once; none for a renewal: a lapse says
-/// it).
+/// commit: `at=membership_unconfirmed` says it once).
 fn log_refused(reason: Reason, c: &CommitOffset, e: &KafkaError) {
     let (topic, partition, offset) = (&*c.tp.0, c.tp.1, c.offset);
     let reason_str = reason.as_str();
-    if reason.only_asks() {
+    if reason == Reason::Confirm {
         return;
     }
     if !doubted_by(e) || reason.releases() {

@@ -7,9 +7,9 @@
 //! value is the broker's when the group has none), else a broker's
 //! (`group.consumer.session.timeout.ms`); unreadable (no `DESCRIBE_CONFIGS` permission,
 //! an older broker), a short session is assumed, with a warning: a lease too short costs
-//! renewal commits and a held partition now and then, one too long would not protect.
+//! renewal reads and a held partition now and then, one too long would not protect.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
@@ -47,7 +47,7 @@ impl Source {
 }
 
 /// The lease's terms for this member, logged once. Blocks (a KIP-848 member asks the
-/// broker, within `timeout`).
+/// broker, for `timeout` at most in all).
 pub(super) fn lease_terms(settings: &Settings, timeout: Duration) -> LeaseTerms {
     let (terms, from, error) = match settings.group_protocol {
         GroupProtocol::Classic => {
@@ -108,9 +108,17 @@ fn read_from_broker(
 ) -> Result<(Duration, Duration, Source), String> {
     let admin: AdminClient<DefaultClientContext> =
         base_config(settings).create().map_err(|e| e.to_string())?;
-    let opts = AdminOptions::new().request_timeout(Some(timeout));
+    // One budget for every request: a broker that does not answer delays the start once.
+    let deadline = Instant::now() + timeout;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("no answer within {} ms", timeout.as_millis()))
+    };
     let group = ResourceSpecifier::Group(&settings.group_id);
     let read = |spec: &ResourceSpecifier<'_>, session: &str, heartbeat: &str| {
+        let opts = AdminOptions::new().request_timeout(Some(left()?));
         let results = futures::executor::block_on(admin.describe_configs([spec], &opts))
             .map_err(|e| e.to_string())?;
         let resource = results
@@ -137,7 +145,7 @@ fn read_from_broker(
     }
     let metadata = admin
         .inner()
-        .fetch_metadata(None, timeout)
+        .fetch_metadata(None, left()?)
         .map_err(|e| e.to_string())?;
     let broker = metadata
         .brokers()

@@ -2,7 +2,7 @@
 //! committer's ledger ([`CommitLedger`]).
 
 use std::sync::{Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
 
@@ -52,8 +52,12 @@ impl CommitLedger for Group {
         membership::confirmation_due(self)
     }
 
-    fn renewal_due(&mut self) -> Option<Vec<CommitOffset>> {
+    fn renewal_due(&mut self) -> Option<(TopicPartition, Duration)> {
         membership::renewal_due(self)
+    }
+
+    fn renewed(&mut self, sent_at: Instant) {
+        membership::renewed(self, sent_at);
     }
 
     fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted) {
