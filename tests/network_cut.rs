@@ -15,6 +15,8 @@
 //!
 //! Two members, 4 partitions, about 500 messages/s, a 6 s session (KIP-848: the
 //! broker's `group.consumer.session.timeout.ms`, broker.rs; classic: the client's).
+//! A cut shorter than the session is a false alarm: the partitions are held until the
+//! heal, then go on (`cut_briefly`).
 
 mod common;
 
@@ -279,4 +281,143 @@ fn held_uncommitted(lines: &[String]) -> BTreeSet<(i32, i64)> {
         .into_iter()
         .filter(|(p, o)| committed.get(p).is_none_or(|c| o >= c))
         .collect()
+}
+
+#[test]
+fn a_consumer_protocol_member_cut_for_less_than_its_session_holds_then_goes_on() {
+    cut_briefly(true);
+}
+
+#[test]
+fn a_classic_member_cut_for_less_than_its_session_holds_then_goes_on() {
+    cut_briefly(false);
+}
+
+/// One member, cut until its lease lapses (a false alarm: the session has not expired),
+/// then healed at once: it holds its partitions meanwhile, a commit accepted after the
+/// heal confirms its membership, and it goes on with the same partitions; nothing lost,
+/// nothing processed twice.
+fn cut_briefly(consumer_protocol: bool) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let protocol = ["classic", "consumer"][usize::from(consumer_protocol)];
+    let Staged { broker, proxy } = staged();
+    let (topic, group) = fresh_topic_on(broker, "brief-cut", PARTITIONS);
+    let producer =
+        SteadyProducer::start_with(producer_on(broker), &topic, 25, Duration::from_millis(50));
+    let member = member(&proxy.bootstrap(), &topic, &group, consumer_protocol);
+    member.wait_for_line(|l| at(l, "assigned"), WAIT);
+    wait_until(WAIT, || {
+        let l = member.lines();
+        processed(&l).len() >= 300 && l.iter().any(|l| at(l, "committed"))
+    });
+    let before_cut = member.line_count();
+    proxy.cut();
+    let cut_at = Instant::now();
+    let lapsed = member.wait_for_line_from(
+        before_cut,
+        |l| at(l, "membership_in_doubt") && field(l, "reason").as_deref() == Some("lease_lapsed"),
+        WAIT,
+    );
+    let cut_for = cut_at.elapsed();
+    proxy.heal();
+    let confirmed = member.wait_for_line_from(before_cut, |l| at(l, "membership_confirmed"), WAIT);
+    let delivered = producer.finish();
+    let expected: BTreeSet<(i32, i64)> =
+        delivered.iter().map(|d| (d.partition, d.offset)).collect();
+    wait_until(WAIT, || {
+        processed(&member.lines())
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .is_superset(&expected)
+    });
+    member.sigterm();
+    let code = member.wait_exit(WAIT);
+    let lines = member.lines();
+    let t = tally(&delivered, &processed(&lines), &lines);
+    eprintln!(
+        "brief cut {protocol}: messages {}, lost {}, processed twice {}, cut for {:.1} s, exit code {code}\n{lapsed}\n{confirmed}",
+        delivered.len(),
+        t.lost.len(),
+        t.duplicated.len(),
+        cut_for.as_secs_f64()
+    );
+    assert!(cut_for < SESSION, "cut for {cut_for:?}: past the session");
+    assert!(t.lost.is_empty(), "lost {}: {:?}", t.lost.len(), t.lost);
+    assert!(
+        t.duplicated.is_empty(),
+        "processed twice: {:?}",
+        t.duplicated
+    );
+    assert!(
+        !lines[before_cut..].iter().any(|l| at(l, "revoke_begun")),
+        "its partitions moved:\n{}",
+        lines[before_cut..].join("\n")
+    );
+    assert_eq!(code, 0);
+}
+
+/// The proxy itself, in front of an echo server: it forwards, delays each way, cuts
+/// without closing (what is sent meanwhile arrives after the heal), resets, and counts
+/// connections.
+#[test]
+fn the_proxy_forwards_delays_cuts_heals_and_resets() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = echo.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = s.read(&mut buf) {
+                    if s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = Proxy::listen();
+    proxy.forward_to(upstream);
+    let mut client = TcpStream::connect(proxy.bootstrap()).unwrap();
+    let round_trip = |c: &mut TcpStream, timeout: Duration| -> Option<Duration> {
+        let start = Instant::now();
+        c.set_read_timeout(Some(timeout)).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        c.read_exact(&mut got).ok()?;
+        assert_eq!(&got, b"ping");
+        Some(start.elapsed())
+    };
+    assert!(round_trip(&mut client, WAIT).is_some(), "forwards");
+    proxy.delay(Duration::from_millis(200));
+    let delayed = round_trip(&mut client, WAIT).unwrap();
+    assert!(
+        delayed >= Duration::from_millis(400),
+        "{delayed:?}: each way"
+    );
+    proxy.delay(Duration::ZERO);
+    proxy.cut();
+    assert_eq!(
+        round_trip(&mut client, Duration::from_millis(500)),
+        None,
+        "nothing comes back through a cut"
+    );
+    proxy.heal();
+    let mut got = [0u8; 4];
+    client.set_read_timeout(Some(WAIT)).unwrap();
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(
+        &got, b"ping",
+        "what was sent during the cut arrives after it"
+    );
+    proxy.reset();
+    client.set_read_timeout(Some(WAIT)).unwrap();
+    assert!(
+        matches!(client.read(&mut got), Ok(0) | Err(_)),
+        "a reset closes the connection"
+    );
+    let mut again = TcpStream::connect(proxy.bootstrap()).unwrap();
+    assert!(round_trip(&mut again, WAIT).is_some(), "a new connection");
+    assert_eq!(proxy.connections(), 2);
 }
