@@ -11,13 +11,16 @@ use rdkafka::TopicPartitionList;
 
 use super::commit::{CommitError, CommitOffset, Reason};
 use super::job::{run, Job};
-use super::ledger::{CommitLedger, CONFIRM_EVERY};
+use super::ledger::CommitLedger;
 use super::shared::{tag, Shared};
 use crate::output::metrics::CommitMetrics;
 use crate::topic_partition::TopicPartition;
 
 /// How often [`Committer::commit`] reads its deadline again while it waits.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
+/// How often the thread looks for a confirming commit or a lease renewal due (each
+/// paced by its own clock): well within the shortest lease a renewal must precede.
+const WAKE: Duration = Duration::from_millis(100);
 
 /// A handle on the committer thread; clones share it.
 #[derive(Clone)]
@@ -48,10 +51,10 @@ impl Committer {
         std::thread::Builder::new()
             .name("ackd-committer".into())
             .spawn(move || loop {
-                // Woken at least every CONFIRM_EVERY: while the membership is in doubt,
-                // this thread sends the commits that can prove it, and otherwise renews
-                // its lease when nothing else did.
-                match rx.recv_timeout(CONFIRM_EVERY) {
+                // Woken at least every WAKE: while the membership is in doubt, this
+                // thread sends the commits that can prove it, and otherwise renews its
+                // lease when nothing else did.
+                match rx.recv_timeout(WAKE) {
                     Ok(job) => {
                         if job.reason == Reason::Periodic {
                             queued.store(false, Ordering::Release);
