@@ -129,7 +129,7 @@ pub(super) async fn lease(
 ) -> Result<(), i32> {
     let s = settings.clone();
     let read = tokio::task::spawn_blocking(move || {
-        super::session::lease_terms(&s, Duration::from_secs(10))
+        super::session::lease_terms(&s, Duration::from_secs(5))
     });
     let terms = tokio::select! {
         t = read => t.map_err(|_| exit::SOFTWARE)?,
