@@ -12,6 +12,9 @@
 //! gone:
 //! - its own clock: a thread that ticks every [`TICK`] saw a gap of [`STALL`] or more
 //!   (the whole process did not run: it was stopped or paused);
+//! - its lease lapsed ([`Lease`]): the group coordinator has not answered for most of
+//!   the session timeout (a network cut: nothing answers, nothing is closed, and under
+//!   KIP-848 librdkafka revokes nothing until the network heals);
 //! - a periodic commit refused for the member
 //!   (`doubted_by` in src/consumer/committer/ledger.rs: UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH,
 //!   STALE_MEMBER_EPOCH, ILLEGAL_GENERATION). A revoke's or the
@@ -34,7 +37,7 @@
 //!   heartbeats would have heard by then that the member is gone.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
@@ -54,6 +57,57 @@ pub const STALL: Duration = Duration::from_secs(2);
 /// With nothing to commit, how long a doubt lasts without a lost revoke.
 const UNCONFIRMABLE_FOR: Duration = Duration::from_secs(10);
 
+/// The membership lease: partitions may start messages only while the group
+/// coordinator answered recently enough that the broker cannot have expired the session.
+///
+/// The broker expires a member `S` (the session timeout) after the last heartbeat it
+/// *received*. librdkafka heartbeats every `H` on the coordinator's connection, the same
+/// one that carries commits and committed-offset reads, in order: a request sent at `t`
+/// and answered without an error means that every heartbeat sent before `t` arrived,
+/// the last one at or after `t - H`, so the session lasts at least until `t - H + S`.
+/// The lease is renewed to the *send* time of every accepted commit (ackd's own) and of
+/// every renewal read answered (an error answer never renews it), and to the time of an
+/// assignment or a revoke that is not lost (librdkafka heard from the group); it lapses
+/// [`LeaseTerms::term`] (`4/5 S - H`) after that: before the broker can have expired
+/// the session, with a fifth of it as margin for the watch's tick, a heartbeat sent
+/// late, and an assignment's round trip. An idle member (no commit accepted lately)
+/// reads one partition's committed offset (an OffsetFetch: nothing is written) once the
+/// lease is a third of its term old. A lapse puts the membership in doubt (nothing new
+/// starts); only the ways a doubt ends end it, not a later renewal.
+#[derive(Debug, Default)]
+pub struct Lease {
+    /// None: no session known (a group without a consumer, in unit tests): no lease.
+    terms: Option<LeaseTerms>,
+    /// The latest proof that the coordinator had this member (its safe time).
+    renewed: Option<Instant>,
+    /// When the last renewal read was asked for.
+    renewal_tried: Option<Instant>,
+}
+
+/// The session a member is under and the lease derived from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    pub session: Duration,
+    pub heartbeat: Duration,
+    /// How long after its last renewal the lease lapses.
+    pub term: Duration,
+    /// How old the lease may get before an idle member renews it.
+    pub renew_after: Duration,
+}
+
+impl LeaseTerms {
+    pub fn new(session: Duration, heartbeat: Duration) -> LeaseTerms {
+        // A heartbeat so long that nothing is left: a quarter of the session.
+        let term = (session * 4 / 5).saturating_sub(heartbeat).max(session / 4);
+        LeaseTerms {
+            session,
+            heartbeat,
+            term,
+            renew_after: term / 3,
+        }
+    }
+}
+
 /// A doubt under way.
 #[derive(Debug)]
 pub struct Doubt {
@@ -68,6 +122,8 @@ pub enum Cause<'a> {
     Stalled(Duration),
     /// A commit was refused so.
     Refused(&'a KafkaError),
+    /// The coordinator has not answered for this long (the lease's terms).
+    LeaseLapsed(Duration, LeaseTerms),
 }
 
 /// What the membership acts on: the partitions owned and the doubt (the consumer's
@@ -75,6 +131,8 @@ pub enum Cause<'a> {
 pub trait Members {
     /// The doubt under way, if any.
     fn doubt_slot(&mut self) -> &mut Option<Doubt>;
+    /// The membership lease.
+    fn lease(&mut self) -> &mut Lease;
     /// Whether no partition is owned.
     fn owns_nothing(&self) -> bool;
     /// The partitions owned, in order.
@@ -111,7 +169,79 @@ pub fn doubt<G: Members>(group: &mut G, cause: Cause<'_>) {
             partitions,
             "the broker refused a commit for this member: its partitions may be another's; they are held (nothing new starts) until a commit is accepted or the group revokes them"
         ),
+        Cause::LeaseLapsed(silent, terms) => tracing::warn!(
+            at = "membership_in_doubt",
+            reason = "lease_lapsed",
+            silent_ms = millis(silent),
+            lease_ms = millis(terms.term),
+            session_timeout_ms = millis(terms.session),
+            partitions,
+            "the group coordinator has not answered for most of the session timeout (a network cut, a coordinator down): the broker may soon drop this member and give its partitions to another; they are held (nothing new starts) until a commit is accepted or the group revokes them"
+        ),
     }
+}
+
+/// Sets the terms of the lease (the session this member is under).
+pub fn lease_under<G: Members>(group: &mut G, terms: LeaseTerms) {
+    group.lease().terms = Some(terms);
+}
+
+/// The coordinator had this member at `at` (an accepted commit's send time, a
+/// rebalance): the lease runs from there, if that is later than what it had.
+pub fn renewed<G: Members>(group: &mut G, at: Instant) {
+    let lease = group.lease();
+    lease.renewed = Some(lease.renewed.map_or(at, |r| r.max(at)));
+}
+
+/// Puts the membership in doubt if its lease has lapsed and something can confirm it: a
+/// partition with no offset to commit has no dispatch limit accepted either, so it
+/// starts nothing until a commit is accepted anyway.
+fn check_lease<G: Members>(group: &mut G) {
+    let now = Instant::now();
+    if group.owns_nothing() || group.doubt_slot().is_some() {
+        return;
+    }
+    let lease = group.lease();
+    let Some(terms) = lease.terms else {
+        return;
+    };
+    // Never renewed while owning partitions: as old as the process.
+    let silent = lease
+        .renewed
+        .map_or(Duration::MAX, |r| now.saturating_duration_since(r));
+    if silent >= terms.term && !group.confirming().is_empty() {
+        let silent = silent.min(now.saturating_duration_since(started()));
+        doubt(group, Cause::LeaseLapsed(silent, terms));
+    }
+}
+
+/// When nothing else renewed the lease for [`LeaseTerms::renew_after`]: the partition
+/// whose committed offset a renewal reads, and how long to wait for the answer.
+pub fn renewal_due<G: Members>(group: &mut G) -> Option<(TopicPartition, Duration)> {
+    let now = Instant::now();
+    if group.owns_nothing() || group.doubt_slot().is_some() {
+        return None;
+    }
+    let lease = group.lease();
+    let terms = lease.terms?;
+    let fresh = lease
+        .renewed
+        .is_some_and(|r| now.saturating_duration_since(r) < terms.renew_after);
+    let tried = lease
+        .renewal_tried
+        .is_some_and(|t| now.saturating_duration_since(t) < CONFIRM_EVERY);
+    if fresh || tried {
+        return None;
+    }
+    let tp = group.owned_partitions().first().copied()?.clone();
+    group.lease().renewal_tried = Some(now);
+    Some((tp, terms.renew_after))
+}
+
+/// When this process started watching (the age of a lease never renewed).
+fn started() -> Instant {
+    static STARTED: OnceLock<Instant> = OnceLock::new();
+    *STARTED.get_or_init(Instant::now)
 }
 
 /// The membership is proven (`how`): the held partitions go on.
@@ -131,6 +261,7 @@ pub fn confirmed<G: Members>(group: &mut G, how: &str) {
 /// A commit sent at `sent_at` was accepted: it proves the membership if it was sent
 /// after the doubt began (one sent before a stall may have been answered before it).
 pub fn confirmed_by_commit<G: Members>(group: &mut G, sent_at: Instant) {
+    renewed(group, sent_at);
     if group
         .doubt_slot()
         .as_ref()
@@ -170,10 +301,11 @@ pub fn confirmation_due<G: Members>(group: &mut G) -> Option<Vec<CommitOffset>> 
     Some(offsets)
 }
 
-/// Starts the thread that watches for stalls of the whole process; it ends with the
-/// group.
+/// Starts the thread that watches for stalls of the whole process and for the lease's
+/// lapse; it ends with the group.
 pub fn watch_stalls<G: Members + Send + 'static>(group: Weak<Mutex<G>>) -> std::io::Result<()> {
     watched();
+    started();
     std::thread::Builder::new()
         .name("ackd-stall-watch".into())
         .spawn(move || {
@@ -192,6 +324,13 @@ pub fn watch_stalls<G: Members + Send + 'static>(group: Weak<Mutex<G>>) -> std::
                 };
                 if gap >= STALL {
                     doubt(&mut *lock(&group), Cause::Stalled(gap));
+                }
+                // Never waits for the group: a tick late would read as a stall. A lock
+                // held past one tick delays the check to the next.
+                match group.try_lock() {
+                    Ok(mut g) => check_lease(&mut *g),
+                    Err(TryLockError::Poisoned(e)) => check_lease(&mut *e.into_inner()),
+                    Err(TryLockError::WouldBlock) => {}
                 }
                 // Only now: a worker that saw the stall first waits for the hold.
                 watched();
@@ -301,6 +440,134 @@ mod tests {
         let mut group = in_doubt_since(Instant::now() - UNCONFIRMABLE_FOR);
         assert_eq!(confirmation_due(&mut group), None);
         assert!(group.doubt.is_none(), "no lost revoke came: it ends");
+    }
+
+    /// A member owning one partition, with `offset` committed (none: nothing to confirm).
+    struct Member {
+        doubt: Option<Doubt>,
+        lease: Lease,
+        owned: Vec<TopicPartition>,
+        held: std::cell::Cell<bool>,
+        offset: Option<i64>,
+    }
+
+    impl Members for Member {
+        fn doubt_slot(&mut self) -> &mut Option<Doubt> {
+            &mut self.doubt
+        }
+        fn lease(&mut self) -> &mut Lease {
+            &mut self.lease
+        }
+        fn owns_nothing(&self) -> bool {
+            self.owned.is_empty()
+        }
+        fn owned_partitions(&self) -> Vec<&TopicPartition> {
+            self.owned.iter().collect()
+        }
+        fn hold_owned(&self, hold: bool) {
+            self.held.set(hold);
+        }
+        fn confirming(&self) -> Vec<CommitOffset> {
+            let tp = self.owned[0].clone();
+            self.offset
+                .map(|offset| CommitOffset {
+                    tp,
+                    offset,
+                    processed: None,
+                    limit: None,
+                    acked: Vec::new(),
+                })
+                .into_iter()
+                .collect()
+        }
+    }
+
+    /// A 6 s session with a 500 ms heartbeat: a 4.3 s lease, renewed after 1.43 s.
+    fn member(offset: Option<i64>, renewed_ago: Duration) -> Member {
+        let terms = LeaseTerms::new(Duration::from_secs(6), Duration::from_millis(500));
+        Member {
+            doubt: None,
+            lease: Lease {
+                terms: Some(terms),
+                renewed: Some(Instant::now() - renewed_ago),
+                renewal_tried: None,
+            },
+            owned: vec![(std::sync::Arc::from("t"), 0)],
+            held: Default::default(),
+            offset,
+        }
+    }
+
+    #[test]
+    fn the_lease_lapses_before_the_broker_can_expire_the_session() {
+        let terms = LeaseTerms::new(Duration::from_secs(6), Duration::from_millis(500));
+        assert_eq!(terms.term, Duration::from_millis(4300));
+        assert!(terms.term + terms.heartbeat + TICK < terms.session);
+        assert_eq!(terms.renew_after, Duration::from_millis(4300) / 3);
+        // Kafka's KIP-848 defaults: a 45 s session, a 5 s heartbeat.
+        let terms = LeaseTerms::new(Duration::from_secs(45), Duration::from_secs(5));
+        assert_eq!(terms.term, Duration::from_millis(31_000));
+        // The tests' classic members: a 1 s session, a 300 ms heartbeat.
+        let terms = LeaseTerms::new(Duration::from_secs(1), Duration::from_millis(300));
+        assert_eq!(terms.term, Duration::from_millis(500));
+        // A heartbeat as long as the session leaves a quarter of it.
+        let terms = LeaseTerms::new(Duration::from_secs(4), Duration::from_secs(4));
+        assert_eq!(terms.term, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_lapsed_lease_holds_the_partitions_until_a_commit_sent_since_is_accepted() {
+        let mut m = member(Some(10), Duration::from_millis(4200));
+        check_lease(&mut m);
+        assert!(m.doubt.is_none() && !m.held.get(), "not lapsed yet");
+        let mut m = member(Some(10), Duration::from_millis(4300));
+        check_lease(&mut m);
+        assert!(m.doubt.is_some() && m.held.get(), "lapsed: held");
+        // A renewal that was sent before the lapse (answered late) ends nothing.
+        let before = m.doubt.as_ref().unwrap().since - Duration::from_millis(1);
+        confirmed_by_commit(&mut m, before);
+        assert!(m.held.get());
+        assert_eq!(confirmation_due(&mut m).map(|o| o.len()), Some(1));
+        confirmed_by_commit(&mut m, Instant::now());
+        assert!(m.doubt.is_none() && !m.held.get(), "confirmed");
+        check_lease(&mut m);
+        assert!(m.doubt.is_none(), "renewed by the confirming commit");
+    }
+
+    #[test]
+    fn a_lapsed_lease_with_nothing_to_confirm_holds_nothing() {
+        // No offset: no dispatch limit accepted either, so nothing starts anyway.
+        let mut m = member(None, Duration::from_secs(60));
+        check_lease(&mut m);
+        assert!(m.doubt.is_none() && !m.held.get());
+    }
+
+    #[test]
+    fn an_idle_member_renews_its_lease_with_one_read() {
+        let mut m = member(Some(10), Duration::from_millis(100));
+        assert_eq!(renewal_due(&mut m), None, "fresh");
+        let mut m = member(None, Duration::from_millis(1500));
+        assert_eq!(
+            renewal_due(&mut m),
+            Some((
+                (std::sync::Arc::from("t"), 0),
+                Duration::from_millis(4300) / 3
+            ))
+        );
+        assert_eq!(renewal_due(&mut m), None, "asked already");
+        renewed(&mut m, Instant::now());
+        m.lease.renewal_tried = None;
+        assert_eq!(renewal_due(&mut m), None, "renewed");
+        let mut m = member(Some(10), Duration::from_secs(2));
+        m.doubt = Some(Doubt {
+            since: Instant::now(),
+            tried: None,
+        });
+        assert_eq!(
+            renewal_due(&mut m),
+            None,
+            "in doubt: confirming commits instead"
+        );
     }
 
     #[test]

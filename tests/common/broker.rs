@@ -76,6 +76,10 @@ pub struct BrokerOptions {
     /// Extra `kafka-storage format` arguments for every node (e.g. `--add-scram
     /// 'SCRAM-SHA-512=[name=alice,password=...]'`: SCRAM users exist from the start).
     pub format_args: Vec<String>,
+    /// A second client listener on the first node, advertised at this port (a
+    /// [`super::proxy::Proxy`]'s): a client bootstrapped there makes every connection
+    /// through the proxy. Forward the proxy to [`Broker::proxied_addr`].
+    pub proxied_port: Option<u16>,
 }
 
 impl Default for BrokerOptions {
@@ -87,6 +91,7 @@ impl Default for BrokerOptions {
             client_config: Vec::new(),
             security_protocol: "PLAINTEXT".into(),
             format_args: Vec::new(),
+            proxied_port: None,
         }
     }
 }
@@ -99,6 +104,8 @@ struct Node {
     /// listener requires.
     internal_port: u16,
     controller_port: u16,
+    /// The listener advertised at [`BrokerOptions::proxied_port`] (first node only).
+    proxied_listener_port: Option<u16>,
     dir: PathBuf,
     log_path: PathBuf,
     child: Mutex<Option<Child>>,
@@ -185,6 +192,8 @@ impl Broker {
                     port,
                     internal_port: free_port(),
                     controller_port: free_port(),
+                    proxied_listener_port: (i == 0 && options.proxied_port.is_some())
+                        .then(free_port),
                     log_path: dir.join("broker.log"),
                     dir,
                     child: Mutex::new(None),
@@ -251,33 +260,34 @@ impl Broker {
             .join(",");
         let replication = self.nodes.len().min(3).to_string();
         for n in &self.nodes {
+            let (mut listeners, mut advertised, mut protocols) = (
+                format!(
+                    "CLIENT://127.0.0.1:{},INTERNAL://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                    n.port, n.internal_port, n.controller_port
+                ),
+                format!(
+                    "CLIENT://127.0.0.1:{},INTERNAL://127.0.0.1:{}",
+                    n.port, n.internal_port
+                ),
+                format!(
+                    "CLIENT:{},INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    self.options.security_protocol
+                ),
+            );
+            if let (Some(own), Some(proxy)) = (n.proxied_listener_port, self.options.proxied_port) {
+                listeners += &format!(",PROXIED://127.0.0.1:{own}");
+                advertised += &format!(",PROXIED://127.0.0.1:{proxy}");
+                protocols += &format!(",PROXIED:{}", self.options.security_protocol);
+            }
             let mut props: Vec<(String, String)> = [
                 ("process.roles", "broker,controller".to_string()),
                 ("node.id", n.id.to_string()),
                 ("controller.quorum.voters", voters.clone()),
-                (
-                    "listeners",
-                    format!(
-                        "CLIENT://127.0.0.1:{},INTERNAL://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
-                        n.port, n.internal_port, n.controller_port
-                    ),
-                ),
-                (
-                    "advertised.listeners",
-                    format!(
-                        "CLIENT://127.0.0.1:{},INTERNAL://127.0.0.1:{}",
-                        n.port, n.internal_port
-                    ),
-                ),
+                ("listeners", listeners),
+                ("advertised.listeners", advertised),
                 ("controller.listener.names", "CONTROLLER".into()),
                 ("inter.broker.listener.name", "INTERNAL".into()),
-                (
-                    "listener.security.protocol.map",
-                    format!(
-                        "CLIENT:{},INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                        self.options.security_protocol
-                    ),
-                ),
+                ("listener.security.protocol.map", protocols),
                 ("log.dirs", n.dir.join("data").display().to_string()),
                 ("offsets.topic.replication.factor", replication.clone()),
                 ("offsets.topic.num.partitions", "4".into()),
@@ -466,6 +476,15 @@ impl Broker {
         for i in 0..self.nodes.len() {
             self.assert_node_running(i);
         }
+    }
+
+    /// Where a proxy in front of the first node forwards to: the listener advertised at
+    /// [`BrokerOptions::proxied_port`].
+    pub fn proxied_addr(&self) -> SocketAddr {
+        let port = self.nodes[0]
+            .proxied_listener_port
+            .expect("the broker was started without BrokerOptions::proxied_port");
+        SocketAddr::from(([127, 0, 0, 1], port))
     }
 
     /// The first node's client port.

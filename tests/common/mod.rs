@@ -28,6 +28,9 @@ pub mod offsets;
 pub mod pki;
 /// Producing test messages (delivery reports as ground truth) and reading them back.
 pub mod produce;
+/// A TCP proxy between one client and the broker that can cut, heal, reset and delay
+/// ([`proxy::Proxy`]).
+pub mod proxy;
 /// Spawning children tied to the test process, free ports, the log directory.
 pub mod spawn;
 /// Unique names and topics.

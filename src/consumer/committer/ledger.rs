@@ -8,6 +8,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::commit::CommitOffset;
+use crate::topic_partition::TopicPartition;
 
 /// How often a confirming commit is sent while the membership is in doubt
 /// (src/consumer/membership.rs).
@@ -60,6 +61,11 @@ pub trait CommitLedger: Send + 'static {
         Self: Sized;
     /// In doubt, when a confirming commit is due: what it sends.
     fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>>;
+    /// Not in doubt, when the membership lease wants renewing: the partition whose
+    /// committed offset a renewal reads, and how long to wait for the answer.
+    fn renewal_due(&mut self) -> Option<(TopicPartition, Duration)>;
+    /// The coordinator answered a request sent at `sent_at`: the lease runs from there.
+    fn renewed(&mut self, sent_at: Instant);
     /// The broker accepted `c` (with what [`Accepted`] says): what the group has for its
     /// partition, if still owned.
     fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted);

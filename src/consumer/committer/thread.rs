@@ -7,16 +7,20 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::TopicPartitionList;
 
 use super::commit::{CommitError, CommitOffset, Reason};
 use super::job::{run, Job};
-use super::ledger::{CommitLedger, CONFIRM_EVERY};
+use super::ledger::CommitLedger;
 use super::shared::{tag, Shared};
 use crate::output::metrics::CommitMetrics;
 use crate::topic_partition::TopicPartition;
 
 /// How often [`Committer::commit`] reads its deadline again while it waits.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
+/// How often the thread looks for a confirming commit or a lease renewal due (each
+/// paced by its own clock): well within the shortest lease a renewal must precede.
+const WAKE: Duration = Duration::from_millis(100);
 
 /// A handle on the committer thread; clones share it.
 #[derive(Clone)]
@@ -47,9 +51,10 @@ impl Committer {
         std::thread::Builder::new()
             .name("ackd-committer".into())
             .spawn(move || loop {
-                // Woken at least every CONFIRM_EVERY: while the membership is in doubt,
-                // this thread sends the commits that can prove it.
-                match rx.recv_timeout(CONFIRM_EVERY) {
+                // Woken at least every WAKE: while the membership is in doubt, this
+                // thread sends the commits that can prove it, and otherwise renews its
+                // lease when nothing else did.
+                match rx.recv_timeout(WAKE) {
                     Ok(job) => {
                         if job.reason == Reason::Periodic {
                             queued.store(false, Ordering::Release);
@@ -168,29 +173,64 @@ impl Committer {
 }
 
 /// While the membership is in doubt, a confirming commit when one is due
-/// ([`CommitLedger::confirmation_due`]), sent and accounted for as any other. The
-/// consumer is upgraded only then: this thread must not hold it past the supervisor's
-/// close.
+/// ([`CommitLedger::confirmation_due`]), sent and accounted for as any other; else, when
+/// the membership lease wants renewing ([`CommitLedger::renewal_due`]), a read of one
+/// partition's committed offset. The consumer is upgraded only then: this thread must
+/// not hold it past the supervisor's close.
 fn confirm_if_due<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
     consumer: &Weak<X>,
     shared: &Shared,
     group: &Mutex<G>,
     metrics: &CommitMetrics,
 ) {
-    let due = group
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .confirmation_due();
-    let (Some(offsets), Some(consumer)) = (due, consumer.upgrade()) else {
+    let (confirm, renew) = {
+        let mut group = group.lock().unwrap_or_else(|e| e.into_inner());
+        match group.confirmation_due() {
+            Some(offsets) => (Some(offsets), None),
+            None => (None, group.renewal_due()),
+        }
+    };
+    if confirm.is_none() && renew.is_none() {
+        return;
+    }
+    let Some(consumer) = consumer.upgrade() else {
         return;
     };
-    let job = Job {
-        offsets: tag(shared, offsets),
-        reason: Reason::Confirm,
-        deadline: None,
-        reply: None,
-    };
-    let _ = run(&*consumer, &job, shared, group, metrics);
+    if let Some(offsets) = confirm {
+        let job = Job {
+            offsets: tag(shared, offsets),
+            reason: Reason::Confirm,
+            deadline: None,
+            reply: None,
+        };
+        let _ = run(&*consumer, &job, shared, group, metrics);
+    } else if let Some((tp, timeout)) = renew {
+        renew_lease(&*consumer, group, &tp, timeout);
+    }
+}
+
+/// Reads `tp`'s committed offset from the coordinator: an answer without an error
+/// renews the lease from when it was asked (a read writes nothing, unlike a commit).
+fn renew_lease<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
+    consumer: &X,
+    group: &Mutex<G>,
+    tp: &TopicPartition,
+    timeout: Duration,
+) {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&tp.0, tp.1);
+    let sent_at = Instant::now();
+    match consumer.committed_offsets(tpl, timeout) {
+        Ok(answer) if answer.elements().iter().all(|e| e.error().is_ok()) => group
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .renewed(sent_at),
+        Ok(_) => tracing::debug!(
+            at = "lease_not_renewed",
+            "the partition's offset was refused"
+        ),
+        Err(e) => tracing::debug!(at = "lease_not_renewed", error = %e),
+    }
 }
 
 #[cfg(test)]

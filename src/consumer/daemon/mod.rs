@@ -11,6 +11,7 @@
 //! - if the deadline passes, ackd exits non-zero with the same account.
 
 mod running;
+mod session;
 mod start;
 mod stop;
 
@@ -69,6 +70,7 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let memory = start::plan_memory(&settings, &mut signals).await?;
     let parts = start::Parts::new(&settings, memory);
     start::serve_health(&settings, &parts.health)?;
+    start::lease(&settings, &parts, &mut signals).await?;
     let worker = start::worker_config(&settings, processor.clone(), &parts, dead_letter);
     let consumer = start::create_consumer(&settings, &parts, worker)?;
     start::subscribe(&consumer, &settings, &mut signals).await?;

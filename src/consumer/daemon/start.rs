@@ -119,6 +119,30 @@ pub(super) async fn plan_memory(
     }
 }
 
+/// The membership lease's terms, from the session this member is under
+/// (src/consumer/daemon/session.rs), set on the group before it owns anything.
+/// `Err(code)`: a signal came meanwhile.
+pub(super) async fn lease(
+    settings: &Settings,
+    parts: &Parts,
+    signals: &mut Signals,
+) -> Result<(), i32> {
+    let s = settings.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        super::session::lease_terms(&s, Duration::from_secs(5))
+    });
+    let terms = tokio::select! {
+        t = read => t.map_err(|_| exit::SOFTWARE)?,
+        s = signals.next() => return Err(stopped_while_waiting(s)),
+    };
+    crate::consumer::membership::lease_under(&mut *lock(&parts.group), terms);
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What the daemon shares with the consumer's context and the supervisor.
 pub(super) struct Parts {
     pub(super) group: Arc<Mutex<Group>>,

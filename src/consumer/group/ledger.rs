@@ -2,7 +2,7 @@
 //! committer's ledger ([`CommitLedger`]).
 
 use std::sync::{Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
 
@@ -14,6 +14,10 @@ use crate::topic_partition::TopicPartition;
 impl membership::Members for Group {
     fn doubt_slot(&mut self) -> &mut Option<membership::Doubt> {
         &mut self.doubt
+    }
+
+    fn lease(&mut self) -> &mut membership::Lease {
+        &mut self.lease
     }
 
     fn owns_nothing(&self) -> bool {
@@ -46,6 +50,14 @@ impl CommitLedger for Group {
 
     fn confirmation_due(&mut self) -> Option<Vec<CommitOffset>> {
         membership::confirmation_due(self)
+    }
+
+    fn renewal_due(&mut self) -> Option<(TopicPartition, Duration)> {
+        membership::renewal_due(self)
+    }
+
+    fn renewed(&mut self, sent_at: Instant) {
+        membership::renewed(self, sent_at);
     }
 
     fn accepted(&mut self, c: &CommitOffset, accepted: &Accepted) {

@@ -71,6 +71,8 @@ pub struct Group {
     /// Set while this process may no longer be a member (src/consumer/membership.rs):
     /// its partitions are held.
     pub doubt: Option<membership::Doubt>,
+    /// Whether the group coordinator answered recently enough (src/consumer/membership.rs).
+    pub lease: membership::Lease,
 }
 
 impl Group {

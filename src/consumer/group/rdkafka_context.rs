@@ -3,15 +3,17 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::GroupContext;
+use crate::consumer::membership;
 use crate::output::health::Busy;
 use crate::processors::processor::Processor;
 
@@ -82,11 +84,16 @@ impl<P: Processor> ConsumerContext for GroupContext<P> {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let _busy = self.health.busy(Busy::Assign);
+                // librdkafka heard from the group: the coordinator has this member.
+                membership::renewed(&mut *self.lock(), Instant::now());
                 self.assign(base, tpl);
                 self.health.joined();
             }
             Rebalance::Revoke(tpl) => {
                 let _busy = self.health.busy(Busy::Revoke);
+                if !base.assignment_lost() && base.client().fatal_error().is_none() {
+                    membership::renewed(&mut *self.lock(), Instant::now());
+                }
                 self.revoke(base, tpl)
             }
             Rebalance::Error(e) => tracing::error!(at = "rebalance_error", error = %e),
