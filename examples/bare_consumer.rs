@@ -321,6 +321,7 @@ fn read_batches<W: Write>(
     }
     let mut taken: Vec<*mut rdsys::rd_kafka_message_t> = Vec::with_capacity(args.batch);
     let mut last: Vec<*mut rdsys::rd_kafka_message_t> = Vec::new();
+    let mut topic = (std::ptr::null_mut(), String::new());
     let result = loop {
         if Instant::now() >= deadline {
             break Err(timed_out(args, reading.messages));
@@ -331,7 +332,7 @@ fn read_batches<W: Write>(
         };
         // SAFETY: librdkafka wrote `n` message pointers, now ours.
         unsafe { taken.set_len(usize::try_from(n).unwrap_or(0).min(args.batch)) };
-        match read_batch(consumer, &taken, &mut last, reading) {
+        match read_batch(consumer, &taken, &mut last, &mut topic, reading) {
             Ok(false) => {}
             done => break done.map(|_| ()),
         }
@@ -356,6 +357,7 @@ fn read_batch<W: Write>(
     consumer: &BaseConsumer<Stderr>,
     taken: &[*mut rdsys::rd_kafka_message_t],
     last: &mut Vec<*mut rdsys::rd_kafka_message_t>,
+    topic: &mut (*mut rdsys::rd_kafka_topic_t, String),
     reading: &mut Reading<W>,
 ) -> Result<bool, String> {
     let mut done = false;
@@ -365,12 +367,16 @@ fn read_batch<W: Write>(
         let m = unsafe { &*ptr };
         match m.err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {
-                // SAFETY: a message's topic handle and its NUL-terminated name.
-                let topic = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) };
                 let key = (!m.key.is_null())
                     // SAFETY: key_len bytes at key, alive with the message.
                     .then(|| unsafe { std::slice::from_raw_parts(m.key as *const u8, m.key_len) });
-                reading.message(&topic.to_string_lossy(), m.partition, m.offset, key)?;
+                // The topic's name only for the line, read once per topic handle.
+                if reading.print && topic.0 != m.rkt {
+                    // SAFETY: a message's topic handle and its NUL-terminated name.
+                    let name = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) };
+                    *topic = (m.rkt, name.to_string_lossy().into_owned());
+                }
+                reading.message(&topic.1, m.partition, m.offset, key)?;
                 match last
                     .iter_mut()
                     .find(|l| unsafe { (***l).partition } == m.partition)
