@@ -77,6 +77,13 @@ impl OffsetTracker {
 
     /// Records that the processor acknowledged `offset`; returns the committable offset.
     pub fn ack(&mut self, offset: i64) -> Result<Option<i64>, TrackerError> {
+        // One offset in flight, acknowledged (partition ordering, every message): it
+        // retires alone, and `runs` is empty (it holds only acknowledged entries).
+        if self.pending.len() == 1 && self.pending.front() == Some(&(offset, false)) {
+            self.pending.clear();
+            self.committable = Some(offset + 1);
+            return Ok(self.committable);
+        }
         // The common case (in-order processing) acks the front: O(1).
         let index = match self.pending.front() {
             Some((front, false)) if *front == offset => 0,
