@@ -64,6 +64,7 @@ impl OffsetTracker {
     }
 
     /// Records that `offset` was handed to the processor.
+    #[inline]
     pub fn dispatch(&mut self, offset: i64) -> Result<(), TrackerError> {
         if let Some(last) = self.last_dispatched {
             if offset <= last {
@@ -76,6 +77,7 @@ impl OffsetTracker {
     }
 
     /// Records that the processor acknowledged `offset`; returns the committable offset.
+    #[inline]
     pub fn ack(&mut self, offset: i64) -> Result<Option<i64>, TrackerError> {
         // One offset in flight, acknowledged (partition ordering, every message): it
         // retires alone, and `runs` is empty (it holds only acknowledged entries).

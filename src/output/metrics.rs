@@ -134,6 +134,7 @@ pub struct PartitionMetrics {
 pub struct Stopwatch(Option<Instant>);
 
 impl Stopwatch {
+    #[inline]
     pub fn elapsed(&self) -> Took {
         Took(self.0.map(|started| started.elapsed()))
     }
@@ -178,6 +179,7 @@ impl PartitionMetrics {
     }
 
     /// Starts timing a processor call (see [`SAMPLE_FAST_CALLS`]).
+    #[inline]
     pub fn stopwatch(&self) -> Stopwatch {
         let untimed = self.untimed.load(Ordering::Relaxed);
         if untimed > 0 {
@@ -187,6 +189,7 @@ impl PartitionMetrics {
         Stopwatch(Some(Instant::now()))
     }
 
+    #[inline]
     pub fn processed(&self, took: impl Into<Took>) {
         self.processed_many(1, took);
     }
