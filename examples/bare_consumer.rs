@@ -3,7 +3,7 @@
 //! end (partition EOF), store each message's offset, commit once, leave.
 //!
 //! ```text
-//! bare_consumer --brokers 127.0.0.1:9092 --topic bench --group g1 [--print] [--session-timeout-ms 1000]
+//! bare_consumer --brokers 127.0.0.1:9092 --topic bench --group g1 [--print] [--batch N] [--session-timeout-ms 1000]
 //! ```
 //!
 //! It uses the librdkafka properties ackd uses by default (the `[rdkafka]` table of
@@ -14,30 +14,43 @@
 //! fresh groups), where every message may be a repeat:
 //! `count#ackd.messages.processed=1 source=T topic=T partition=P offset=O key=K redelivered=true`.
 //!
+//! With `--batch N` it reads the way librdkafka reads fastest
+//! (`rd_kafka_consume_batch_queue` on the consumer's queue, up to N messages a call) and
+//! stores each partition's last offset once per call: the floor of what a consumer of
+//! librdkafka can do. It polls one message at a time until the first message (the
+//! rebalance that assigns the partitions is served by that poll), then reads in batches:
+//! a later rebalance, which the bench's one-member groups never see before the end,
+//! would not be served (librdkafka's fallback unassigns everything).
+//!
 //! At the end it writes one line on stderr:
 //! `at=bench_phases messages=N join_ms=J consume_ms=C commit_ms=K` (J: from the start
 //! to the first message (Tansu pads it by session.timeout.ms/2); C: first message to
 //! the last partition's end).
 
 use std::collections::BTreeSet;
+use std::ffi::CStr;
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rdsys;
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::Message;
 
 const USAGE: &str = "usage: bare_consumer --brokers HOST:PORT --topic TOPIC --group GROUP \
-                     [--print] [--session-timeout-ms MS] [--timeout-s S] [--set PROPERTY=VALUE]...";
+                     [--print] [--batch N] [--session-timeout-ms MS] [--timeout-s S] [--set PROPERTY=VALUE]...";
 
 struct Args {
     brokers: String,
     topic: String,
     group: String,
     print: bool,
+    /// `--batch N`: up to N messages per call into librdkafka (0: one `poll` per message).
+    batch: usize,
     session_timeout_ms: u64,
     timeout: Duration,
     /// `--set PROPERTY=VALUE`: more librdkafka properties (they win), for experiments.
@@ -49,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
     let mut topic = None;
     let mut group = None;
     let mut print = false;
+    let mut batch = 0;
     let mut session_timeout_ms = 1000;
     let mut timeout_s = 600;
     let mut extra = Vec::new();
@@ -64,6 +78,10 @@ fn parse_args() -> Result<Args, String> {
             "--topic" => topic = Some(value()?),
             "--group" => group = Some(value()?),
             "--print" => print = true,
+            "--batch" => {
+                let v = value()?;
+                batch = v.parse().map_err(|_| format!("not a number: {v}"))?;
+            }
             "--session-timeout-ms" => {
                 let v = value()?;
                 session_timeout_ms = v.parse().map_err(|_| format!("not a number: {v}"))?;
@@ -87,6 +105,7 @@ fn parse_args() -> Result<Args, String> {
         topic: topic.ok_or("--topic is required")?,
         group: group.ok_or("--group is required")?,
         print,
+        batch,
         session_timeout_ms,
         timeout: Duration::from_secs(timeout_s),
         extra,
@@ -128,8 +147,113 @@ impl ClientContext for Stderr {
 
 impl ConsumerContext for Stderr {}
 
+/// What the reading loop keeps: the messages read, the partitions at their end, the
+/// per-message line's output.
+struct Reading<W: Write> {
+    out: W,
+    print: bool,
+    key: String,
+    at_end: BTreeSet<i32>,
+    messages: u64,
+    first_message: Option<Instant>,
+}
+
+impl<W: Write> Reading<W> {
+    /// One message: its line with `--print`, counted.
+    fn message(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+    ) -> Result<(), String> {
+        self.first_message.get_or_insert_with(Instant::now);
+        self.at_end.remove(&partition);
+        if self.print {
+            self.key.clear();
+            if let Some(k) = key {
+                self.key.push_str(" key=");
+                ackd::logfmt::write_bytes(&mut self.key, k);
+            }
+            writeln!(
+                self.out,
+                "count#ackd.messages.processed=1 source={topic} topic={topic} partition={partition} offset={offset}{} redelivered=true",
+                self.key,
+            )
+            .map_err(|e| format!("write: {e}"))?;
+        }
+        self.messages += 1;
+        Ok(())
+    }
+
+    /// A partition's end: true once every assigned partition is at its end.
+    fn end(&mut self, partition: i32, consumer: &BaseConsumer<Stderr>) -> Result<bool, String> {
+        self.at_end.insert(partition);
+        let assigned = consumer
+            .assignment()
+            .map_err(|e| format!("assignment: {e}"))?
+            .count();
+        Ok(assigned > 0 && self.at_end.len() >= assigned)
+    }
+}
+
 fn run(args: &Args) -> Result<(), String> {
     let started = Instant::now();
+    let consumer = create(args)?;
+    consumer
+        .subscribe(&[&args.topic])
+        .map_err(|e| format!("subscribe: {e}"))?;
+
+    let stdout = std::io::stdout();
+    let mut reading = Reading {
+        out: BufWriter::with_capacity(64 * 1024, stdout.lock()),
+        print: args.print,
+        key: String::new(),
+        at_end: BTreeSet::new(),
+        messages: 0,
+        first_message: None,
+    };
+    let deadline = started + args.timeout;
+    let mut done = false;
+    while !done && (args.batch == 0 || reading.first_message.is_none()) {
+        if Instant::now() >= deadline {
+            return Err(timed_out(args, reading.messages));
+        }
+        done = poll_one(&consumer, &mut reading)?;
+    }
+    if !done {
+        read_batches(&consumer, args, &mut reading, deadline)?;
+    }
+    let consumed = Instant::now();
+    reading.out.flush().map_err(|e| format!("flush: {e}"))?;
+    drop(reading.out);
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => return Err(format!("commit: {e}")),
+    }
+    let committed = Instant::now();
+    // Close: leaves the group, as ackd does.
+    drop(consumer);
+    let first = reading.first_message.unwrap_or(consumed);
+    eprintln!(
+        "at=bench_phases messages={} join_ms={} consume_ms={} commit_ms={} close_ms={}",
+        reading.messages,
+        first.duration_since(started).as_millis(),
+        consumed.duration_since(first).as_millis(),
+        committed.duration_since(consumed).as_millis(),
+        committed.elapsed().as_millis(),
+    );
+    Ok(())
+}
+
+fn timed_out(args: &Args, messages: u64) -> String {
+    format!(
+        "not at the end of every partition after {:?} ({messages} messages)",
+        args.timeout
+    )
+}
+
+fn create(args: &Args) -> Result<BaseConsumer<Stderr>, String> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &args.brokers)
@@ -156,84 +280,127 @@ fn run(args: &Args) -> Result<(), String> {
             config.set_log_level(RDKafkaLogLevel::Debug);
         }
     }
-    let consumer: BaseConsumer<Stderr> = config
+    config
         .create_with_context(Stderr)
-        .map_err(|e| format!("create consumer: {e}"))?;
-    consumer
-        .subscribe(&[&args.topic])
-        .map_err(|e| format!("subscribe: {e}"))?;
+        .map_err(|e| format!("create consumer: {e}"))
+}
 
-    let stdout = std::io::stdout();
-    let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
-    let mut key = String::new();
-    let mut at_end: BTreeSet<i32> = BTreeSet::new();
-    let mut messages: u64 = 0;
-    let mut first_message: Option<Instant> = None;
-    let deadline = started + args.timeout;
-    loop {
+/// One `poll`: a message (its offset stored), a partition's end, or nothing. True once
+/// every assigned partition is at its end.
+fn poll_one<W: Write>(
+    consumer: &BaseConsumer<Stderr>,
+    reading: &mut Reading<W>,
+) -> Result<bool, String> {
+    match consumer.poll(Duration::from_millis(100)) {
+        None => {}
+        Some(Ok(m)) => {
+            reading.message(m.topic(), m.partition(), m.offset(), m.key())?;
+            consumer
+                .store_offset_from_message(&m)
+                .map_err(|e| format!("store offset: {e}"))?;
+        }
+        Some(Err(KafkaError::PartitionEOF(p))) => return reading.end(p, consumer),
+        Some(Err(e)) => eprintln!("level=warn at=kafka_error error=\"{e}\""),
+    }
+    Ok(false)
+}
+
+/// Reads the consumer's queue up to `--batch` messages a call until every assigned
+/// partition is at its end; each call's last message of each partition has its offset
+/// stored.
+fn read_batches<W: Write>(
+    consumer: &BaseConsumer<Stderr>,
+    args: &Args,
+    reading: &mut Reading<W>,
+    deadline: Instant,
+) -> Result<(), String> {
+    // SAFETY: a live consumer; the handle is released below, before the consumer goes.
+    let queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
+    if queue.is_null() {
+        return Err("no consumer queue".into());
+    }
+    let mut taken: Vec<*mut rdsys::rd_kafka_message_t> = Vec::with_capacity(args.batch);
+    let mut last: Vec<*mut rdsys::rd_kafka_message_t> = Vec::new();
+    let mut topic = (std::ptr::null_mut(), String::new());
+    let result = loop {
         if Instant::now() >= deadline {
-            return Err(format!(
-                "not at the end of every partition after {:?} ({messages} messages)",
-                args.timeout
-            ));
+            break Err(timed_out(args, reading.messages));
         }
-        match consumer.poll(Duration::from_millis(100)) {
-            None => {}
-            Some(Ok(m)) => {
-                first_message.get_or_insert_with(Instant::now);
-                at_end.remove(&m.partition());
-                if args.print {
-                    key.clear();
-                    if let Some(k) = m.key() {
-                        key.push_str(" key=");
-                        ackd::logfmt::write_bytes(&mut key, k);
-                    }
-                    writeln!(
-                        out,
-                        "count#ackd.messages.processed=1 source={t} topic={t} partition={} offset={}{key} redelivered=true",
-                        m.partition(),
-                        m.offset(),
-                        t = m.topic(),
-                    )
-                    .map_err(|e| format!("write: {e}"))?;
+        // SAFETY: a live queue, and room for `batch` pointers.
+        let n = unsafe {
+            rdsys::rd_kafka_consume_batch_queue(queue, 100, taken.as_mut_ptr(), args.batch)
+        };
+        // SAFETY: librdkafka wrote `n` message pointers, now ours.
+        unsafe { taken.set_len(usize::try_from(n).unwrap_or(0).min(args.batch)) };
+        match read_batch(consumer, &taken, &mut last, &mut topic, reading) {
+            Ok(false) => {}
+            done => break done.map(|_| ()),
+        }
+        for &m in &taken {
+            // SAFETY: each taken message destroyed once, after its offset was stored.
+            unsafe { rdsys::rd_kafka_message_destroy(m) };
+        }
+        taken.clear();
+    };
+    for &m in &taken {
+        // SAFETY: as above: the messages of the last call.
+        unsafe { rdsys::rd_kafka_message_destroy(m) };
+    }
+    // SAFETY: the handle from rd_kafka_queue_get_consumer, released once.
+    unsafe { rdsys::rd_kafka_queue_destroy(queue) };
+    result
+}
+
+/// One call's messages: each read, each partition's last one's offset stored. True once
+/// every assigned partition is at its end.
+fn read_batch<W: Write>(
+    consumer: &BaseConsumer<Stderr>,
+    taken: &[*mut rdsys::rd_kafka_message_t],
+    last: &mut Vec<*mut rdsys::rd_kafka_message_t>,
+    topic: &mut (*mut rdsys::rd_kafka_topic_t, String),
+    reading: &mut Reading<W>,
+) -> Result<bool, String> {
+    let mut done = false;
+    last.clear();
+    for &ptr in taken {
+        // SAFETY: a live message of this call.
+        let m = unsafe { &*ptr };
+        match m.err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {
+                let key = (!m.key.is_null())
+                    // SAFETY: key_len bytes at key, alive with the message.
+                    .then(|| unsafe { std::slice::from_raw_parts(m.key as *const u8, m.key_len) });
+                // The topic's name only for the line, read once per topic handle.
+                if reading.print && topic.0 != m.rkt {
+                    // SAFETY: a message's topic handle and its NUL-terminated name.
+                    let name = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) };
+                    *topic = (m.rkt, name.to_string_lossy().into_owned());
                 }
-                consumer
-                    .store_offset_from_message(&m)
-                    .map_err(|e| format!("store offset: {e}"))?;
-                messages += 1;
-            }
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-                let assigned = consumer
-                    .assignment()
-                    .map_err(|e| format!("assignment: {e}"))?
-                    .count();
-                if assigned > 0 && at_end.len() >= assigned {
-                    break;
+                reading.message(&topic.1, m.partition, m.offset, key)?;
+                match last
+                    .iter_mut()
+                    .find(|l| unsafe { (***l).partition } == m.partition)
+                {
+                    Some(l) => *l = ptr,
+                    None => last.push(ptr),
                 }
             }
-            Some(Err(e)) => eprintln!("level=warn at=kafka_error error=\"{e}\""),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
+                done = reading.end(m.partition, consumer)?;
+            }
+            err => eprintln!("level=warn at=kafka_error error=\"{err:?}\""),
         }
     }
-    let consumed = Instant::now();
-    out.flush().map_err(|e| format!("flush: {e}"))?;
-    drop(out);
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => return Err(format!("commit: {e}")),
+    for &ptr in last.iter() {
+        // SAFETY: a live message; stores its offset + 1, as store_offset_from_message.
+        let err = unsafe { rdsys::rd_kafka_offset_store_message(ptr) };
+        if !err.is_null() {
+            // SAFETY: an error librdkafka handed over: ours to destroy.
+            unsafe { rdsys::rd_kafka_error_destroy(err) };
+            return Err("store offset failed".into());
+        }
     }
-    let committed = Instant::now();
-    // Close: leaves the group, as ackd does.
-    drop(consumer);
-    let first = first_message.unwrap_or(consumed);
-    eprintln!(
-        "at=bench_phases messages={messages} join_ms={} consume_ms={} commit_ms={} close_ms={}",
-        first.duration_since(started).as_millis(),
-        consumed.duration_since(first).as_millis(),
-        committed.duration_since(consumed).as_millis(),
-        committed.elapsed().as_millis(),
-    );
-    Ok(())
+    Ok(done)
 }
 
 fn main() -> ExitCode {

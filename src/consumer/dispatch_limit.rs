@@ -120,6 +120,7 @@ impl DispatchLimit {
 
     /// Whether `offset` may start now; notes it as read, and asks for a commit once it
     /// passes the middle of the window. A few atomic operations: the hot path.
+    #[inline]
     pub fn permits(&self, offset: i64) -> bool {
         // A partition's offsets come in ascending order: a store, not a read-modify-write.
         self.read.store(offset, Ordering::Relaxed);

@@ -357,6 +357,7 @@ fn watched() {
 /// watch has not run since it woke. Read before every message (an atomic load and a
 /// coarse clock read): a worker that wakes before the watch starts nothing until the
 /// watch has held the partitions.
+#[inline]
 pub fn stall_unseen() -> bool {
     let watched = WATCHED_MS.load(Ordering::Acquire);
     watched != 0 && coarse_ms().saturating_sub(watched) >= STALL.as_millis() as u64
@@ -378,6 +379,7 @@ pub async fn stall_seen() {
 
 /// A monotonic clock in ms, cheap enough to read per message: Linux's coarse one (a
 /// few ms of resolution, no system call).
+#[inline]
 fn coarse_ms() -> u64 {
     #[cfg(target_os = "linux")]
     {

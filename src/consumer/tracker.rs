@@ -64,6 +64,7 @@ impl OffsetTracker {
     }
 
     /// Records that `offset` was handed to the processor.
+    #[inline]
     pub fn dispatch(&mut self, offset: i64) -> Result<(), TrackerError> {
         if let Some(last) = self.last_dispatched {
             if offset <= last {
@@ -76,7 +77,15 @@ impl OffsetTracker {
     }
 
     /// Records that the processor acknowledged `offset`; returns the committable offset.
+    #[inline]
     pub fn ack(&mut self, offset: i64) -> Result<Option<i64>, TrackerError> {
+        // One offset in flight, acknowledged (partition ordering, every message): it
+        // retires alone, and `runs` is empty (it holds only acknowledged entries).
+        if self.pending.len() == 1 && self.pending.front() == Some(&(offset, false)) {
+            self.pending.clear();
+            self.committable = Some(offset + 1);
+            return Ok(self.committable);
+        }
         // The common case (in-order processing) acks the front: O(1).
         let index = match self.pending.front() {
             Some((front, false)) if *front == offset => 0,

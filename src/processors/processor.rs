@@ -40,6 +40,7 @@ pub(crate) struct Kafka<'a> {
 type RawHeader<'a> = (Cow<'a, str>, Option<&'a [u8]>);
 
 impl<'a> Kafka<'a> {
+    #[inline]
     pub(crate) fn new(message: &'a FetchedMessage<'a>) -> Self {
         Kafka {
             message,
@@ -130,12 +131,14 @@ impl<'a> Message<'a> {
     }
 
     /// The same message with its delivery set: the consumer's view of it, or a retry.
+    #[inline]
     pub(crate) fn with_delivery(mut self, redelivered: bool, attempt: u32) -> Self {
         self.redelivered = redelivered;
         self.attempt = attempt;
         self
     }
 
+    #[inline]
     pub(crate) fn from_kafka(kafka: &'a Kafka<'a>, topic: &'a str) -> Self {
         let m = kafka.message;
         Message {

@@ -12,7 +12,12 @@ use super::config::WorkerConfig;
 use super::shared::WorkerShared;
 use crate::output::metrics::Took;
 use crate::processors::call_start;
-use crate::processors::processor::{panicked, BatchError, FailureKind, Message, Processor};
+use crate::processors::processor::{
+    panicked, BatchError, FailureKind, Message, ProcessError, Processor,
+};
+
+/// What a call to `Processor::process` returned, or its panic.
+pub(super) type Outcome = std::thread::Result<Result<(), ProcessError>>;
 
 /// How one message ended.
 pub(super) enum Handled {
@@ -57,22 +62,38 @@ pub(super) struct Handler<'a, P> {
 impl<P: Processor> Handler<'_, P> {
     /// Runs the processor on one message, with retries and the failure policy.
     pub(super) async fn handle(&mut self, view: &Message<'_>) -> Handled {
+        self.handle_after(view, None).await
+    }
+
+    /// [`Self::handle`], its first attempt's outcome and duration given when the caller
+    /// made that call itself (`first`).
+    pub(super) async fn handle_after(
+        &mut self,
+        view: &Message<'_>,
+        mut first: Option<(Outcome, Took)>,
+    ) -> Handled {
         let mut attempt = 1;
         let error = loop {
-            // A retry hands over a copy that says so; the first attempt, the view itself.
-            let again;
-            let handed = if attempt == 1 {
-                view
-            } else {
-                again = retried(view, attempt);
-                &again
+            let (outcome, took) = match first.take() {
+                Some(done) => done,
+                None => {
+                    // A retry hands over a copy that says so; the first attempt, the view.
+                    let again;
+                    let handed = if attempt == 1 {
+                        view
+                    } else {
+                        again = retried(view, attempt);
+                        &again
+                    };
+                    let started = self.shared.metrics.stopwatch();
+                    let call =
+                        AssertUnwindSafe(self.config.processor.process(handed)).catch_unwind();
+                    let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
+                        return Handled::Interrupted;
+                    };
+                    (outcome, started.elapsed())
+                }
             };
-            let started = self.shared.metrics.stopwatch();
-            let call = AssertUnwindSafe(self.config.processor.process(handed)).catch_unwind();
-            let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
-                return Handled::Interrupted;
-            };
-            let took = started.elapsed();
             let error = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.processed(took);

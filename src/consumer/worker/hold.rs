@@ -47,6 +47,7 @@ impl Hold {
 
     /// Whether a new call may start: not held, and no stall of the process that the
     /// membership's watch has not seen yet ([`membership::stall_unseen`]).
+    #[inline]
     pub fn may_start(&self) -> bool {
         !self.is_held() && !membership::stall_unseen()
     }

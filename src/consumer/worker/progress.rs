@@ -108,6 +108,7 @@ impl Progress<'_> {
 
     /// `offset` goes to the processor. `Err(at)` (logged): it may not, and the
     /// partition must not be committed past `at`.
+    #[inline]
     pub(super) fn dispatch(&mut self, offset: i64) -> Result<(), i64> {
         let after_error = self.fetch_error.take();
         if let Some(from) = self.expected().filter(|&e| offset > e) {
@@ -134,6 +135,7 @@ impl Progress<'_> {
 
     /// Whether `message` (just dispatched) is one the partition's previous owner
     /// acknowledged above its commit: if so it is acknowledged again, not processed.
+    #[inline]
     pub(super) fn skip_acknowledged(&mut self, message: &FetchedMessage<'_>, topic: &str) -> bool {
         if self.skip.is_empty() || !self.skip.take(message.offset(), topic, self.partition) {
             return false;
@@ -167,6 +169,7 @@ impl Progress<'_> {
 
     /// `view` is acknowledged: by the processor (`processed`: its per-message line), or
     /// by the failure policy (which wrote its own line).
+    #[inline]
     pub(super) fn ack(&mut self, view: &Message<'_>, processed: bool) {
         let offset = view.offset();
         // The line first: a commit line that names this offset always follows it.

@@ -4,6 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
+use std::panic::AssertUnwindSafe;
+
 use futures::{FutureExt, StreamExt};
 use rdkafka::error::{KafkaError, KafkaResult};
 
@@ -141,6 +143,25 @@ impl<'a, P: Processor> Worker<'a, P> {
         let kafka = Kafka::new(&message);
         let redelivered = self.flagging.window.covers(offset);
         let view = Message::from_kafka(&kafka, self.topic).with_delivery(redelivered, 1);
+        let mut first = None;
+        if !self.config.processor.calls_may_wait() {
+            // The call `Handler::attempt` would make for it, made here: the retry
+            // machinery's futures are built only for a call that failed (about 190
+            // instructions a message less under callgrind for noop).
+            let started = self.shared.metrics.stopwatch();
+            self.shared.call_begins();
+            let call = AssertUnwindSafe(self.config.processor.process(&view));
+            let outcome = call.catch_unwind().await;
+            self.shared.call_ended();
+            let took = started.elapsed();
+            if let Ok(Ok(())) = outcome {
+                self.shared.metrics.processed(took);
+                self.shared.in_flight.store(NONE, Ordering::Release);
+                self.progress.ack(&view, true);
+                return Step::Read;
+            }
+            first = Some((outcome, took));
+        }
         let outcome = Handler {
             config: self.config,
             shared: self.shared,
@@ -148,7 +169,7 @@ impl<'a, P: Processor> Worker<'a, P> {
             rng: &mut self.rng,
             sequential: true,
         }
-        .handle(&view)
+        .handle_after(&view, first)
         .await;
         self.shared.in_flight.store(NONE, Ordering::Release);
         match outcome {
