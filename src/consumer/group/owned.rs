@@ -2,7 +2,7 @@
 //! commit next.
 
 use crate::consumer::committer::CommitOffset;
-use crate::consumer::worker::WorkerHandle;
+use crate::consumer::worker::{WorkerHandle, WorkerShared};
 use crate::topic_partition::TopicPartition;
 
 /// One owned partition.
@@ -34,7 +34,8 @@ impl Owned {
         let dispatch = &self.worker.shared.dispatch;
         let limit_wanted = !releasing && dispatch.wanted();
         let Some(acked) = self.worker.shared.committable() else {
-            return limit_wanted.then(|| self.limit_only(tp)).flatten();
+            let wanted = limit_wanted || (releasing && !self.released);
+            return wanted.then(|| self.limit_only(tp)).flatten();
         };
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -63,13 +64,7 @@ impl Owned {
         // The same offset again when only the ranges grew: a slow message holding the
         // offset back must not leave everything acknowledged after it to a crash.
         let more_acked = self.committed == Some(acked) && above != self.committed_acked;
-        // The highest offset processed, as far as the metadata goes: ranges inherited
-        // from the previous owner may reach above what this one processed.
-        let processed = self
-            .worker
-            .shared
-            .highest_acked()
-            .max(above.last().map(|r| r.1));
+        let processed = handed_through(&self.worker.shared, &above);
         let moved = baseline.is_none_or(|c| acked > c);
         (mark || more_acked || limit_wanted || moved).then(|| CommitOffset {
             tp: tp.clone(),
@@ -80,10 +75,12 @@ impl Owned {
         })
     }
 
-    /// A commit that only raises the dispatch limit, before anything is acknowledged:
-    /// at the first offset read (where the partition really resumes: the committed
-    /// offset, or where the start policy or an out-of-range reset put it), else at the
-    /// committed one. A new owner's first commit, before its first call.
+    /// A commit before anything is acknowledged: at the first offset read (where the
+    /// partition really resumes: the committed offset, or where the start policy or an
+    /// out-of-range reset put it), else at the committed one. A new owner's first
+    /// commit, before its first call, which only raises the dispatch limit; or a
+    /// release's, which says what was handed over unfinished (a first message in its
+    /// retry's backoff, or halted).
     fn limit_only(&self, tp: &TopicPartition) -> Option<CommitOffset> {
         let shared = &self.worker.shared;
         let offset = shared
@@ -98,7 +95,7 @@ impl Owned {
         Some(CommitOffset {
             tp: tp.clone(),
             offset,
-            processed: acked.last().map(|r| r.1),
+            processed: handed_through(shared, &acked),
             limit: Some(shared.dispatch.propose(offset)),
             acked,
         })
@@ -109,4 +106,13 @@ impl Owned {
     pub(super) fn next_to_process(&self) -> Option<i64> {
         self.worker.shared.committable().or(self.committed)
     }
+}
+
+/// The metadata's `p=`: the highest offset a processor may have been handed
+/// ([`WorkerShared::handed_through`]), or the highest of the acknowledged ranges `above`
+/// if that is higher (ranges inherited from the previous owner may reach above what
+/// this one handed), so that the ranges never reach past it. A release's commit with it
+/// tells the next owner exactly what to flag.
+pub(super) fn handed_through(shared: &WorkerShared, above: &[(i64, i64)]) -> Option<i64> {
+    shared.handed_through().max(above.last().map(|r| r.1))
 }
