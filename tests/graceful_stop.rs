@@ -636,3 +636,50 @@ fn a_message_in_its_retry_backoff_at_a_revoke_comes_back_flagged() {
     assert_eq!(flagged, vec![5], "{}", b_lines.join("\n"));
     eprintln!("revoked while in backoff: B {assigned}; flagged {flagged:?} of 5..=19");
 }
+
+/// A release after a crash: A processes 0 to 19 and is SIGKILLed with only its first
+/// commit (offset 0) accepted; B takes over (flagging 0 up to A's dispatch limit), is in
+/// its retry's backoff on 5 when it gets SIGTERM, and releases at 5. A had handed 5 to
+/// 19 over: B's release names them, as far as the log reached when B was assigned, and
+/// C flags them; 20 to 24, produced after B's stop, no one had: unflagged.
+#[test]
+fn a_release_after_a_crash_passes_on_what_the_crashed_owner_may_have_handed_over() {
+    let values: Vec<String> = (0..20)
+        .map(|i| {
+            if i == 5 {
+                "retry:1".into()
+            } else {
+                format!("v-{i}")
+            }
+        })
+        .collect();
+    let h = Handover::new("handed-after-crash", &values);
+    let member = || {
+        AckdBuilder::new(&h.topic, &h.group)
+            .env("ACKD_PROCESSOR", "faulty")
+            .env("ACKD_COMMIT_INTERVAL_MS", "600000")
+    };
+    let a = member().quick_retries().spawn();
+    a.wait_for_line(|l| is_processed_at(l, 19), WAIT);
+    a.sigkill();
+    a.assert_exit(128 + libc::SIGKILL, WAIT);
+    let b = member()
+        .env("ACKD_RETRY_INITIAL_MS", "15000")
+        .env("ACKD_RETRY_MAX_MS", "15000")
+        .spawn();
+    let b_assigned = b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(
+        field(&b_assigned, "released").as_deref(),
+        Some("false"),
+        "{b_assigned}"
+    );
+    b.wait_for_line(|l| at_offset(l, "retry", 5), WAIT);
+    b.stop(0, WAIT);
+    let records: Vec<String> = (20..25).map(|i| format!("v-{i}")).collect();
+    let records: Vec<Record<'_>> = records
+        .iter()
+        .map(|v| (0, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&h.topic, &records);
+    h.b_flags_exactly(5, &(5..=19).collect(), 24);
+}

@@ -18,8 +18,9 @@ pub const METADATA_VERSION: u32 = 3;
 const PREVIOUS_VERSION: u32 = 2;
 
 /// The metadata a commit of `offset` carries, and how it is read back: `ackd/3:o=O;p=H;l=L`
-/// (`O` the offset committed, `H` the highest offset handed to a processor, finished or
-/// not (`WorkerShared::handed_through`), `L` the dispatch limit:
+/// (`O` the offset committed, `H` the highest offset processed, or on a release the
+/// highest handed to a processor, finished or not (`WorkerShared::handed_through`), `L`
+/// the dispatch limit:
 /// the highest offset this process may start before its next commit is accepted, see
 /// src/consumer/dispatch_limit.rs), then `;a=R` (`acked`: the
 /// [`acked_ranges::encode`]d ranges, if any), then `;r` for a release, then `;end`.
@@ -33,11 +34,11 @@ const PREVIOUS_VERSION: u32 = 2;
 /// metadata, as MirrorMaker 2's offset sync does, leaves them meaningless). `end` marks
 /// the string whole: one cut short (by a broker, a tool) is not read as fewer ranges.
 ///
-/// Nothing handed over yet (a first commit, which carries only a limit): `H` is `O - 1`.
-/// No limit and nothing handed over: no metadata at all.
+/// Nothing processed yet (a first commit, which carries only a limit): `H` is `O - 1`.
+/// No limit and nothing processed: no metadata at all.
 ///
-/// An older ackd wrote the highest offset *acknowledged* as `H`: reading this meaning it
-/// flags more after a release, never less, so the version stays.
+/// An older ackd's release names the highest offset *acknowledged* as `H`; reading a
+/// release's `H` as handed over, it flags more, never less, so the version stays.
 pub fn metadata(
     offset: i64,
     processed: Option<i64>,
@@ -100,8 +101,9 @@ impl MetadataState {
 /// once it is known to describe the offset beside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Previous {
-    /// The highest offset it had handed to a processor when it committed (finished or
-    /// not; an ackd before this meaning wrote the highest acknowledged one).
+    /// The highest offset it had processed when it committed; on a release, the
+    /// highest it had handed to a processor, finished or not (an older ackd's release
+    /// says the highest acknowledged).
     pub processed: i64,
     /// Its dispatch limit: it started nothing above it (`None`: version 2, no limit).
     pub limit: Option<i64>,

@@ -25,6 +25,8 @@ struct ResumePoint {
     committed: Option<i64>,
     acked_above: Vec<(i64, i64)>,
     window: RedeliveryWindow,
+    /// See [`worker::Resume::existed_through`].
+    existed_through: Option<i64>,
 }
 
 impl<P: Processor> GroupContext<P> {
@@ -62,10 +64,12 @@ impl<P: Processor> GroupContext<P> {
         let (topic, partition) = (&*tp.0, tp.1);
         if let Some((Offset::Offset(o), read)) = committed {
             let (acked_above, window) = resume_from_commit(base, tp, o, &read, generation);
+            let crashed = read.previous.as_ref().is_some_and(|p| !p.released);
             return ResumePoint {
                 committed: Some(o),
                 acked_above,
                 window,
+                existed_through: crashed.then(|| log_end(base, tp)).flatten(),
             };
         }
         // Nothing committed (or not known): whoever read the partition before may have
@@ -93,6 +97,7 @@ impl<P: Processor> GroupContext<P> {
             committed: None,
             acked_above: Vec::new(),
             window,
+            existed_through: None,
         }
     }
 
@@ -126,6 +131,7 @@ impl<P: Processor> GroupContext<P> {
                 committed: point.committed,
                 acked: point.acked_above,
                 window: point.window,
+                existed_through: point.existed_through,
             },
             self.worker.clone(),
             predecessor,
@@ -322,6 +328,22 @@ fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
             }
         }
     }
+}
+
+/// The last offset of `tp`'s log now (`None`: not known). A previous owner that crashed
+/// handed nothing over above it: it could only start messages that existed, and it
+/// stopped before this assignment (a zombie of it, paused and woken, holds its
+/// partitions: *A member that may be gone starts nothing new* in docs/guarantees.md).
+/// So a graceful release of this owner passes its window on only that far.
+fn log_end<C: rdkafka::consumer::ConsumerContext>(
+    base: &BaseConsumer<C>,
+    tp: &TopicPartition,
+) -> Option<i64> {
+    base.fetch_watermarks(&tp.0, tp.1, WATERMARKS_TIMEOUT)
+        .map_err(|e| tracing::warn!(at = "watermarks_unknown", topic = &*tp.0, partition = tp.1, error = %e,
+            "could not read the log's end: a release of this partition names the whole window inherited"))
+        .ok()
+        .map(|(_, high)| high - 1)
 }
 
 /// How long reading a partition's log bounds at assignment may take.

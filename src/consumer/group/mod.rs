@@ -106,7 +106,7 @@ impl Group {
                     Some(CommitOffset {
                         tp: tp.clone(),
                         offset: p.committed?,
-                        processed: owned::handed_through(&p.worker.shared, &p.committed_acked),
+                        processed: p.worker.shared.highest_acked(),
                         // While in doubt the limit stays: only a confirmed member may
                         // start more.
                         limit: p.worker.shared.dispatch.accepted(),

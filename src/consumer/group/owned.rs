@@ -27,15 +27,16 @@ pub struct Owned {
 impl Owned {
     /// What to commit, if the acknowledged offset moved past the committed one; on a
     /// release (`releasing`), also the same offset again when this process's last commit
-    /// of it was periodic, so that the metadata says it was released (the next owner then
-    /// knows it redelivers nothing). Running, also when the worker wants its dispatch
+    /// of it was periodic, or there was none since the assignment, so that the metadata
+    /// says it was released and what was handed over unfinished (the next owner then
+    /// flags exactly that). Running, also when the worker wants its dispatch
     /// limit raised (src/consumer/dispatch_limit.rs): a commit carries the next one.
     pub(super) fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let dispatch = &self.worker.shared.dispatch;
         let limit_wanted = !releasing && dispatch.wanted();
         let Some(acked) = self.worker.shared.committable() else {
             let wanted = limit_wanted || (releasing && !self.released);
-            return wanted.then(|| self.limit_only(tp)).flatten();
+            return wanted.then(|| self.limit_only(tp, releasing)).flatten();
         };
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -64,7 +65,7 @@ impl Owned {
         // The same offset again when only the ranges grew: a slow message holding the
         // offset back must not leave everything acknowledged after it to a crash.
         let more_acked = self.committed == Some(acked) && above != self.committed_acked;
-        let processed = handed_through(&self.worker.shared, &above);
+        let processed = highest(&self.worker.shared, &above, releasing);
         let moved = baseline.is_none_or(|c| acked > c);
         (mark || more_acked || limit_wanted || moved).then(|| CommitOffset {
             tp: tp.clone(),
@@ -81,7 +82,7 @@ impl Owned {
     /// commit, before its first call, which only raises the dispatch limit; or a
     /// release's, which says what was handed over unfinished (a first message in its
     /// retry's backoff, or halted).
-    fn limit_only(&self, tp: &TopicPartition) -> Option<CommitOffset> {
+    fn limit_only(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let shared = &self.worker.shared;
         let offset = shared
             .first_offset()
@@ -95,7 +96,7 @@ impl Owned {
         Some(CommitOffset {
             tp: tp.clone(),
             offset,
-            processed: handed_through(shared, &acked),
+            processed: highest(shared, &acked, releasing),
             limit: Some(shared.dispatch.propose(offset)),
             acked,
         })
@@ -108,11 +109,15 @@ impl Owned {
     }
 }
 
-/// The metadata's `p=`: the highest offset a processor may have been handed
-/// ([`WorkerShared::handed_through`]), or the highest of the acknowledged ranges `above`
-/// if that is higher (ranges inherited from the previous owner may reach above what
-/// this one handed), so that the ranges never reach past it. A release's commit with it
-/// tells the next owner exactly what to flag.
-pub(super) fn handed_through(shared: &WorkerShared, above: &[(i64, i64)]) -> Option<i64> {
-    shared.handed_through().max(above.last().map(|r| r.1))
+/// The metadata's `p=`, so that the ranges `above` (acknowledged, some perhaps inherited
+/// from the previous owner) never reach past it: the highest of them, or if higher, on
+/// a release the highest offset a processor may have been handed
+/// ([`WorkerShared::handed_through`]: what the next owner flags), else the highest
+/// acknowledged (the dispatch limit bounds what was handed over).
+pub(super) fn highest(shared: &WorkerShared, above: &[(i64, i64)], releasing: bool) -> Option<i64> {
+    let own = match releasing {
+        true => shared.handed_through(),
+        false => shared.highest_acked(),
+    };
+    own.max(above.last().map(|r| r.1))
 }

@@ -175,6 +175,9 @@ impl Progress<'_> {
             let redelivered = view.redelivered();
             metrics::message_processed(source, topic, self.partition, offset, key, redelivered);
         }
+        self.shared
+            .highest_acked
+            .fetch_max(offset, Ordering::AcqRel);
         match self.tracker.ack(offset) {
             Ok(Some(next)) => self.shared.committable.store(next, Ordering::Release),
             Ok(None) => {}

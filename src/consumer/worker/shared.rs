@@ -21,6 +21,8 @@ pub struct WorkerShared {
     pub(super) committable: AtomicI64,
     /// The offset being processed right now, or -1.
     pub(super) in_flight: AtomicI64,
+    /// The highest offset acknowledged (for commit metadata), or -1.
+    pub(super) highest_acked: AtomicI64,
     /// The first offset this worker received, or -1.
     pub(super) first_offset: AtomicI64,
     /// Set when the processor failed and the partition stopped.
@@ -53,8 +55,9 @@ pub struct WorkerShared {
     pub(super) admits_calls: AtomicBool,
     /// The highest offset that may start: the last accepted commit's dispatch limit.
     pub dispatch: DispatchLimit,
-    /// The end of the window the assignment inherited (`RedeliveryWindow::through`): the
-    /// highest offset a previous owner may have handed to a processor, or -1.
+    /// The end of the window the assignment inherited, as far as the log reached then
+    /// (`Resume::existed_through`): the highest offset a previous owner may have handed
+    /// to a processor, or -1.
     pub(super) inherited_through: AtomicI64,
 }
 
@@ -85,6 +88,7 @@ impl WorkerShared {
         WorkerShared {
             committable: AtomicI64::new(NONE),
             in_flight: AtomicI64::new(NONE),
+            highest_acked: AtomicI64::new(NONE),
             first_offset: AtomicI64::new(NONE),
             halted_at: AtomicI64::new(NONE),
             done: Latch::default(),
@@ -159,6 +163,10 @@ impl WorkerShared {
 
     pub fn first_offset(&self) -> Option<i64> {
         some(self.first_offset.load(Ordering::Acquire))
+    }
+
+    pub fn highest_acked(&self) -> Option<i64> {
+        some(self.highest_acked.load(Ordering::Acquire))
     }
 
     /// The highest offset a processor of the group may have been handed: by this

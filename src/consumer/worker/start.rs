@@ -64,9 +64,10 @@ where
     let shared = Arc::new(WorkerShared::new());
     shared.dispatch.configure(config.limits.clone());
     shared.dispatch.inherit(resume.window.through);
+    let inherited = resume.existed_through.unwrap_or(resume.window.through);
     shared
         .inherited_through
-        .store(resume.window.through, Ordering::Relaxed);
+        .store(inherited.min(resume.window.through), Ordering::Relaxed);
     let (stop, stop_rx) = watch::channel(false);
     let task = runtime.spawn(run(
         queue,
