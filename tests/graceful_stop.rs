@@ -471,7 +471,7 @@ impl Handover {
             .collect();
         assert_eq!(
             &flagged, again,
-            "flagged redelivered: exactly what A handed over unfinished (A committed {metadata}; B {assigned})"
+            "flagged redelivered: exactly what was handed over unfinished (the release committed {metadata}; next: {assigned})"
         );
         let count = again.len().to_string();
         assert_eq!(
@@ -488,7 +488,7 @@ impl Handover {
             "A's release should name {highest}, the last offset it handed over: {metadata}"
         );
         eprintln!(
-            "A committed {metadata}; B: {assigned}; flagged {flagged:?} of {resume}..={last}"
+            "released {metadata}; next: {assigned}; flagged {flagged:?} of {resume}..={last}"
         );
         lines
     }
