@@ -8,9 +8,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
+use common::{
+    ackd::*, broker::*, deliveries::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -345,4 +348,338 @@ fn every_stop_logs_its_signal_before_the_stop_begins() {
         assert!(lines.iter().any(|l| at(l, "shutdown_begun")), "run {run}");
         assert_signal_line_first(&lines);
     }
+}
+
+// A stop hands the next owner what it handed a processor and did not finish: that owner's
+// `at=assigned` says `released=true redelivery=N`, and exactly those N offsets reach its
+// processor flagged `redelivered=true`; the messages read but never handed over (the
+// partition's queue behind a message in its backoff, the rest of the read-ahead) come
+// unflagged. Each case first runs ackd A, stops it with the offset `at` unfinished, then
+// runs B (the `log` processor: its per-message lines say the flag) to the end. The group
+// starts as an ackd leaves a partition it released before anything was produced (a
+// group with no commit at all is one whose earlier reader ackd cannot know of: every
+// message in the log is flagged then, by A and, through A's release, by B).
+
+/// Commits offset 0 of `partitions` partitions of `topic` for `group` with the metadata
+/// of an ackd that released them having handed nothing over.
+fn released_at_zero(group: &str, topic: &str, partitions: i32) {
+    for p in 0..partitions {
+        let metadata = b"ackd/3:o=0;p=-1;l=999;r;end";
+        commit_raw_metadata_on(&broker().bootstrap(), group, topic, p, 0, metadata);
+    }
+}
+
+/// An exec handler that appends `run partition offset redelivered attempt` for every
+/// message it is handed (as tests/common's recorder does) and then answers each request;
+/// the message at offset `argv[4]` as `argv[3]` says: `retry` or `fail` (then the
+/// messages of a batch before it are acknowledged), or `ack` like the others.
+const ANSWERING_RECORDER: &str = r#"import json, os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+run, how, at = sys.argv[2], sys.argv[3], int(sys.argv[4])
+for line in sys.stdin:
+    req = json.loads(line)
+    batch = req if isinstance(req, list) else [req]
+    os.write(fd, "".join(
+        f"{run} {m['partition']} {m['offset']} {'true' if m['redelivered'] else 'false'} {m['attempt']}\n"
+        for m in batch).encode())
+    reply = {"topic": batch[0]["topic"], "partition": batch[0]["partition"]}
+    if isinstance(req, list):
+        reply.update(first=batch[0]["offset"], last=batch[-1]["offset"])
+    else:
+        reply.update(offset=req["offset"])
+    if how != "ack" and any(m["offset"] == at for m in batch):
+        reply.update({how: f"{how} at {at}", "offset": at})
+    else:
+        reply.update(ack=True)
+    print(json.dumps(reply), flush=True)
+"#;
+
+/// One case: a one-partition topic of `n` messages (values `v-<i>`, or what `values`
+/// sets), its group, and the file A's exec handler records to.
+struct Handover {
+    topic: String,
+    group: String,
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl Handover {
+    fn new(name: &str, values: &[String]) -> Handover {
+        let (topic, group) = fresh_topic(name, 1);
+        let records: Vec<Record<'_>> = values
+            .iter()
+            .map(|v| (0, None, v.as_bytes(), &[][..]))
+            .collect();
+        produce_records(&topic, &records);
+        released_at_zero(&group, &topic, 1);
+        let (dir, file) = deliveries_file(name);
+        Handover {
+            topic,
+            group,
+            dir,
+            file,
+        }
+    }
+
+    fn numbered(name: &str, n: usize) -> Handover {
+        Handover::new(name, &(0..n).map(|i| format!("v-{i}")).collect::<Vec<_>>())
+    }
+
+    /// A: exec with [`ANSWERING_RECORDER`] answering `how` at `at`, a retry's backoff
+    /// of 15 s, a commit every 500 ms.
+    fn exec_a(&self, how: &str, at: i64) -> AckdBuilder {
+        let script = self.dir.join("answering.py");
+        std::fs::write(&script, ANSWERING_RECORDER).expect("write the handler");
+        let command = format!(
+            "python3 {} {} 0 {how} {at}",
+            script.display(),
+            self.file.display()
+        );
+        exec_ackd(&self.topic, &self.group, &command)
+            .env("ACKD_COMMIT_INTERVAL_MS", "500")
+            .env("ACKD_RETRY_INITIAL_MS", "15000")
+            .env("ACKD_RETRY_MAX_MS", "15000")
+    }
+
+    /// The offsets A's handler was handed.
+    fn handed_to_a(&self) -> BTreeSet<i64> {
+        from_file(&self.file).iter().map(|d| d.offset).collect()
+    }
+
+    /// B, after A stopped: asserts that B's processor gets `again` (the offsets from
+    /// `resume` on that A handed over) flagged and every other offset up to `last`
+    /// unflagged, that B's `at=assigned` says `released=true redelivery=` their count,
+    /// and that A's commit said so (committed at `resume`, released, `p=` the last
+    /// offset A handed over). Returns B's lines.
+    fn b_flags_exactly(&self, resume: i64, again: &BTreeSet<i64>, last: i64) -> Vec<String> {
+        let bootstrap = broker().bootstrap();
+        let (offset, raw) = committed_raw_metadata_on(&bootstrap, &self.group, &self.topic, 0);
+        let metadata = String::from_utf8_lossy(&raw).into_owned();
+        let b = AckdBuilder::new(&self.topic, &self.group).spawn();
+        let assigned = b.wait_for_line(|l| at(l, "assigned"), WAIT);
+        b.wait_for_line(|l| is_processed_at(l, last), WAIT);
+        let lines = b.stop(0, WAIT);
+        let seen = from_processed_lines(1, &lines);
+        let offsets: Vec<i64> = seen.iter().map(|d| d.offset).collect();
+        let all = lines.join("\n");
+        assert_eq!(offsets, (resume..=last).collect::<Vec<_>>(), "{all}");
+        let flagged: BTreeSet<i64> = seen
+            .iter()
+            .filter(|d| d.redelivered)
+            .map(|d| d.offset)
+            .collect();
+        assert_eq!(
+            &flagged, again,
+            "flagged redelivered: exactly what was handed over unfinished (the release committed {metadata}; next: {assigned})"
+        );
+        let count = again.len().to_string();
+        assert_eq!(
+            field(&assigned, "released").as_deref(),
+            Some("true"),
+            "{assigned}"
+        );
+        assert_eq!(field(&assigned, "redelivery"), Some(count), "{assigned}");
+        let highest = again.last().copied().unwrap_or(resume - 1);
+        assert_eq!(offset, Some(resume), "{metadata}");
+        assert!(
+            metadata.starts_with(&format!("ackd/3:o={resume};p={highest};"))
+                && metadata.ends_with(";r;end"),
+            "A's release should name {highest}, the last offset it handed over: {metadata}"
+        );
+        eprintln!(
+            "released {metadata}; next: {assigned}; flagged {flagged:?} of {resume}..={last}"
+        );
+        lines
+    }
+}
+
+/// The reported case: a message answered `retry` is in its 15 s backoff when A gets
+/// SIGTERM; the messages after it were read and never handed over.
+#[test]
+fn a_message_in_its_retry_backoff_at_a_stop_comes_back_flagged() {
+    let h = Handover::numbered("handed-retry", 20);
+    let a = h.exec_a("retry", 5).spawn();
+    a.wait_for_line(|l| at_offset(l, "retry", 5), WAIT);
+    a.stop(0, WAIT);
+    assert_eq!(h.handed_to_a(), (0..=5).collect(), "A handed 0 to 5 over");
+    h.b_flags_exactly(5, &BTreeSet::from([5]), 19);
+}
+
+/// The batch case: batches of 10, the second (10 to 19) answered `retry` at 13, so 10
+/// to 12 are acknowledged and 13 to 19 were handed over unfinished; the third batch
+/// (20 to 29) never was.
+#[test]
+fn a_batch_in_its_retry_backoff_at_a_stop_comes_back_flagged_from_the_failed_message() {
+    let h = Handover::numbered("handed-batch", 30);
+    let a = h.exec_a("retry", 13).batches(10).spawn();
+    a.wait_for_line(|l| at_offset(l, "retry", 13), WAIT);
+    a.stop(0, WAIT);
+    assert_eq!(h.handed_to_a(), (0..=19).collect(), "A handed 0 to 19 over");
+    h.b_flags_exactly(13, &(13..=19).collect(), 29);
+}
+
+/// A message answered `fail` halts the partition (`ACKD_ON_FAILURE=halt`); A is then
+/// stopped (exit 1: halted).
+#[test]
+fn a_halted_message_comes_back_flagged() {
+    let h = Handover::numbered("handed-halt", 20);
+    let a = h.exec_a("fail", 5).env("ACKD_ON_FAILURE", "halt").spawn();
+    a.wait_for_line(|l| at_offset(l, "process_failed", 5), WAIT);
+    a.stop(1, WAIT);
+    assert_eq!(h.handed_to_a(), (0..=5).collect());
+    h.b_flags_exactly(5, &BTreeSet::from([5]), 19);
+}
+
+/// The processor call of offset 5 is still running at the stop's drain deadline
+/// (`at=drain_timeout in_flight_offset=5`, exit 1): it is committed released with 5
+/// as handed over. (The in-process `faulty` processor blocks on it: an exec or http
+/// request cannot outlast the drain, as their timeouts must fit in it.)
+#[test]
+fn a_call_still_running_at_the_drain_deadline_comes_back_flagged() {
+    let dir = fresh_dir("handed-drain");
+    let release = dir.join("release");
+    let mut values: Vec<String> = (0..20).map(|i| format!("v-{i}")).collect();
+    values[5] = format!("block:{}", release.display());
+    let h = Handover::new("handed-drain", &values);
+    let a = AckdBuilder::new(&h.topic, &h.group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_COMMIT_INTERVAL_MS", "500")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", "3000")
+        .spawn();
+    a.wait_for_line(|l| at_offset(l, "test_blocked", 5), WAIT);
+    let lines = a.stop(1, WAIT);
+    std::fs::write(&release, "").expect("release the blocked call");
+    assert!(
+        lines.iter().any(|l| at(l, "drain_timeout")
+            && field(l, "in_flight_offset").as_deref() == Some("5")),
+        "{}",
+        lines.join("\n")
+    );
+    assert_eq!(
+        processed(&lines).iter().map(|m| m.1).collect::<Vec<_>>(),
+        (0..5).collect::<Vec<_>>()
+    );
+    h.b_flags_exactly(5, &BTreeSet::from([5]), 19);
+}
+
+/// A revoke: A (two partitions, offset 5 of each answered `retry` once, then a 15 s
+/// backoff) is in both backoffs when B joins the group and takes a partition. A's
+/// revoke commits it released with 5 handed over: B's `at=assigned` says so, its first
+/// call of 5 is flagged (the `faulty` processor's retry reason quotes the flag), and 6
+/// to 19 come unflagged.
+#[test]
+fn a_message_in_its_retry_backoff_at_a_revoke_comes_back_flagged() {
+    let (topic, group) = fresh_topic("handed-revoke", 2);
+    let values: Vec<String> = (0..20)
+        .map(|i| {
+            if i == 5 {
+                "retry:1".into()
+            } else {
+                format!("v-{i}")
+            }
+        })
+        .collect();
+    let records: Vec<Record<'_>> = (0..2)
+        .flat_map(|p| values.iter().map(move |v| (p, None, v.as_bytes(), &[][..])))
+        .collect();
+    produce_records(&topic, &records);
+    released_at_zero(&group, &topic, 2);
+    let member = || {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_PROCESSOR", "faulty")
+            .env("ACKD_COMMIT_INTERVAL_MS", "500")
+    };
+    let a = member()
+        .env("ACKD_RETRY_INITIAL_MS", "15000")
+        .env("ACKD_RETRY_MAX_MS", "15000")
+        .spawn();
+    a.wait_for_count(|l| at_offset(l, "retry", 5), 2, WAIT);
+    let b = member().quick_retries().spawn();
+    let assigned = b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let p: i32 = field(&assigned, "partition").unwrap().parse().unwrap();
+    assert_eq!(
+        field(&assigned, "released").as_deref(),
+        Some("true"),
+        "{assigned}"
+    );
+    assert_eq!(
+        field(&assigned, "redelivery").as_deref(),
+        Some("1"),
+        "{assigned}"
+    );
+    let on_p = |l: &str| field(l, "partition") == Some(p.to_string());
+    b.wait_for_line(|l| on_p(l) && is_processed_at(l, 19), WAIT);
+    let b_lines = b.stop(0, WAIT);
+    a.stop(0, WAIT);
+    let retry = b_lines
+        .iter()
+        .find(|l| on_p(l) && at_offset(l, "retry", 5))
+        .unwrap_or_else(|| panic!("B retried 5:\n{}", b_lines.join("\n")));
+    assert!(
+        retry.contains("redelivered=true attempt=1"),
+        "B's first call of 5 should be flagged: {retry}"
+    );
+    let seen: Vec<Delivery> = from_processed_lines(1, &b_lines)
+        .into_iter()
+        .filter(|d| d.partition == p)
+        .collect();
+    assert_eq!(
+        seen.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        (5..20).collect::<Vec<_>>()
+    );
+    let flagged: Vec<i64> = seen
+        .iter()
+        .filter(|d| d.redelivered)
+        .map(|d| d.offset)
+        .collect();
+    assert_eq!(flagged, vec![5], "{}", b_lines.join("\n"));
+    eprintln!("revoked while in backoff: B {assigned}; flagged {flagged:?} of 5..=19");
+}
+
+/// A release after a crash: A processes 0 to 19 and is SIGKILLed with only its first
+/// commit (offset 0) accepted; B takes over (flagging 0 up to A's dispatch limit), is in
+/// its retry's backoff on 5 when it gets SIGTERM, and releases at 5. A had handed 5 to
+/// 19 over: B's release names them, as far as the log reached when B was assigned, and
+/// C flags them; 20 to 24, produced after B's stop, no one had: unflagged.
+#[test]
+fn a_release_after_a_crash_passes_on_what_the_crashed_owner_may_have_handed_over() {
+    let values: Vec<String> = (0..20)
+        .map(|i| {
+            if i == 5 {
+                "retry:1".into()
+            } else {
+                format!("v-{i}")
+            }
+        })
+        .collect();
+    let h = Handover::new("handed-after-crash", &values);
+    let member = || {
+        AckdBuilder::new(&h.topic, &h.group)
+            .env("ACKD_PROCESSOR", "faulty")
+            .env("ACKD_COMMIT_INTERVAL_MS", "600000")
+    };
+    let a = member().quick_retries().spawn();
+    a.wait_for_line(|l| is_processed_at(l, 19), WAIT);
+    a.sigkill();
+    a.assert_exit(128 + libc::SIGKILL, WAIT);
+    let b = member()
+        .env("ACKD_RETRY_INITIAL_MS", "15000")
+        .env("ACKD_RETRY_MAX_MS", "15000")
+        .spawn();
+    let b_assigned = b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    assert_eq!(
+        field(&b_assigned, "released").as_deref(),
+        Some("false"),
+        "{b_assigned}"
+    );
+    b.wait_for_line(|l| at_offset(l, "retry", 5), WAIT);
+    b.stop(0, WAIT);
+    let records: Vec<String> = (20..25).map(|i| format!("v-{i}")).collect();
+    let records: Vec<Record<'_>> = records
+        .iter()
+        .map(|v| (0, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&h.topic, &records);
+    h.b_flags_exactly(5, &(5..=19).collect(), 24);
 }

@@ -46,6 +46,8 @@ pub(crate) struct CallStart {
     started_ms: AtomicU64,
     /// Its first offset (what `/live` names when it is the oldest).
     offset: i64,
+    /// Its last offset (a batch's last): handed to the processor once it starts.
+    last: i64,
     /// Its messages (a batch's).
     messages: usize,
     clock: Arc<CallClock>,
@@ -118,6 +120,9 @@ pub(crate) struct CallClock {
     running: AtomicUsize,
     /// Messages in the running calls.
     messages: AtomicUsize,
+    /// One past the highest offset handed to the processor (0: none yet): what a
+    /// release's commit says its successor may see again (`WorkerShared::handed_through`).
+    handed_end: AtomicI64,
 }
 
 impl CallClock {
@@ -127,6 +132,9 @@ impl CallClock {
         call.started_ms
             .store(crate::clock::now_ms(), Ordering::Relaxed);
         started.push_back(call.clone());
+        // Calls start in any order (a pool takes them as children free up): the highest.
+        self.handed_end
+            .fetch_max(call.last.saturating_add(1), Ordering::Relaxed);
         self.running.fetch_add(1, Ordering::Relaxed);
         self.messages.fetch_add(call.messages, Ordering::Relaxed);
         self.publish(&started);
@@ -159,6 +167,20 @@ impl CallClock {
         (ms != 0).then(|| (ms, self.oldest_offset.load(Ordering::Relaxed)))
     }
 
+    /// A call the processor takes at once (its calls never wait) hands it the offsets
+    /// up to `last`: one store, as a partition's only call hands them in ascending order.
+    pub(crate) fn handed(&self, last: i64) {
+        self.handed_end
+            .store(last.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// The highest offset handed to the processor: in a call it took, whether or not
+    /// that call finished.
+    pub(crate) fn highest_handed(&self) -> Option<i64> {
+        let end = self.handed_end.load(Ordering::Relaxed);
+        (end > 0).then(|| end - 1)
+    }
+
     /// Calls the processor took and has not returned.
     pub(crate) fn running(&self) -> usize {
         self.running.load(Ordering::Relaxed)
@@ -188,18 +210,19 @@ impl Drop for EndOnDrop<'_> {
     }
 }
 
-/// Runs one attempt of a concurrent call (of `messages` from `offset`). `None`: a stop
-/// came before the processor took it; it was dropped, unstarted.
+/// Runs one attempt of a concurrent call (of `messages` from `offset` to `last`).
+/// `None`: a stop came before the processor took it; it was dropped, unstarted.
 pub(crate) async fn admitted<F: Future>(
     call: F,
     clock: &Arc<CallClock>,
-    (offset, messages): (i64, usize),
+    (offset, last, messages): (i64, i64, usize),
     stop: &mut watch::Receiver<bool>,
 ) -> Option<F::Output> {
     let start = Arc::new(CallStart {
         state: AtomicU8::new(FRESH),
         started_ms: AtomicU64::new(0),
         offset,
+        last,
         messages,
         clock: clock.clone(),
     });
@@ -235,6 +258,7 @@ mod tests {
             state: AtomicU8::new(FRESH),
             started_ms: AtomicU64::new(0),
             offset,
+            last: offset,
             messages: 1,
             clock: clock.clone(),
         })
@@ -270,6 +294,11 @@ mod tests {
         // Taken in the order b, a, c (a pool may serve them out of offset order).
         b.polled();
         a.polled();
+        assert_eq!(
+            clock.highest_handed(),
+            Some(2),
+            "the highest taken, not the last"
+        );
         c.polled();
         assert_eq!(clock.started.lock().unwrap().front().unwrap().offset, 2);
         a.end();
@@ -293,12 +322,17 @@ mod tests {
         let mut rx2 = rx.clone();
         let waiting = tokio::spawn({
             let clock = clock.clone();
-            async move { admitted(queued, &clock, (1, 1), &mut rx2).await }
+            async move { admitted(queued, &clock, (1, 1, 1), &mut rx2).await }
         });
         let me = taken_rx.await.unwrap();
         tx.send(true).unwrap();
         assert_eq!(waiting.await.unwrap(), None);
         assert!(!me.take(), "dropped: the processor must not run it");
+        assert_eq!(
+            clock.highest_handed(),
+            None,
+            "a dropped call was not handed"
+        );
         // Not polled before the stop: dropped.
         let out = admitted(
             async {
@@ -306,7 +340,7 @@ mod tests {
                 7
             },
             &clock,
-            (2, 1),
+            (2, 2, 1),
             &mut rx,
         );
         assert_eq!(out.await, None, "a stop before its first poll drops it");
@@ -320,10 +354,11 @@ mod tests {
                 7
             },
             &clock,
-            (3, 1),
+            (3, 3, 1),
             &mut rx,
         );
         assert_eq!(started.await, Some(7));
         assert_eq!(clock.running(), 0);
+        assert_eq!(clock.highest_handed(), Some(3), "a started call was handed");
     }
 }

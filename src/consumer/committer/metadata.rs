@@ -18,7 +18,9 @@ pub const METADATA_VERSION: u32 = 3;
 const PREVIOUS_VERSION: u32 = 2;
 
 /// The metadata a commit of `offset` carries, and how it is read back: `ackd/3:o=O;p=H;l=L`
-/// (`O` the offset committed, `H` the highest offset processed, `L` the dispatch limit:
+/// (`O` the offset committed, `H` the highest offset processed, or on a release the
+/// highest handed to a processor, finished or not (`WorkerShared::handed_through`), `L`
+/// the dispatch limit:
 /// the highest offset this process may start before its next commit is accepted, see
 /// src/consumer/dispatch_limit.rs), then `;a=R` (`acked`: the
 /// [`acked_ranges::encode`]d ranges, if any), then `;r` for a release, then `;end`.
@@ -34,6 +36,9 @@ const PREVIOUS_VERSION: u32 = 2;
 ///
 /// Nothing processed yet (a first commit, which carries only a limit): `H` is `O - 1`.
 /// No limit and nothing processed: no metadata at all.
+///
+/// An older ackd's release names the highest offset *acknowledged* as `H`; reading a
+/// release's `H` as handed over, it flags more, never less, so the version stays.
 pub fn metadata(
     offset: i64,
     processed: Option<i64>,
@@ -96,11 +101,13 @@ impl MetadataState {
 /// once it is known to describe the offset beside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Previous {
-    /// The highest offset it had processed when it committed.
+    /// The highest offset it had processed when it committed; on a release, the
+    /// highest it had handed to a processor, finished or not (an older ackd's release
+    /// says the highest acknowledged).
     pub processed: i64,
     /// Its dispatch limit: it started nothing above it (`None`: version 2, no limit).
     pub limit: Option<i64>,
-    /// It committed on releasing the partition: it processed nothing after.
+    /// It committed on releasing the partition: it handed nothing over after.
     pub released: bool,
     /// The offsets it had acknowledged above the committed one, relative to it
     /// (`(1, 1)` is the committed offset + 1), as [`acked_ranges::decode`] read them.
@@ -122,9 +129,9 @@ impl Previous {
             .unwrap_or_default()
     }
 
-    /// The last offset that it may have handed to a processor: what it had processed when
-    /// it released the partition, else its dispatch limit; `None`: not known (an older
-    /// ackd that crashed).
+    /// The last offset that it may have handed to a processor: what it had handed over
+    /// when it released the partition, else its dispatch limit; `None`: not known (an
+    /// older ackd that crashed).
     pub fn window_end(&self) -> Option<i64> {
         if self.released {
             Some(self.processed)

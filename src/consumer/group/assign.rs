@@ -25,6 +25,8 @@ struct ResumePoint {
     committed: Option<i64>,
     acked_above: Vec<(i64, i64)>,
     window: RedeliveryWindow,
+    /// See [`worker::Resume::existed_through`].
+    existed_through: Option<i64>,
 }
 
 impl<P: Processor> GroupContext<P> {
@@ -39,13 +41,16 @@ impl<P: Processor> GroupContext<P> {
             return;
         }
         let mut resume = read_committed(base, tpl);
+        // Asked before the lock is taken: the committer needs it meanwhile.
+        let ends = crashed_log_ends(base, &resume);
         let generation = generation(base);
         let mut group = self.lock();
         // The group assigned to this member: it is one.
         membership::confirmed(&mut *group, "rebalance");
         for e in tpl.elements() {
             let tp: TopicPartition = (Arc::from(e.topic()), e.partition());
-            let point = self.resume_point(base, &tp, resume.remove(&tp), generation);
+            let mut point = self.resume_point(base, &tp, resume.remove(&tp), generation);
+            point.existed_through = ends.get(&tp).copied();
             self.start_worker(&mut group, &consumer, tp, point);
         }
     }
@@ -66,6 +71,7 @@ impl<P: Processor> GroupContext<P> {
                 committed: Some(o),
                 acked_above,
                 window,
+                existed_through: None,
             };
         }
         // Nothing committed (or not known): whoever read the partition before may have
@@ -93,6 +99,7 @@ impl<P: Processor> GroupContext<P> {
             committed: None,
             acked_above: Vec::new(),
             window,
+            existed_through: None,
         }
     }
 
@@ -126,6 +133,7 @@ impl<P: Processor> GroupContext<P> {
                 committed: point.committed,
                 acked: point.acked_above,
                 window: point.window,
+                existed_through: point.existed_through,
             },
             self.worker.clone(),
             predecessor,
@@ -322,6 +330,31 @@ fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
             }
         }
     }
+}
+
+/// The last offset of the log now of each partition whose previous owner crashed (its
+/// metadata says so; those not known are left out). That owner handed nothing over
+/// above it: it could only start messages that existed, and it stopped before this
+/// assignment (a zombie of it, paused and woken, holds its partitions: *A member that
+/// may be gone starts nothing new* in docs/guarantees.md). So a graceful release of
+/// this owner passes the crashed owner's window on only that far.
+fn crashed_log_ends<C: rdkafka::consumer::ConsumerContext>(
+    base: &BaseConsumer<C>,
+    resume: &HashMap<TopicPartition, (Offset, ReadMetadata)>,
+) -> HashMap<TopicPartition, i64> {
+    let crashed = |read: &ReadMetadata| read.previous.as_ref().is_some_and(|p| !p.released);
+    resume
+        .iter()
+        .filter(|(_, (_, read))| crashed(read))
+        .filter_map(|(tp, _)| {
+            let (_, high) = base
+                .fetch_watermarks(&tp.0, tp.1, WATERMARKS_TIMEOUT)
+                .map_err(|e| tracing::warn!(at = "watermarks_unknown", topic = &*tp.0, partition = tp.1, error = %e,
+                    "could not read the log's end: a release of this partition names the whole window it inherited"))
+                .ok()?;
+            Some((tp.clone(), high - 1))
+        })
+        .collect()
 }
 
 /// How long reading a partition's log bounds at assignment may take.

@@ -2,7 +2,7 @@
 //! commit next.
 
 use crate::consumer::committer::CommitOffset;
-use crate::consumer::worker::WorkerHandle;
+use crate::consumer::worker::{WorkerHandle, WorkerShared};
 use crate::topic_partition::TopicPartition;
 
 /// One owned partition.
@@ -27,14 +27,16 @@ pub struct Owned {
 impl Owned {
     /// What to commit, if the acknowledged offset moved past the committed one; on a
     /// release (`releasing`), also the same offset again when this process's last commit
-    /// of it was periodic, so that the metadata says it was released (the next owner then
-    /// knows it redelivers nothing). Running, also when the worker wants its dispatch
+    /// of it was periodic, or there was none since the assignment, so that the metadata
+    /// says it was released and what was handed over unfinished (the next owner then
+    /// flags exactly that). Running, also when the worker wants its dispatch
     /// limit raised (src/consumer/dispatch_limit.rs): a commit carries the next one.
     pub(super) fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let dispatch = &self.worker.shared.dispatch;
         let limit_wanted = !releasing && dispatch.wanted();
         let Some(acked) = self.worker.shared.committable() else {
-            return limit_wanted.then(|| self.limit_only(tp)).flatten();
+            let wanted = limit_wanted || (releasing && !self.released);
+            return wanted.then(|| self.limit_only(tp, releasing)).flatten();
         };
         let acked = self.cap.map_or(acked, |cap| acked.min(cap));
         // After a reset to before the committed offset (it was out of range), that
@@ -63,13 +65,7 @@ impl Owned {
         // The same offset again when only the ranges grew: a slow message holding the
         // offset back must not leave everything acknowledged after it to a crash.
         let more_acked = self.committed == Some(acked) && above != self.committed_acked;
-        // The highest offset processed, as far as the metadata goes: ranges inherited
-        // from the previous owner may reach above what this one processed.
-        let processed = self
-            .worker
-            .shared
-            .highest_acked()
-            .max(above.last().map(|r| r.1));
+        let processed = highest(&self.worker.shared, &above, releasing);
         let moved = baseline.is_none_or(|c| acked > c);
         (mark || more_acked || limit_wanted || moved).then(|| CommitOffset {
             tp: tp.clone(),
@@ -80,11 +76,13 @@ impl Owned {
         })
     }
 
-    /// A commit that only raises the dispatch limit, before anything is acknowledged:
-    /// at the first offset read (where the partition really resumes: the committed
-    /// offset, or where the start policy or an out-of-range reset put it), else at the
-    /// committed one. A new owner's first commit, before its first call.
-    fn limit_only(&self, tp: &TopicPartition) -> Option<CommitOffset> {
+    /// A commit before anything is acknowledged: at the first offset read (where the
+    /// partition really resumes: the committed offset, or where the start policy or an
+    /// out-of-range reset put it), else at the committed one. A new owner's first
+    /// commit, before its first call, which only raises the dispatch limit; or a
+    /// release's, which says what was handed over unfinished (a first message in its
+    /// retry's backoff, or halted).
+    fn limit_only(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let shared = &self.worker.shared;
         let offset = shared
             .first_offset()
@@ -98,7 +96,7 @@ impl Owned {
         Some(CommitOffset {
             tp: tp.clone(),
             offset,
-            processed: acked.last().map(|r| r.1),
+            processed: highest(shared, &acked, releasing),
             limit: Some(shared.dispatch.propose(offset)),
             acked,
         })
@@ -109,4 +107,17 @@ impl Owned {
     pub(super) fn next_to_process(&self) -> Option<i64> {
         self.worker.shared.committable().or(self.committed)
     }
+}
+
+/// The metadata's `p=`, so that the ranges `above` (acknowledged, some perhaps inherited
+/// from the previous owner) never reach past it: the highest of them, or if higher, on
+/// a release the highest offset a processor may have been handed
+/// ([`WorkerShared::handed_through`]: what the next owner flags), else the highest
+/// acknowledged (the dispatch limit bounds what was handed over).
+pub(super) fn highest(shared: &WorkerShared, above: &[(i64, i64)], releasing: bool) -> Option<i64> {
+    let own = match releasing {
+        true => shared.handed_through(),
+        false => shared.highest_acked(),
+    };
+    own.max(above.last().map(|r| r.1))
 }

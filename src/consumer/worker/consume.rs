@@ -54,6 +54,7 @@ pub(super) async fn consume<C, P>(
         committed: resume,
         acked,
         window,
+        ..
     } = resume;
     let mut worker = Worker {
         messages: queue.messages(),

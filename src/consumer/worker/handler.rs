@@ -88,7 +88,8 @@ impl<P: Processor> Handler<'_, P> {
                     let started = self.shared.metrics.stopwatch();
                     let call =
                         AssertUnwindSafe(self.config.processor.process(handed)).catch_unwind();
-                    let Some(outcome) = self.attempt((view.offset(), 1), call).await else {
+                    let offset = view.offset();
+                    let Some(outcome) = self.attempt((offset, offset, 1), call).await else {
                         return Handled::Interrupted;
                     };
                     (outcome, started.elapsed())
@@ -137,7 +138,9 @@ impl<P: Processor> Handler<'_, P> {
             let handed = handed_over(rest, calls, &mut again);
             let started = Instant::now();
             let call = AssertUnwindSafe(self.config.processor.process_batch(handed)).catch_unwind();
-            let Some(outcome) = self.attempt((first.offset(), rest.len()), call).await else {
+            let last = rest[rest.len() - 1].offset();
+            let span = (first.offset(), last, rest.len());
+            let Some(outcome) = self.attempt(span, call).await else {
                 return BatchEnd::Interrupted;
             };
             let took = started.elapsed();
@@ -184,26 +187,29 @@ impl<P: Processor> Handler<'_, P> {
         BatchEnd::Done
     }
 
-    /// One attempt of the processor call. A concurrent one, or the partition's only
-    /// one when the processor's calls may wait for capacity, starts when the processor
-    /// takes it, and a stop before that drops it (`None`: its messages stay
-    /// unacknowledged, for the next reader). Otherwise the partition's only call times
-    /// itself: no allocation, atomic or lock more per message (noop, log).
+    /// One attempt of the processor call, on `messages` offsets from `first` to `last`.
+    /// A concurrent one, or the partition's only one when the processor's calls may
+    /// wait for capacity, starts when the processor takes it, and a stop before that
+    /// drops it (`None`: its messages stay unacknowledged, for the next reader, and were
+    /// never handed over). Otherwise the partition's only call times itself and notes
+    /// its offsets handed over: one store each, no allocation or lock (noop, log).
     pub(super) async fn attempt<F: std::future::Future>(
         &mut self,
-        (offset, messages): (i64, usize),
+        (first, last, messages): (i64, i64, usize),
         call: F,
     ) -> Option<F::Output> {
         let clock = &self.shared.calls;
+        let span = (first, last, messages);
         if !self.sequential {
-            return call_start::admitted(call, clock, (offset, messages), self.stop).await;
+            return call_start::admitted(call, clock, span, self.stop).await;
         }
         if self.config.processor.calls_may_wait() {
             // A copy: `admitted` marks the stop seen, and the partition's read loop
             // (`Worker::next`) must still see it.
             let mut stop = self.stop.clone();
-            return call_start::admitted(call, clock, (offset, messages), &mut stop).await;
+            return call_start::admitted(call, clock, span, &mut stop).await;
         }
+        clock.handed(last);
         self.shared.call_begins();
         let outcome = call.await;
         self.shared.call_ended();
@@ -366,6 +372,32 @@ mod tests {
         with_handler(&config, async |h| h.handle(&view).await).await;
         let calls = config.processor.calls.lock().unwrap().concat();
         assert_eq!(calls, [(5, true, 1)]);
+    }
+
+    /// A batch that halts at its third message was handed over whole: its last offset
+    /// is what a release names, though only the first two are acknowledged.
+    #[tokio::test]
+    async fn a_halted_batch_was_handed_over_to_its_last_message() {
+        let mut config = config(Recording::failing_at(&[2]));
+        config.retry.max_attempts = 1;
+        let views: Vec<Message<'_>> = (0..4)
+            .map(|o| Message::new("t", 0, o, None, None, None))
+            .collect();
+        let shared = WorkerShared::new();
+        let (_stop_tx, mut stop) = watch::channel(false);
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut handler = Handler {
+            config: &config,
+            shared: &shared,
+            stop: &mut stop,
+            rng: &mut rng,
+            sequential: true,
+        };
+        let mut acks: Vec<(usize, bool, u32)> = Vec::new();
+        let ended = handler.handle_batch(&views, &mut acks).await;
+        assert!(matches!(ended, BatchEnd::Halt(2)));
+        assert_eq!(acks.len(), 2);
+        assert_eq!(shared.handed_through(), Some(3));
     }
 
     /// Acknowledged messages, by index, with the delivery they were handed over with.

@@ -149,6 +149,7 @@ impl<'a, P: Processor> Worker<'a, P> {
             // machinery's futures are built only for a call that failed (about 190
             // instructions a message less under callgrind for noop).
             let started = self.shared.metrics.stopwatch();
+            self.shared.calls.handed(offset);
             self.shared.call_begins();
             let call = AssertUnwindSafe(self.config.processor.process(&view));
             let outcome = call.catch_unwind().await;

@@ -17,6 +17,10 @@ pub struct Resume {
     pub acked: Vec<(i64, i64)>,
     /// The offsets a previous owner may have handed to a processor: flagged.
     pub window: RedeliveryWindow,
+    /// The last of them that existed when the partition was assigned, if less than the
+    /// window's end (a crashed owner's window reaches its dispatch limit, past the log):
+    /// what this owner's release still names as possibly handed over before.
+    pub existed_through: Option<i64>,
 }
 
 /// The first message of the assignment: where the partition resumed, and whether that

@@ -55,6 +55,10 @@ pub struct WorkerShared {
     pub(super) admits_calls: AtomicBool,
     /// The highest offset that may start: the last accepted commit's dispatch limit.
     pub dispatch: DispatchLimit,
+    /// The end of the window the assignment inherited, as far as the log reached then
+    /// (`Resume::existed_through`): the highest offset a previous owner may have handed
+    /// to a processor, or -1.
+    pub(super) inherited_through: AtomicI64,
 }
 
 impl crate::output::health::PartitionProbe for WorkerShared {
@@ -98,6 +102,7 @@ impl WorkerShared {
             hold: Hold::default(),
             admits_calls: AtomicBool::new(false),
             dispatch: DispatchLimit::default(),
+            inherited_through: AtomicI64::new(NONE),
         }
     }
 
@@ -162,6 +167,18 @@ impl WorkerShared {
 
     pub fn highest_acked(&self) -> Option<i64> {
         some(self.highest_acked.load(Ordering::Acquire))
+    }
+
+    /// The highest offset a processor of the group may have been handed: by this
+    /// worker, in a call the processor took (finished or not; never one a stop dropped
+    /// while it waited for a child or a permit, nor a message read and not started),
+    /// or by a previous owner, as far as the assignment knew (its redelivery window).
+    /// What a release's commit records (`p=`), so that the next owner flags exactly
+    /// these. The worker's part is one relaxed store per call (one atomic maximum for a
+    /// call the processor takes from its queue), read here once per commit.
+    pub fn handed_through(&self) -> Option<i64> {
+        let inherited = some(self.inherited_through.load(Ordering::Relaxed));
+        self.calls.highest_handed().max(inherited)
     }
 
     /// Offsets acknowledged above [`WorkerShared::committable`], as inclusive ranges,
@@ -232,6 +249,22 @@ mod tests {
         assert!(shared.is_done());
         // Already set: returns at once.
         shared.done.wait().await;
+    }
+
+    #[test]
+    fn handed_through_is_the_highest_handed_over_or_inherited() {
+        let shared = WorkerShared::new();
+        assert_eq!(shared.handed_through(), None);
+        shared.inherited_through.store(40, Ordering::Relaxed);
+        assert_eq!(
+            shared.handed_through(),
+            Some(40),
+            "a crashed owner's window"
+        );
+        shared.calls.handed(12);
+        assert_eq!(shared.handed_through(), Some(40));
+        shared.calls.handed(41);
+        assert_eq!(shared.handed_through(), Some(41));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Starting a partition's worker: its task, the supervisor's handle on it, and the wait
 //! for a previous worker of the partition that has not ended.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -63,6 +64,10 @@ where
     let shared = Arc::new(WorkerShared::new());
     shared.dispatch.configure(config.limits.clone());
     shared.dispatch.inherit(resume.window.through);
+    let inherited = resume.existed_through.unwrap_or(resume.window.through);
+    shared
+        .inherited_through
+        .store(inherited.min(resume.window.through), Ordering::Relaxed);
     let (stop, stop_rx) = watch::channel(false);
     let task = runtime.spawn(run(
         queue,
