@@ -11,7 +11,8 @@ pub struct CommitOffset {
     pub tp: TopicPartition,
     /// The next offset to read.
     pub offset: i64,
-    /// The highest offset acknowledged, for the metadata.
+    /// For the metadata: the highest offset acknowledged or, in a release, the highest
+    /// handed to the processor (finished or not).
     pub processed: Option<i64>,
     /// The dispatch limit this commit records (src/consumer/dispatch_limit.rs): once it
     /// is accepted, the partition's worker may start offsets up to it.

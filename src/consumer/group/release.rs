@@ -222,9 +222,13 @@ impl Group {
 }
 
 /// Whether committing `c` for `p` only marks it released: what it carries is committed
-/// already, so not committing it loses no acknowledgement.
+/// already, and nothing handed to the processor at or above the committed offset is left
+/// unfinished (a release's `processed` is the highest offset handed over), so not
+/// committing it loses no acknowledgement and no message is redelivered.
 pub(super) fn only_the_mark(p: &Owned, c: &CommitOffset) -> bool {
-    p.committed == Some(c.offset) && p.committed_acked == c.acked
+    p.committed == Some(c.offset)
+        && p.committed_acked == c.acked
+        && c.processed.is_none_or(|handed| handed < c.offset)
 }
 
 /// The `at=release_unmarked` line of a partition released without its release mark
