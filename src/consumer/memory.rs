@@ -39,10 +39,12 @@
 mod cgroup;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, ClientContext};
 
 use crate::config::settings::{MemorySetting, Settings};
 
@@ -293,14 +295,29 @@ impl Budget {
 }
 
 /// The partitions of `settings.topics`, from the brokers; `None` when they cannot be
-/// asked (or a topic does not exist yet) within `timeout`.
+/// asked (or a topic does not exist yet) within `timeout`, or at once when the brokers
+/// refuse ackd's credentials: the consumer reports that (`at=auth_failed`, exit 77)
+/// without this count holding it up.
 pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
-    let consumer: BaseConsumer = crate::config::client_config::base_config(settings)
-        .create()
+    let consumer: BaseConsumer<CountContext> = crate::config::client_config::base_config(settings)
+        .create_with_context(CountContext::default())
         .ok()?;
+    let deadline = Instant::now() + timeout;
     let mut total = 0;
     for topic in &settings.topics {
-        let metadata = consumer.fetch_metadata(Some(topic), timeout).ok()?;
+        // In slices, serving librdkafka's error events between them.
+        let metadata = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match consumer.fetch_metadata(Some(topic), left.min(Duration::from_millis(250))) {
+                Ok(m) => break m,
+                Err(_) if left.is_zero() => return None,
+                Err(_) => {}
+            }
+            let _ = consumer.poll(Duration::ZERO);
+            if consumer.context().auth_failed.load(Ordering::Relaxed) {
+                return None;
+            }
+        };
         let t = metadata.topics().iter().find(|t| t.name() == topic)?;
         if t.error().is_some() || t.partitions().is_empty() {
             return None;
@@ -309,6 +326,23 @@ pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
     }
     Some(total)
 }
+
+/// The counting client's errors: only whether one was an authentication failure (the
+/// consumer logs its own).
+#[derive(Default)]
+struct CountContext {
+    auth_failed: AtomicBool,
+}
+
+impl ClientContext for CountContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if crate::consumer::auth::is_auth_failure(&error, reason) {
+            self.auth_failed.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl ConsumerContext for CountContext {}
 
 #[cfg(test)]
 mod tests {
