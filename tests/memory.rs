@@ -403,3 +403,53 @@ fn a_message_larger_than_a_share_is_consumed_and_committed() {
     assert!(t.duplicated.is_empty(), "duplicated {:?}", t.duplicated);
     assert_committed_to_ends(&group, &topic, 8, &log_ends(&delivered));
 }
+
+/// With `key` ordering a partition reads up to `ACKD_MAX_PENDING` messages ahead of its
+/// calls, out of librdkafka's queue: under a budget the messages held stop the reading
+/// at what the share allows a worker to hold too. One partition, 1 MiB of budget (about
+/// 372 KiB a worker may hold), messages of 10 KiB behind one slow call at a time: the
+/// messages waiting to start stay near 37, not the 1000 of `ACKD_MAX_PENDING`.
+#[test]
+fn key_ordering_holds_pending_messages_within_the_share() {
+    const MESSAGES: usize = 1500;
+    let (topic, group) = fresh_topic("memory-pending", 1);
+    let delivered = produce(&topic, &sized_messages(MESSAGES, 10 * 1024));
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_MEMORY_MB", "1")
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "1")
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "5")
+        .env("ACKD_METRICS_INTERVAL_MS", "500")
+        .env("ACKD_LOG_MESSAGES", "false")
+        .spawn();
+    let line = planned(&ackd);
+    let held = num(&line, "queued_max_messages_kbytes") * 1024 + num(&line, "fetch_max_bytes");
+    // Every message: the summaries' counts (no per-message lines).
+    wait_until(WAIT, || {
+        ackd.lines()
+            .iter()
+            .filter(|l| at(l, "summary"))
+            .filter_map(|l| field(l, "count#ackd.processed")?.parse::<usize>().ok())
+            .sum::<usize>()
+            >= MESSAGES
+    });
+    ackd.sigterm();
+    ackd.assert_exit(0, WAIT);
+    let most = ackd
+        .lines()
+        .iter()
+        .filter(|l| at(l, "summary"))
+        .filter_map(|l| field(l, "sample#ackd.waiting")?.parse::<u64>().ok())
+        .max()
+        .expect("summaries with sample#ackd.waiting");
+    eprintln!(
+        "key ordering, 1 MiB budget: at most {most} messages waiting (allowance {held} bytes)"
+    );
+    assert!(most > 0, "nothing ever waited: the test shows nothing");
+    assert!(
+        most <= held / (10 * 1024) + 1,
+        "{most} messages of 10 KiB waiting"
+    );
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
+}
