@@ -29,12 +29,17 @@
 //! - the worker's read-ahead (src/consumer/partition_queue.rs) takes messages out of
 //!   the queue, which librdkafka then refills: it takes about 16 KiB at a time, but
 //!   when larger messages follow smaller ones, one call may take as much as the queue
-//!   held, Q + F.
+//!   held, Q + F. A batch, and the messages `key`/`none` ordering holds in calls or
+//!   waiting for their key, are held within the same Q + F ([`Budget::taken_bytes`]).
 //!
 //! 2Q + 3F + P/8 = P. Every limit is capped at the configured one (ackd's default, or a
 //! value set by hand with `auto`), so a budget never raises the prefetch above what
 //! ackd does without one. A message larger than its share still comes whole (a fetch
-//! returns at least one record batch): the share bounds what piles up, not a message.
+//! returns at least one record batch): the share bounds what piles up, not a message,
+//! and a partition of messages over about half its share holds two (the one its worker
+//! took, the one librdkafka fetched behind it). Holding reading back there would take a
+//! gate across partitions (which may take a message out of its queue), not librdkafka's
+//! limits: not done; docs/performance.md has the figures.
 
 mod cgroup;
 
