@@ -398,6 +398,30 @@ mod tests {
     }
 
     #[test]
+    fn with_auto_a_limit_set_by_hand_is_the_cap() {
+        let vars = |extra: &[(&str, &str)]| {
+            let mut v = vec![
+                (
+                    "KAFKA_URL".to_string(),
+                    "kafka://127.0.0.1:9092".to_string(),
+                ),
+                ("ACKD_TOPICS".to_string(), "t".to_string()),
+                ("ACKD_GROUP_ID".to_string(), "g".to_string()),
+            ];
+            v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            Settings::from_vars(v).unwrap()
+        };
+        assert_eq!(Caps::of(&vars(&[])), Caps::defaults());
+        let by_hand = vars(&[
+            ("ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES", "1024"),
+            ("ACKD_RDKAFKA_MAX_PARTITION_FETCH_BYTES", "65536"),
+        ]);
+        let b = Budget::plan(&setting(320), Some(4), Caps::of(&by_hand)).unwrap();
+        assert_eq!((b.queue_kbytes, b.fetch_bytes), (1024, 65536));
+        assert_eq!(b.queue_messages, Caps::defaults().queue_messages);
+    }
+
+    #[test]
     fn the_default_budget_keeps_the_default_limits_at_four_partitions() {
         // What a 4-partition backlog needs to run at full speed is what ackd's
         // defaults give it: the default budget must not lower them.
