@@ -158,7 +158,10 @@ impl Caps {
         Caps {
             queue_kbytes: configured("queued.max.messages.kbytes").unwrap_or(defaults.queue_kbytes),
             queue_messages: configured("queued.min.messages").unwrap_or(defaults.queue_messages),
-            fetch_bytes: configured("max.partition.fetch.bytes").map_or(fetch, |p| p.min(fetch)),
+            // fetch.message.max.bytes is librdkafka's other name for it.
+            fetch_bytes: configured("max.partition.fetch.bytes")
+                .or_else(|| configured("fetch.message.max.bytes"))
+                .map_or(fetch, |p| p.min(fetch)),
         }
     }
 
@@ -228,12 +231,12 @@ impl Budget {
             partitions,
             counted,
             share,
-            queue_kbytes: (prefetch / 4 / 1024).clamp(1, caps.queue_kbytes),
+            // The configured caps win over the least values (they may be below them).
+            queue_kbytes: (prefetch / 4 / 1024).max(1).min(caps.queue_kbytes),
             // librdkafka keeps a few hundred bytes per queued message besides its value:
             // bound the count too, for small messages.
-            queue_messages: (prefetch / 8 / 512).clamp(16, caps.queue_messages),
-            fetch_bytes: (prefetch / 8)
-                .clamp(MIN_FETCH_BYTES, caps.fetch_bytes.max(MIN_FETCH_BYTES)),
+            queue_messages: (prefetch / 8 / 512).max(16).min(caps.queue_messages),
+            fetch_bytes: (prefetch / 8).max(MIN_FETCH_BYTES).min(caps.fetch_bytes),
         })
     }
 
@@ -258,12 +261,18 @@ impl Budget {
         config
             .set("queued.max.messages.kbytes", self.queue_kbytes.to_string())
             .set("queued.min.messages", self.queue_messages.to_string())
-            .set("fetch.max.bytes", self.fetch_bytes.to_string())
+            // A partition's fetch may be below librdkafka's least fetch.max.bytes.
+            .set(
+                "fetch.max.bytes",
+                self.fetch_bytes.max(MIN_FETCH_BYTES).to_string(),
+            )
             .set("max.partition.fetch.bytes", self.fetch_bytes.to_string())
             // fetch.max.bytes must be at least this (a producer's setting, unused here).
             .set(
                 "message.max.bytes",
-                self.fetch_bytes.min(1_000_000).to_string(),
+                self.fetch_bytes
+                    .clamp(MIN_FETCH_BYTES, 1_000_000)
+                    .to_string(),
             );
     }
 
@@ -474,6 +483,22 @@ mod tests {
 
     #[test]
     fn librdkafka_accepts_the_limits() {
+        // Caps set by hand below ackd's least values (tests/partition_worker.rs sets
+        // these): they win, without a panic, and librdkafka takes them.
+        let tiny = Caps {
+            queue_kbytes: 1,
+            queue_messages: 5,
+            fetch_bytes: 512,
+        };
+        let b = Budget::plan(&setting(320), Some(1), tiny).unwrap();
+        assert_eq!(
+            (b.queue_kbytes, b.queue_messages, b.fetch_bytes),
+            (1, 5, 512)
+        );
+        let mut config = ClientConfig::new();
+        config.set("group.id", "g");
+        b.apply(&mut config);
+        config.create::<BaseConsumer>().expect("tiny caps");
         for (mb, p) in [(1, Some(1)), (64, Some(200)), (19, Some(200)), (1024, None)] {
             let b = plan(mb, p).unwrap();
             let mut config = ClientConfig::new();
