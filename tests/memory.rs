@@ -1,6 +1,9 @@
-//! `ACKD_MEMORY_MB` against a real broker: with a backlog far larger than the budget
-//! spread over many partitions, ackd's peak RSS stays under the budget plus a fixed
-//! baseline, and every message is still processed once and committed.
+//! The memory budget against a real broker: on by default (from a memory limit ackd
+//! reads, staged here as a cgroup file tree), with a backlog far larger than the budget
+//! spread over many partitions ackd's peak RSS stays under the budget plus a fixed
+//! baseline, librdkafka gets limits that follow the budget, a message larger than a
+//! partition's share is still consumed, and every message is processed once and
+//! committed.
 
 mod common;
 
@@ -13,6 +16,20 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::ClientConfig;
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// A producer writing record batches of at most 16 KiB, as the Java client does by
+/// default: a fetch returns at least one whole record batch, so a producer's batch is
+/// the least a partition prefetches, whatever the budget (docs/performance.md).
+fn small_batches() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker().bootstrap())
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("batch.size", "16384")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .create()
+        .expect("create producer")
+}
 
 /// `n` messages of `size` bytes, keyed, values that do not compress.
 fn sized_messages(n: usize, size: usize) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
@@ -44,18 +61,7 @@ const SESSION_TIMEOUT_MS: &str = "10000";
 #[test]
 fn a_budget_bounds_peak_rss_whatever_the_backlog() {
     let (topic, group) = fresh_topic("memory", PARTITIONS);
-    // Record batches of at most 16 KiB, as the Java client writes them by default: a
-    // fetch returns at least one whole record batch, so a producer's batch is the least
-    // a partition prefetches, whatever the budget (docs/performance.md).
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker().bootstrap())
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("batch.size", "16384")
-        .set("queue.buffering.max.kbytes", "1048576")
-        .create()
-        .expect("create producer");
-    let delivered = produce_with(&producer, &topic, &sized_messages(MESSAGES, SIZE));
+    let delivered = produce_with(&small_batches(), &topic, &sized_messages(MESSAGES, SIZE));
     let ends = log_ends(&delivered);
     let started = Instant::now();
     let budget = std::env::var("ACKD_TEST_MEMORY_MB").unwrap_or(BUDGET_MIB.to_string());
@@ -65,8 +71,8 @@ fn a_budget_bounds_peak_rss_whatever_the_backlog() {
         .env("ACKD_TEST_DELAY_MS", "10")
         .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS)
         .spawn();
-    // ACKD_TEST_MEMORY_MB=0 runs it without a budget: it must then fail on the bound.
-    if budget != "0" {
+    // ACKD_TEST_MEMORY_MB=off runs it without a budget: it must then fail on the bound.
+    if budget != "off" {
         let line = ackd.wait_for_line(
             |l| at(l, "memory_budget") && field(l, "partitions").is_none(),
             WAIT,
@@ -120,7 +126,7 @@ fn a_budget_too_small_for_the_partitions_is_a_config_error() {
         .spawn();
     let line = ackd.assert_config_error("ACKD_MEMORY_MB", WAIT);
     assert!(line.contains("200 partitions"), "{line}");
-    assert!(line.contains("13 or more"), "{line}");
+    assert!(line.contains("19 or more"), "{line}");
     assert!(!ackd.lines().iter().any(|l| at(l, "assigned")));
 }
 
@@ -191,4 +197,259 @@ fn assignment_changes_are_logged_and_the_handoff_is_exact() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// A cgroup file tree under a fresh directory that puts ackd in a cgroup v2 with
+/// `memory.max` = `limit_mib` (what a container runtime sets up), for
+/// `TESTKIT_ACKD_CGROUP_ROOT`.
+fn staged_cgroup(limit_mib: u64) -> std::path::PathBuf {
+    let root = std::env::temp_dir().join(common::topics::unique_name("ackd-cgroup"));
+    let own = root.join("sys/fs/cgroup/pod/ctr");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::create_dir_all(root.join("proc/self")).unwrap();
+    std::fs::write(root.join("proc/self/cgroup"), "0::/pod/ctr\n").unwrap();
+    std::fs::write(
+        root.join("sys/fs/cgroup/cgroup.controllers"),
+        "cpu memory\n",
+    )
+    .unwrap();
+    std::fs::write(own.join("memory.max"), format!("{}\n", limit_mib << 20)).unwrap();
+    root
+}
+
+/// The `at=memory_budget` line of the start (before any assignment).
+fn planned(ackd: &AckdProcess) -> String {
+    ackd.wait_for_line(
+        |l| at(l, "memory_budget") && field(l, "partitions").is_none(),
+        WAIT,
+    )
+}
+
+fn num(line: &str, key: &str) -> u64 {
+    field(line, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+/// With no setting, a memory limit ackd can read sets the budget (a quarter of it), the
+/// start line says so, and librdkafka's limits follow it; without one, the documented
+/// default; `off` turns it off.
+#[test]
+fn the_budget_is_on_by_default_from_the_memory_limit() {
+    let (topic, group) = fresh_topic("memory-default", 8);
+    let cgroup = staged_cgroup(512);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("TESTKIT_ACKD_CGROUP_ROOT", cgroup.to_str().unwrap())
+        .spawn();
+    let start = ackd.wait_for_line(|l| at(l, "start"), WAIT);
+    assert_eq!(
+        field(&start, "memory_limit").as_deref(),
+        Some("cgroup"),
+        "{start}"
+    );
+    assert_eq!(
+        field(&start, "memory_mb").as_deref(),
+        Some("128"),
+        "{start}"
+    );
+    assert_eq!(
+        field(&start, "cgroup_limit_mb").as_deref(),
+        Some("512"),
+        "{start}"
+    );
+    let line = planned(&ackd);
+    assert_eq!(
+        field(&line, "memory_limit").as_deref(),
+        Some("cgroup"),
+        "{line}"
+    );
+    assert_eq!(num(&line, "divided_among"), 8, "{line}");
+    // 16 MiB a partition: a quarter of it, less what a partition costs, for the queue.
+    assert_eq!(num(&line, "share_kb"), 16384, "{line}");
+    assert_eq!(
+        num(&line, "queued_max_messages_kbytes"),
+        (16384 - 32) / 4,
+        "{line}"
+    );
+    ackd.sigterm();
+    ackd.assert_exit(0, WAIT);
+
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("TESTKIT_ACKD_CGROUP_ROOT", "/nonexistent")
+        .spawn();
+    let start = ackd.wait_for_line(|l| at(l, "start"), WAIT);
+    assert_eq!(
+        field(&start, "memory_limit").as_deref(),
+        Some("default"),
+        "{start}"
+    );
+    assert_eq!(
+        field(&start, "memory_mb").as_deref(),
+        Some("320"),
+        "{start}"
+    );
+    assert_eq!(field(&start, "cgroup_limit_mb"), None, "{start}");
+    planned(&ackd);
+    ackd.sigterm();
+    ackd.assert_exit(0, WAIT);
+
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("TESTKIT_ACKD_CGROUP_ROOT", cgroup.to_str().unwrap())
+        .env("ACKD_MEMORY_MB", "off")
+        .spawn();
+    let start = ackd.wait_for_line(|l| at(l, "start"), WAIT);
+    assert_eq!(
+        field(&start, "memory_limit").as_deref(),
+        Some("off"),
+        "{start}"
+    );
+    assert_eq!(field(&start, "memory_mb"), None, "{start}");
+    ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
+    ackd.sigterm();
+    ackd.assert_exit(0, WAIT);
+    assert!(!ackd.lines().iter().any(|l| at(l, "memory_budget")));
+}
+
+/// A slow handler on hundreds of partitions with a backlog larger than the budget: the
+/// budget from the staged limit, librdkafka's limits divided from it, peak RSS under
+/// the budget plus the baseline (a wide margin), and a graceful stop that commits
+/// exactly what was processed.
+#[test]
+fn a_slow_handler_on_hundreds_of_partitions_stays_under_the_default_bound() {
+    const PARTITIONS: i32 = 300;
+    const PER_PARTITION: usize = 200;
+    let (topic, group) = fresh_topic("memory-many", PARTITIONS);
+    let delivered = produce_with(
+        &small_batches(),
+        &topic,
+        &sized_messages(PARTITIONS as usize * PER_PARTITION, 1024),
+    );
+    // 128 MiB of memory: a budget of 32 MiB, 109 KiB a partition, against 60 MiB waiting.
+    let cgroup = staged_cgroup(128);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("TESTKIT_ACKD_CGROUP_ROOT", cgroup.to_str().unwrap())
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "100")
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS)
+        .spawn();
+    let line = planned(&ackd);
+    assert_eq!(num(&line, "memory_mb"), 32, "{line}");
+    assert_eq!(num(&line, "divided_among"), PARTITIONS as u64, "{line}");
+    let share = num(&line, "share_kb") * 1024;
+    assert_eq!(
+        share,
+        (32 << 20) / PARTITIONS as u64 / 1024 * 1024,
+        "{line}"
+    );
+    // What librdkafka got follows the share: the queue, a response on top, responses
+    // kept alive and a read-ahead of what the queue held fit in it.
+    let (queue, fetch) = (
+        num(&line, "queued_max_messages_kbytes") * 1024,
+        num(&line, "fetch_max_bytes"),
+    );
+    assert!(queue > 0 && 2 * queue + 3 * fetch < share, "{line}");
+    ackd.wait_for_line(
+        |l| at(l, "memory_budget") && field(l, "partitions").as_deref() == Some("300"),
+        WAIT,
+    );
+    // Long enough for every partition's queue to fill: 10 messages a partition.
+    ackd.wait_for_count(is_processed, 10 * PARTITIONS as usize, WAIT);
+    let peak_kib = peak_rss_kib(ackd.pid());
+    ackd.sigterm();
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    eprintln!("{PARTITIONS} partitions, budget 32 MiB from a 128 MiB limit: peak RSS {peak_kib} KiB, exit {code}");
+    assert_eq!(code, 0);
+    let committed: u64 = committed(&group, &topic, PARTITIONS)
+        .values()
+        .map(|c| c.unwrap_or(0) as u64)
+        .sum();
+    // Every message processed was committed, nothing beyond (offsets start at 0).
+    let t = tally(&delivered, &processed(&lines), &lines);
+    assert!(t.duplicated.is_empty(), "duplicated {:?}", t.duplicated);
+    assert_eq!(
+        committed,
+        processed(&lines).len() as u64,
+        "committed vs processed"
+    );
+    assert!(committed < delivered.len() as u64);
+    assert!(
+        peak_kib < (32 + BASELINE_MIB + 16) << 10,
+        "peak RSS {peak_kib} KiB with a 32 MiB budget"
+    );
+}
+
+/// A message larger than its partition's share comes whole (a fetch returns at least one
+/// record batch), is processed and committed, and so are the small ones around it.
+#[test]
+fn a_message_larger_than_a_share_is_consumed_and_committed() {
+    let (topic, group) = fresh_topic("memory-large", 8);
+    let mut messages = sized_messages(40, 1024);
+    // 1 MiB of budget over 8 partitions: 128 KiB a share; this one is 900 KiB.
+    messages.insert(20, (Some(b"large".to_vec()), vec![b'x'; 900 * 1024]));
+    let delivered = produce(&topic, &messages);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_MEMORY_MB", "1")
+        .env("ACKD_COMMIT_INTERVAL_MS", "500")
+        .spawn();
+    let line = planned(&ackd);
+    assert!(num(&line, "share_kb") < 900, "{line}");
+    ackd.wait_for_count(is_processed, delivered.len(), WAIT);
+    ackd.sigterm();
+    ackd.assert_exit(0, WAIT);
+    let lines = ackd.lines();
+    let t = tally(&delivered, &processed(&lines), &lines);
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    assert!(t.duplicated.is_empty(), "duplicated {:?}", t.duplicated);
+    assert_committed_to_ends(&group, &topic, 8, &log_ends(&delivered));
+}
+
+/// With `key` ordering a partition reads up to `ACKD_MAX_PENDING` messages ahead of its
+/// calls, out of librdkafka's queue: under a budget the messages held stop the reading
+/// at what the share allows a worker to hold too. One partition, 1 MiB of budget (about
+/// 372 KiB a worker may hold), messages of 10 KiB behind one slow call at a time: the
+/// messages waiting to start stay near 37, not the 1000 of `ACKD_MAX_PENDING`.
+#[test]
+fn key_ordering_holds_pending_messages_within_the_share() {
+    const MESSAGES: usize = 1500;
+    let (topic, group) = fresh_topic("memory-pending", 1);
+    let delivered = produce(&topic, &sized_messages(MESSAGES, 10 * 1024));
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_MEMORY_MB", "1")
+        .env("ACKD_ORDERING", "key")
+        .env("ACKD_CONCURRENCY", "1")
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "5")
+        .env("ACKD_METRICS_INTERVAL_MS", "500")
+        .env("ACKD_LOG_MESSAGES", "false")
+        .spawn();
+    let line = planned(&ackd);
+    let held = num(&line, "queued_max_messages_kbytes") * 1024 + num(&line, "fetch_max_bytes");
+    // Every message: the summaries' counts (no per-message lines).
+    wait_until(WAIT, || {
+        ackd.lines()
+            .iter()
+            .filter(|l| at(l, "summary"))
+            .filter_map(|l| field(l, "count#ackd.processed")?.parse::<usize>().ok())
+            .sum::<usize>()
+            >= MESSAGES
+    });
+    ackd.sigterm();
+    ackd.assert_exit(0, WAIT);
+    let most = ackd
+        .lines()
+        .iter()
+        .filter(|l| at(l, "summary"))
+        .filter_map(|l| field(l, "sample#ackd.waiting")?.parse::<u64>().ok())
+        .max()
+        .expect("summaries with sample#ackd.waiting");
+    eprintln!(
+        "key ordering, 1 MiB budget: at most {most} messages waiting (allowance {held} bytes)"
+    );
+    assert!(most > 0, "nothing ever waited: the test shows nothing");
+    assert!(
+        most <= held / (10 * 1024) + 1,
+        "{most} messages of 10 KiB waiting"
+    );
+    assert_committed_to_ends(&group, &topic, 1, &log_ends(&delivered));
 }

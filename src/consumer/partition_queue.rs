@@ -24,16 +24,53 @@ use crate::fetched_message::{key_and_value_bytes, FetchedMessage};
 
 /// At most this many messages taken from librdkafka's queue in one call, ...
 pub const READ_AHEAD: usize = 64;
-/// ... and about this many bytes of them, judged by the largest message of the previous
-/// call (the first call takes one): what a worker has taken out of librdkafka's queue is
-/// beyond the queue's own bound (`queued.max.messages.kbytes`), so large messages are
-/// taken one at a time.
+/// ... and about this many bytes of them: what a worker has taken out of librdkafka's
+/// queue is beyond the queue's own bound (`queued.max.messages.kbytes`, which librdkafka
+/// refills), so large messages are taken one at a time.
+///
+/// A call takes a count, and librdkafka cannot show the sizes of what it would take, so
+/// the count is judged by the messages taken before: by the largest of recent calls,
+/// halved at each call that had nothing as large (the first call takes one). After a
+/// large message the count grows back over about ten calls, so sizes that alternate
+/// are taken a few at a time. Where large messages follow a run of small ones, the
+/// call at the change may still take up to [`READ_AHEAD`] of them: the true bound of
+/// one call is 64 messages and what the queue held (its bound plus one fetch
+/// response), which the memory budget counts (src/consumer/memory.rs).
 pub const READ_AHEAD_BYTES: usize = 16 * 1024;
 
-/// How many messages to take next, when the previous call's largest had `largest` key
-/// and value bytes.
+/// How many messages to take next, when recent calls' messages had up to `largest`
+/// key and value bytes ([`Recent::largest`]).
 pub fn read_ahead(largest: usize) -> usize {
     (READ_AHEAD_BYTES / largest.max(1)).clamp(1, READ_AHEAD)
+}
+
+/// The size the next call is judged by: the largest message of recent calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Recent {
+    largest: usize,
+}
+
+impl Default for Recent {
+    /// Nothing taken yet: the first call takes one message.
+    fn default() -> Self {
+        Recent {
+            largest: READ_AHEAD_BYTES,
+        }
+    }
+}
+
+impl Recent {
+    /// After a call whose largest message had `largest` bytes (0: it took none, or only
+    /// errors, which say nothing of sizes).
+    pub fn took(&mut self, largest: usize) {
+        if largest > 0 {
+            self.largest = largest.max(self.largest / 2);
+        }
+    }
+
+    pub fn largest(&self) -> usize {
+        self.largest
+    }
 }
 
 /// One partition's queue, no longer forwarded to the consumer's: what librdkafka fetches
@@ -93,7 +130,7 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
             waker: &self.waker,
             taken: Vec::with_capacity(READ_AHEAD),
             next: 0,
-            largest: READ_AHEAD_BYTES,
+            recent: Recent::default(),
             owns: PhantomData,
         }
     }
@@ -121,8 +158,8 @@ pub struct Messages<'q> {
     taken: Vec<*mut rdsys::rd_kafka_message_t>,
     /// The index in `taken` of the next message to hand out.
     next: usize,
-    /// Key and value bytes of the previous call's largest message (see [`read_ahead`]).
-    largest: usize,
+    /// The sizes of recent calls' messages (see [`read_ahead`]).
+    recent: Recent,
     /// The messages from `next` on are owned here, as `FetchedMessage`s borrowing `'q`.
     owns: PhantomData<FetchedMessage<'q>>,
 }
@@ -134,7 +171,7 @@ impl Messages<'_> {
     /// Takes what the queue has now, without waiting; false when it had nothing. Called
     /// only once every message taken before was handed out.
     fn take(&mut self) -> bool {
-        let wanted = read_ahead(self.largest);
+        let wanted = read_ahead(self.recent.largest());
         self.taken.clear();
         self.next = 0;
         // SAFETY: the queue is live while `'q` is, and the array has room for `wanted`.
@@ -151,9 +188,7 @@ impl Messages<'_> {
         unsafe { self.taken.set_len(n) };
         self.taken.retain(|m| !m.is_null());
         let largest = self.taken.iter().map(|&m| size(m)).max().unwrap_or(0);
-        if largest > 0 {
-            self.largest = largest;
-        }
+        self.recent.took(largest);
         !self.taken.is_empty()
     }
 }
@@ -211,5 +246,41 @@ mod tests {
         assert_eq!(read_ahead(1024), 16);
         assert_eq!(read_ahead(READ_AHEAD_BYTES), 1, "the first call");
         assert_eq!(read_ahead(1 << 20), 1, "a large message goes alone");
+    }
+
+    /// The counts a run of calls takes, each call taking messages of the given sizes
+    /// (as many as it asks for), and the bytes of the largest call.
+    fn run(sizes: impl Iterator<Item = usize>, calls: usize) -> (Vec<usize>, usize) {
+        let mut sizes = sizes.peekable();
+        let mut recent = Recent::default();
+        let (mut counts, mut most) = (Vec::new(), 0);
+        for _ in 0..calls {
+            let taken: Vec<usize> = sizes.by_ref().take(read_ahead(recent.largest())).collect();
+            counts.push(taken.len());
+            most = most.max(taken.iter().sum());
+            recent.took(taken.iter().copied().max().unwrap_or(0));
+        }
+        (counts, most)
+    }
+
+    #[test]
+    fn sizes_that_alternate_are_taken_a_few_at_a_time() {
+        // A topic of small messages with a large one every 16: judged by the previous
+        // call alone, every call after a small one took 64, and with them up to four
+        // of the large ones (1 MiB at once).
+        let sizes = (0..).map(|i| if i % 16 == 15 { 256 * 1024 } else { 100 });
+        let (counts, most) = run(sizes, 200);
+        assert!(
+            most <= 2 * 256 * 1024 + READ_AHEAD_BYTES,
+            "a call took {most} bytes: {counts:?}"
+        );
+    }
+
+    #[test]
+    fn after_a_large_message_the_count_grows_back() {
+        let sizes = std::iter::once(1 << 20).chain(std::iter::repeat(100));
+        let (counts, _) = run(sizes, 16);
+        assert_eq!(counts[..3], [1, 1, 1]);
+        assert_eq!(*counts.last().unwrap(), READ_AHEAD, "{counts:?}");
     }
 }

@@ -153,13 +153,14 @@ impl Http {
     }
 
     pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
-        let (content_type, body, metadata) = match self.config.body {
-            HttpBody::Json => ("application/json", super::json::encode(message), Vec::new()),
-            HttpBody::Raw => (
-                "application/octet-stream",
-                message.payload().unwrap_or_default().to_vec(),
-                raw_headers(message),
-            ),
+        let raw = self.config.body == HttpBody::Raw;
+        let (content_type, metadata) = match raw {
+            false => ("application/json", Vec::new()),
+            true => ("application/octet-stream", raw_headers(message)),
+        };
+        let body = || match raw {
+            false => super::json::encode(message),
+            true => message.payload().unwrap_or_default().to_vec(),
         };
         self.post(content_type, body, (Delivery::of(message), metadata))
             .await
@@ -171,7 +172,7 @@ impl Http {
     /// names in [`FAILED_OFFSET`] (N in the batch), else for its first.
     pub async fn process_batch(&self, messages: &[Message<'_>]) -> Result<(), BatchError> {
         let first = messages.first().map_or(-1, Message::offset);
-        let body = super::json::encode_batch(messages);
+        let body = || super::json::encode_batch(messages);
         let delivery = Delivery::of_batch(messages);
         self.post("application/json", body, (delivery, Vec::new()))
             .await
@@ -187,7 +188,7 @@ impl Http {
     async fn post(
         &self,
         content_type: &'static str,
-        body: Vec<u8>,
+        body: impl FnOnce() -> Vec<u8>,
         metadata: (Delivery, Vec<(&'static str, HeaderValue)>),
     ) -> Result<(), Refused> {
         let refused = |error| Refused {
@@ -209,7 +210,9 @@ impl Http {
                 "dropped before it was sent: the partition is stopping",
             )));
         };
-        let request = self.request(content_type, body, metadata);
+        // Rendered only with a permit: the calls waiting for one (one per partition behind
+        // a slow endpoint) hold no copy of their messages.
+        let request = self.request(content_type, body(), metadata);
         let response = match request.send().await {
             Ok(r) => r,
             Err(e) => {

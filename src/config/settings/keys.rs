@@ -262,7 +262,7 @@ pub(super) const KEYS: &[Key] = &[
     Key {
         key: "memory_mb",
         required: None,
-        help: "prefetch budget of the process in MiB, shared by the topics' partitions (0: per-partition limits)",
+        help: "auto | off | MiB: memory budget of the process, shared by the topics' partitions (auto: a quarter of the cgroup's memory limit, else 320)",
     },
     #[cfg(feature = "testkit")]
     Key {

@@ -44,6 +44,17 @@ pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;
 /// The largest `ACKD_MEMORY_MB`: 1 TiB.
 pub const MAX_MEMORY_MB: usize = 1 << 20;
 
+/// `ACKD_MEMORY_MB`: where the memory budget comes from (src/consumer/memory.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemorySetting {
+    /// `auto`: from the memory limit of the process's cgroup, else a fixed default.
+    Auto,
+    /// `off` (or `0`): no budget; librdkafka's limits apply to each partition held.
+    Off,
+    /// This many MiB.
+    MiB(u64),
+}
+
 /// The largest `ACKD_CONCURRENCY`.
 pub const MAX_CONCURRENCY: usize = 10_000;
 /// The largest `ACKD_MAX_PENDING`.
@@ -203,10 +214,9 @@ pub struct Settings {
     pub health_listen: Option<std::net::SocketAddr>,
     /// `ACKD_HEALTH_STUCK_MS`; `None` (0): derived, see [`Settings::health_stuck_after`].
     pub health_stuck: Option<Duration>,
-    /// `ACKD_MEMORY_MB`: the prefetch budget of the process, divided among the
-    /// partitions of the topics (src/consumer/memory.rs); 0: off, librdkafka's limits
-    /// per partition as configured.
-    pub memory_mb: u64,
+    /// `ACKD_MEMORY_MB`: the memory budget of the process, divided among the
+    /// partitions of the topics (src/consumer/memory.rs).
+    pub memory: MemorySetting,
     /// `ACKD_EXEC_PASS_SECRETS`: the [`SECRET_VARIABLES`] exec children get anyway.
     pub exec_pass_secrets: Vec<String>,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).

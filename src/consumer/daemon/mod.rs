@@ -61,13 +61,14 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
 /// Starts ackd, runs it until a stop, and stops it: the exit code. `Err(code)`: the
 /// exit code of a start that failed, or of a stop before anything was consumed.
 async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result<i32, i32> {
-    start::log_start(&settings, &processor);
+    let memory_limit = crate::consumer::memory::resolve(settings.memory);
+    start::log_start(&settings, &processor, memory_limit.as_ref());
     // Signals first: a SIGTERM that arrives while we connect must not kill us.
     let mut signals = signals::install()?;
     // The daemon keeps a handle to call the processor's shutdown hook after the final commit.
     let processor = Arc::new(processor);
     let dead_letter = start::dead_letter(&settings)?;
-    let memory = start::plan_memory(&settings, &mut signals).await?;
+    let memory = start::plan_memory(&settings, memory_limit, &mut signals).await?;
     let parts = start::Parts::new(&settings, memory);
     start::serve_health(&settings, &parts.health)?;
     start::lease(&settings, &parts, &mut signals).await?;

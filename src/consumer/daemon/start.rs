@@ -30,7 +30,11 @@ use crate::output::metrics::{self, CommitMetrics};
 use crate::processors::processor::Processor;
 
 /// The `at=start` line: the settings ackd runs with (none of them shows a secret).
-pub(super) fn log_start<P: Processor>(settings: &Settings, processor: &P) {
+pub(super) fn log_start<P: Processor>(
+    settings: &Settings,
+    processor: &P,
+    memory: Option<&memory::Limit>,
+) {
     let rdkafka = settings.rdkafka_shown();
     tracing::info!(
         at = "start",
@@ -64,6 +68,10 @@ pub(super) fn log_start<P: Processor>(settings: &Settings, processor: &P) {
             .then_some(settings.batch_max_bytes),
         dead_letter_topic = settings.dead_letter_topic.as_deref(),
         wait_for_topics = settings.wait_for_topics.then_some(true),
+        // The budget and where it came from (src/consumer/memory.rs); off: neither.
+        memory_mb = memory.map(|m| m.mb),
+        memory_limit = memory.map_or("off", |m| m.source.as_str()),
+        cgroup_limit_mb = memory.and_then(|m| m.source.cgroup_limit_mb()),
         rdkafka
     );
 }
@@ -86,16 +94,17 @@ pub(super) fn dead_letter(settings: &Settings) -> Result<Option<Arc<DeadLetter>>
     }
 }
 
-/// ACKD_MEMORY_MB: librdkafka's limits are fixed when the consumer is created, so the
-/// partitions the budget is divided among are counted first (src/consumer/memory.rs).
+/// The memory budget: librdkafka's limits are fixed when the consumer is created, so the
+/// partitions it is divided among are counted first (src/consumer/memory.rs).
 /// `Err(code)`: a signal came meanwhile, or the budget is too small.
 pub(super) async fn plan_memory(
     settings: &Settings,
+    limit: Option<memory::Limit>,
     signals: &mut Signals,
 ) -> Result<Option<memory::Budget>, i32> {
-    if settings.memory_mb == 0 {
+    let Some(limit) = limit else {
         return Ok(None);
-    }
+    };
     let s = settings.clone();
     let count =
         tokio::task::spawn_blocking(move || memory::count_partitions(&s, Duration::from_secs(10)));
@@ -103,7 +112,7 @@ pub(super) async fn plan_memory(
         c = count => c.ok().flatten(),
         s = signals.next() => return Err(stopped_while_waiting(s)),
     };
-    match memory::Budget::plan(settings.memory_mb, partitions) {
+    match memory::Budget::plan(&limit, partitions, memory::Caps::of(settings)) {
         Ok(budget) => {
             budget.log(None);
             Ok(Some(budget))
@@ -111,7 +120,10 @@ pub(super) async fn plan_memory(
         Err(problem) => {
             report_setting_error(&SettingError {
                 setting: "ACKD_MEMORY_MB".into(),
-                value: Some(settings.memory_mb.to_string()),
+                value: Some(match limit.source {
+                    memory::Source::Setting => limit.mb.to_string(),
+                    _ => "auto".into(),
+                }),
                 problem,
             });
             Err(exit::CONFIG)
@@ -231,7 +243,10 @@ pub(super) fn worker_config<P: Processor>(
         batch: Batching {
             max_messages: settings.batch_max_messages,
             max_wait: settings.batch_max_wait,
-            max_bytes: settings.batch_max_bytes,
+            max_bytes: memory::Budget::batch_max_bytes(
+                parts.memory.as_ref(),
+                settings.batch_max_bytes,
+            ),
         },
         concurrency: match settings.ordering {
             ProcessingOrder::Partition => Concurrency::SEQUENTIAL,
@@ -239,6 +254,7 @@ pub(super) fn worker_config<P: Processor>(
                 ordering,
                 max_in_flight: settings.concurrency,
                 max_pending: settings.max_pending,
+                max_pending_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
             },
         },
         limits: LimitPolicy {

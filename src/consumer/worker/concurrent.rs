@@ -109,6 +109,8 @@ struct Concurrent<'q> {
     open: Option<Open<'q>>,
     /// Messages read and not finished: in calls, waiting for their key, or in `open`.
     held: usize,
+    /// Their key and value bytes (counted only under a byte limit).
+    held_bytes: usize,
     course: Course,
     /// Scratch for the ranges acknowledged above the committable offset.
     ranges: Vec<(i64, i64)>,
@@ -122,6 +124,7 @@ impl<'q> Concurrent<'q> {
             calls: Calls::default(),
             open: None,
             held: 0,
+            held_bytes: 0,
             course: Course::default(),
             ranges: Vec::new(),
         }
@@ -202,7 +205,8 @@ impl<'q, P: Processor> Worker<'q, P> {
             // commit's metadata) stay bounded too.
             let reading = !run.course.winding_down()
                 && !run.course.ended
-                && self.progress.tracker.outstanding() < limits.max_pending;
+                && self.progress.tracker.outstanding() < limits.max_pending
+                && (limits.max_pending_bytes == 0 || run.held_bytes < limits.max_pending_bytes);
             if run.running.is_empty() && !reading {
                 if let Some(step) = run.last_step() {
                     return step;
@@ -248,6 +252,14 @@ impl<'q, P: Processor> Worker<'q, P> {
         run.calls.started.remove(&done.id);
         run.calls.messages -= done.unit.messages().len();
         run.held -= done.unit.messages().len();
+        if self.config.concurrency.max_pending_bytes > 0 {
+            run.held_bytes -= done
+                .unit
+                .messages()
+                .iter()
+                .map(FetchedMessage::size)
+                .sum::<usize>();
+        }
         match self.finished(done, &mut run.order, &mut run.ranges) {
             BatchEnd::Done => {}
             BatchEnd::Halt(at) => run.halt(at),
@@ -264,11 +276,21 @@ impl<'q, P: Processor> Worker<'q, P> {
     ) {
         match next {
             None => run.stopping(),
-            Some(Ok(m)) => match self.accept(m, &mut run.order, &mut run.open, batching) {
-                Ok(true) => run.held += 1,
-                Ok(false) => {}
-                Err(at) => run.halt(at),
-            },
+            Some(Ok(m)) => {
+                let size = if self.config.concurrency.max_pending_bytes > 0 {
+                    m.size()
+                } else {
+                    0
+                };
+                match self.accept(m, &mut run.order, &mut run.open, batching) {
+                    Ok(true) => {
+                        run.held += 1;
+                        run.held_bytes += size;
+                    }
+                    Ok(false) => {}
+                    Err(at) => run.halt(at),
+                }
+            }
             Some(Err(KafkaError::PartitionEOF(_))) if self.config.at_end.is_some() => {
                 run.course.ended = true;
                 self.close_batch(run);

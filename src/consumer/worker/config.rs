@@ -37,6 +37,9 @@ pub struct Concurrency {
     pub max_in_flight: usize,
     /// Messages held at most, in flight or waiting for their key.
     pub max_pending: usize,
+    /// Their key and value bytes at most (0: no limit): the memory budget's
+    /// (src/consumer/memory.rs). At least one message is always held.
+    pub max_pending_bytes: usize,
 }
 
 impl Concurrency {
@@ -45,6 +48,7 @@ impl Concurrency {
         ordering: ProcessingOrder::Partition,
         max_in_flight: 1,
         max_pending: 1,
+        max_pending_bytes: 0,
     };
 }
 

@@ -51,7 +51,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 
@@ -65,6 +65,10 @@ pub struct Exec {
     config: Arc<ExecConfig>,
     pool: OnceLock<Pool>,
     restarts: Arc<AtomicU64>,
+    /// One permit per request the children can hold at once: a call renders its
+    /// request only with one, so the calls waiting for a child (one per partition
+    /// behind a busy handler) hold no copy of their messages.
+    rendering: Semaphore,
 }
 
 impl fmt::Debug for Exec {
@@ -79,10 +83,12 @@ impl fmt::Debug for Exec {
 
 impl Exec {
     pub fn new(config: ExecConfig) -> Exec {
+        let requests = config.concurrency.max(1) * config.in_flight.max(1);
         Exec {
             config: Arc::new(config),
             pool: OnceLock::new(),
             restarts: Arc::new(AtomicU64::new(0)),
+            rendering: Semaphore::new(requests),
         }
     }
 
@@ -102,7 +108,7 @@ impl Exec {
             partition: message.partition(),
             offsets: Offsets::One(message.offset()),
         };
-        self.request(request_line(message), sent)
+        self.request(|| request_line(message), sent)
             .await
             .map_err(|e| e.error)
     }
@@ -117,18 +123,22 @@ impl Exec {
             partition: head.partition(),
             offsets: Offsets::Batch(messages.iter().map(Message::offset).collect()),
         };
-        self.request(batch_line(messages), sent).await
+        self.request(|| batch_line(messages), sent).await
     }
 
-    async fn request(&self, line: Vec<u8>, sent: Sent) -> Result<(), BatchError> {
+    async fn request(&self, line: impl FnOnce() -> Vec<u8>, sent: Sent) -> Result<(), BatchError> {
         let pool = self.pool();
         let first = sent.offsets.first();
+        // Queued before any wait: the call starts when a child takes it.
+        let queued = queued();
+        // Held until the answer: the permit is the child's room for this request.
+        let _room = self.rendering.acquire().await.ok();
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            line,
+            line: line(),
             sent,
             reply,
-            queued: queued(),
+            queued,
         };
         if pool.jobs.send(job).await.is_err() {
             return Err(BatchError::new(

@@ -4,25 +4,34 @@ use crate::config::error::SettingError;
 use crate::config::settings::keys::rdkafka_defaults;
 use crate::config::settings::properties::MEMORY_BUDGET_PROPERTIES;
 use crate::config::settings::raw::RawSettings;
-use crate::config::settings::{Settings, MAX_MEMORY_MB};
+use crate::config::settings::{MemorySetting, Settings, MAX_MEMORY_MB};
 
 impl RawSettings {
-    /// `ACKD_MEMORY_MB`: 0 is off.
-    pub(super) fn memory_mb(&self) -> Result<u64, SettingError> {
-        Ok(self.whole(
-            "memory_mb",
-            0..=MAX_MEMORY_MB,
-            format!("expected a whole number of MiB from 0 (off) to {MAX_MEMORY_MB}"),
-        )? as u64)
+    /// `ACKD_MEMORY_MB`: `auto`, `off` (or 0), or MiB.
+    pub(super) fn memory(&self) -> Result<MemorySetting, SettingError> {
+        let value = self.get("memory_mb").trim().to_ascii_lowercase();
+        match value.as_str() {
+            "auto" => return Ok(MemorySetting::Auto),
+            "off" | "0" => return Ok(MemorySetting::Off),
+            _ => {}
+        }
+        match value.parse::<u64>() {
+            Ok(mb) if mb <= MAX_MEMORY_MB as u64 => Ok(MemorySetting::MiB(mb)),
+            _ => Err(self.error(
+                "memory_mb",
+                format!("expected auto (the container's memory limit, else a default), off, or a whole number of MiB from 1 to {MAX_MEMORY_MB}"),
+            )),
+        }
     }
 }
 
-/// The budget sets librdkafka's prefetch limits itself: one set by hand as well would be
-/// silently overridden (a value equal to ackd's default is not "by hand").
+/// A budget set in MiB sets librdkafka's prefetch limits itself: one set by hand as well
+/// would be silently overridden (a value equal to ackd's default is not "by hand").
+/// With `auto` a limit set by hand is a cap the budget keeps under.
 pub(super) fn budget_owns_the_prefetch_limits(settings: &Settings) -> Result<(), SettingError> {
-    if settings.memory_mb == 0 {
+    let MemorySetting::MiB(mb) = settings.memory else {
         return Ok(());
-    }
+    };
     let defaults = rdkafka_defaults();
     if let Some((property, pass)) = settings.rdkafka.iter().find(|(p, pass)| {
         MEMORY_BUDGET_PROPERTIES.contains(&p.as_str())
@@ -32,8 +41,7 @@ pub(super) fn budget_owns_the_prefetch_limits(settings: &Settings) -> Result<(),
             &pass.origin,
             Some(&pass.value),
             format!(
-                "sets `{property}`, which ACKD_MEMORY_MB={} sets from the budget: use one or the other",
-                settings.memory_mb
+                "sets `{property}`, which ACKD_MEMORY_MB={mb} sets from the budget: use one or the other (or ACKD_MEMORY_MB=auto, which keeps under it)"
             ),
         ));
     }
@@ -43,15 +51,33 @@ pub(super) fn budget_owns_the_prefetch_limits(settings: &Settings) -> Result<(),
 #[cfg(test)]
 mod tests {
     use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::config::settings::{MemorySetting, Settings};
+
+    fn memory(value: &str) -> MemorySetting {
+        Settings::from_vars(vars(&[("ACKD_MEMORY_MB", value)]))
+            .unwrap()
+            .memory
+    }
 
     #[test]
-    fn a_memory_budget_is_off_by_default_and_owns_the_prefetch_limits() {
-        assert_eq!(Settings::from_vars(vars(&[])).unwrap().memory_mb, 0);
-        let s = Settings::from_vars(vars(&[("ACKD_MEMORY_MB", "64")])).unwrap();
-        assert_eq!(s.memory_mb, 64);
-        let e = err(&[("ACKD_MEMORY_MB", "lots")]);
-        assert_eq!(e.setting, "ACKD_MEMORY_MB");
+    fn a_memory_budget_is_auto_by_default_and_off_only_when_asked() {
+        assert_eq!(
+            Settings::from_vars(vars(&[])).unwrap().memory,
+            MemorySetting::Auto
+        );
+        assert_eq!(memory("64"), MemorySetting::MiB(64));
+        assert_eq!(memory("off"), MemorySetting::Off);
+        assert_eq!(memory("0"), MemorySetting::Off);
+        assert_eq!(memory("AUTO"), MemorySetting::Auto);
+        for bad in ["lots", "-1", "64MB", "2000000"] {
+            let e = err(&[("ACKD_MEMORY_MB", bad)]);
+            assert_eq!(e.setting, "ACKD_MEMORY_MB", "{bad}");
+            assert!(e.problem.contains("auto"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_budget_in_mib_owns_the_prefetch_limits() {
         // A limit set by hand would be overridden silently: refused, naming both.
         let e = err(&[
             ("ACKD_MEMORY_MB", "64"),
@@ -59,11 +85,15 @@ mod tests {
         ]);
         assert_eq!(e.setting, "ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES");
         assert!(e.problem.contains("ACKD_MEMORY_MB=64"), "{e}");
-        // Without a budget it is an ordinary pass-through; ackd's own default is no conflict.
-        assert!(
-            Settings::from_vars(vars(&[("ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES", "4096")]))
-                .is_ok()
-        );
+        // With auto or off it is an ordinary pass-through (auto keeps under it); ackd's
+        // own default is no conflict.
+        for m in ["auto", "off"] {
+            assert!(Settings::from_vars(vars(&[
+                ("ACKD_MEMORY_MB", m),
+                ("ACKD_RDKAFKA_QUEUED_MAX_MESSAGES_KBYTES", "4096")
+            ]))
+            .is_ok());
+        }
         assert!(Settings::from_vars(vars(&[
             ("ACKD_MEMORY_MB", "64"),
             ("ACKD_RDKAFKA_FETCH_MAX_BYTES", "1048576"),

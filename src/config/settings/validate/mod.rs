@@ -45,7 +45,7 @@ impl RawSettings {
         let http = self.http()?;
         let wait_for_topics = self.boolean("wait_for_topics")?;
         let (health_listen, health_stuck) = (self.health_listen()?, self.health_stuck()?);
-        let memory_mb = self.memory_mb()?;
+        let memory = self.memory()?;
         let exec_pass_secrets = self.exec_pass_secrets()?;
         let settings = Settings {
             brokers: connection.brokers,
@@ -90,7 +90,7 @@ impl RawSettings {
             wait_for_topics,
             health_listen,
             health_stuck,
-            memory_mb,
+            memory,
             exec_pass_secrets,
             #[cfg(feature = "testkit")]
             test_delay: self.test_delay()?,
