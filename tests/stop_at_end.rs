@@ -125,3 +125,33 @@ fn a_graceful_stop_leaves_the_group_so_the_partitions_move_at_once() {
     );
     b.stop(0, WAIT);
 }
+
+/// A fresh group's partitions (nothing committed) start where the start policy says as
+/// soon as they are assigned. Left to librdkafka, "nothing committed" is an error it
+/// resets from only after a fixed 100 ms backoff.
+#[test]
+fn a_partition_with_nothing_committed_starts_without_librdkafka_s_100_ms_backoff() {
+    let (topic, group) = fresh_topic("end-fresh", 2);
+    produce_keyed(&topic, 20, 0);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_PROCESSOR", "noop")
+        .spawn();
+    ackd.assert_exit(0, WAIT);
+    let lines = ackd.timed_lines();
+    let (last_assigned, line) = lines
+        .iter()
+        .rfind(|(_, l)| at(l, "assigned"))
+        .expect("at=assigned lines");
+    assert_eq!(field(line, "from").as_deref(), Some("earliest"), "{line}");
+    let (first_resumed, _) = lines
+        .iter()
+        .find(|(_, l)| at(l, "resumed"))
+        .expect("an at=resumed line");
+    let waited = first_resumed.duration_since(*last_assigned);
+    assert!(
+        waited < Duration::from_millis(100),
+        "the first message came {waited:?} after the assignment"
+    );
+    assert_eq!(processed(&ackd.lines()).len(), 20);
+}
