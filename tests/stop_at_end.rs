@@ -4,9 +4,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*};
+use common::{ackd::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -57,4 +57,101 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
         .spawn();
     again.assert_exit(0, WAIT);
     assert!(common::lines::processed(&again.lines()).is_empty());
+}
+
+/// The close (the final revoke, LeaveGroup) is a few round trips on loopback. Closed the
+/// way rust-rdkafka's drop does it (polls of 100 ms, the last one slept to its end), it
+/// took at least 100 ms of every stop.
+#[test]
+fn the_close_takes_less_than_100_ms() {
+    let (topic, group) = fresh_topic("end-close", 2);
+    produce_keyed(&topic, 20, 0);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_PROCESSOR", "noop")
+        .spawn();
+    ackd.assert_exit(0, WAIT);
+    let lines = ackd.lines();
+    let closed = lines
+        .iter()
+        .find(|l| at(l, "closed"))
+        .unwrap_or_else(|| panic!("no at=closed line:\n{}", lines.join("\n")));
+    let ms: f64 = field(closed, "duration_ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no duration_ms: {closed}"));
+    assert!(ms < 100.0, "the close took {ms} ms: {closed}");
+    assert!(field(closed, "error").is_none(), "{closed}");
+}
+
+/// A graceful stop leaves the group: the other member gets the partitions at once, not
+/// after the session timeout (60 s here) in which the group would wait for a member
+/// that vanished without a word.
+#[test]
+fn a_graceful_stop_leaves_the_group_so_the_partitions_move_at_once() {
+    const SESSION: Duration = Duration::from_secs(60);
+    let (topic, group) = fresh_topic("end-leave", 4);
+    produce_keyed(&topic, 40, 0);
+    let member = || {
+        AckdBuilder::new(&topic, &group)
+            .env(
+                "ACKD_RDKAFKA_SESSION_TIMEOUT_MS",
+                SESSION.as_millis().to_string(),
+            )
+            .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "500")
+            .spawn()
+    };
+    let holding = |lines: &[String]| {
+        let mut held = BTreeSet::new();
+        for l in lines {
+            let p = field(l, "partition");
+            if at(l, "assigned") {
+                held.extend(p);
+            } else if at(l, "revoked") {
+                held.remove(&p.unwrap_or_default());
+            }
+        }
+        held.len()
+    };
+    let a = member();
+    a.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let b = member();
+    wait_until(WAIT, || holding(&b.lines()) > 0 && holding(&a.lines()) < 4);
+    let stopped = Instant::now();
+    a.stop(0, WAIT);
+    wait_until(SESSION / 3, || holding(&b.lines()) == 4);
+    eprintln!(
+        "b held all 4 partitions {:.1} s after a's stop",
+        stopped.elapsed().as_secs_f64()
+    );
+    b.stop(0, WAIT);
+}
+
+/// A fresh group's partitions (nothing committed) start where the start policy says as
+/// soon as they are assigned. Left to librdkafka, "nothing committed" is an error it
+/// resets from only after a fixed 100 ms backoff.
+#[test]
+fn a_partition_with_nothing_committed_starts_without_librdkafka_s_100_ms_backoff() {
+    let (topic, group) = fresh_topic("end-fresh", 2);
+    produce_keyed(&topic, 20, 0);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_PROCESSOR", "noop")
+        .spawn();
+    ackd.assert_exit(0, WAIT);
+    let lines = ackd.timed_lines();
+    let (last_assigned, line) = lines
+        .iter()
+        .rfind(|(_, l)| at(l, "assigned"))
+        .expect("at=assigned lines");
+    assert_eq!(field(line, "from").as_deref(), Some("earliest"), "{line}");
+    let (first_resumed, _) = lines
+        .iter()
+        .find(|(_, l)| at(l, "resumed"))
+        .expect("an at=resumed line");
+    let waited = first_resumed.duration_since(*last_assigned);
+    assert!(
+        waited < Duration::from_millis(100),
+        "the first message came {waited:?} after the assignment"
+    );
+    assert_eq!(processed(&ackd.lines()).len(), 20);
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings as rdsys;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
@@ -118,9 +119,59 @@ pub fn run<P: Processor>(
     // Close: leaves the group, so the partitions move at once, not after the session
     // timeout. librdkafka's final revoke finds nothing left to drain.
     let closing = Instant::now();
-    drop(consumer);
-    tracing::info!(at = "closed", duration_ms = millis(closing.elapsed()));
+    match close(&consumer) {
+        Ok(()) => tracing::info!(at = "closed", duration_ms = millis(closing.elapsed())),
+        Err(e) => tracing::info!(at = "closed", error = e, "the group was not left"),
+    }
+    // Never dropped: rust-rdkafka's drop would close again (and log that it failed) and
+    // then wait for librdkafka's threads. Only the daemon runs this, and the process
+    // ends with `_exit` right after (src/exit.rs): librdkafka's threads end with it, and
+    // after the close there is nothing left for them to send.
+    std::mem::forget(consumer);
     code
+}
+
+/// How often the close looks whether librdkafka has finished it.
+const CLOSE_POLL: Duration = Duration::from_millis(1);
+
+/// Closes the consumer: librdkafka serves the final revoke here, then leaves the group
+/// (sends LeaveGroup; under static membership it does not). rust-rdkafka's drop does the
+/// same with polls of 100 ms, and no event ends the last of them, so the close cost
+/// ~100 ms of every stop: here it takes a few. Until closed, or for ever: past the
+/// stop's deadline the daemon exits without waiting (`at=close_timeout`). `Err`:
+/// librdkafka refused the close (after a fatal error: the member is dead already).
+fn close<P: Processor>(consumer: &AckdConsumer<P>) -> Result<(), String> {
+    let client = consumer.client().native_ptr();
+    // SAFETY: a live client. The close keeps its own reference to the consumer's queue
+    // (where it posts the final revoke), so this handle is released at once.
+    let error = unsafe {
+        let queue = rdsys::rd_kafka_queue_get_consumer(client);
+        if queue.is_null() {
+            return Err("not a group consumer".into());
+        }
+        let error = rdsys::rd_kafka_consumer_close_queue(client, queue);
+        rdsys::rd_kafka_queue_destroy(queue);
+        error
+    };
+    if !error.is_null() {
+        // SAFETY: an error librdkafka returned, destroyed once after it is read.
+        let text = unsafe {
+            let text = std::ffi::CStr::from_ptr(rdsys::rd_kafka_error_string(error))
+                .to_string_lossy()
+                .into_owned();
+            rdsys::rd_kafka_error_destroy(error);
+            text
+        };
+        return Err(text);
+    }
+    // SAFETY: a live client.
+    while unsafe { rdsys::rd_kafka_consumer_closed(client) } == 0 {
+        let next = Instant::now() + CLOSE_POLL;
+        serve_until(consumer, next);
+        // The serve ends early after a fatal error: never spin.
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    Ok(())
 }
 
 /// What a stop means: its deadline, the exit code so far, and whether the final commit

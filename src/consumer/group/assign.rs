@@ -41,6 +41,7 @@ impl<P: Processor> GroupContext<P> {
             return;
         }
         let mut resume = read_committed(base, tpl);
+        self.start_where_nothing_is_committed(tpl, &resume);
         // Asked before the lock is taken: the committer needs it meanwhile.
         let ends = crashed_log_ends(base, &resume);
         let generation = generation(base);
@@ -52,6 +53,43 @@ impl<P: Processor> GroupContext<P> {
             let mut point = self.resume_point(base, &tp, resume.remove(&tp), generation);
             point.existed_through = ends.get(&tp).copied();
             self.start_worker(&mut group, &consumer, tp, point);
+        }
+    }
+
+    /// Sets each partition that has no committed offset to start where the start policy
+    /// says, as librdkafka would after reading the same commit again: it would treat
+    /// "nothing committed" as an error and reset only after a fixed 100 ms backoff
+    /// (`rd_kafka_offset_reset`), the longest step to a fresh group's first message. A
+    /// partition whose commit could not be read is left to librdkafka.
+    fn start_where_nothing_is_committed(
+        &self,
+        tpl: &TopicPartitionList,
+        resume: &HashMap<TopicPartition, (Offset, ReadMetadata)>,
+    ) {
+        let start = match self.start_from {
+            StartFrom::Earliest => Offset::Beginning,
+            StartFrom::Latest => Offset::End,
+        };
+        let Some(raw) = start.to_raw() else { return };
+        for (tp, (offset, _)) in resume {
+            if matches!(offset, Offset::Offset(_)) {
+                continue;
+            }
+            let Ok(topic) = std::ffi::CString::new(&*tp.0) else {
+                continue;
+            };
+            // SAFETY: librdkafka's list of this rebalance, alive for the call; it reads
+            // each element's offset when the assignment is applied after this returns.
+            unsafe {
+                let e = rdkafka::bindings::rd_kafka_topic_partition_list_find(
+                    tpl.ptr(),
+                    topic.as_ptr(),
+                    tp.1,
+                );
+                if !e.is_null() {
+                    (*e).offset = raw;
+                }
+            }
         }
     }
 
