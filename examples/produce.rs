@@ -10,7 +10,9 @@
 //! `--batch-bytes B` sets the producer's `batch.size` (librdkafka's default is 1000000;
 //! the Java client's is 16384): a consumer fetches whole record batches. `--timeout-ms T`:
 //! how long a delivery may take (default 10000). `--rate R`: at most R messages a second,
-//! evenly (every 10 ms), for a steady load instead of a backlog.
+//! evenly (every 10 ms), for a steady load instead of a backlog. `--partitions P`: create
+//! the topic with P partitions (replication 1) first, unless it exists (a broker creates
+//! topics on first use with its own `num.partitions`).
 //!
 //! Prints one logfmt line per partition once every delivery is confirmed:
 //! `at=produced topic=demo partition=P first_offset=A last_offset=B count=N`.
@@ -19,13 +21,15 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 const USAGE: &str =
-    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--keys K] [--value-bytes B] [--batch-bytes B] [--timeout-ms T] [--rate R]";
+    "usage: produce --brokers HOST:PORT --topic TOPIC --count N [--start I] [--keys K] [--value-bytes B] [--batch-bytes B] [--timeout-ms T] [--rate R] [--partitions P]";
 
 struct Args {
     brokers: String,
@@ -38,6 +42,8 @@ struct Args {
     timeout_ms: u64,
     /// Messages a second at most (`None`: as fast as the producer takes them).
     rate: Option<u64>,
+    /// Create the topic with this many partitions first.
+    partitions: Option<i32>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -50,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
     let mut batch_bytes = None;
     let mut timeout_ms = 10_000;
     let mut rate = None;
+    let mut partitions = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -119,6 +126,15 @@ fn parse_args() -> Result<Args, String> {
                         .ok_or_else(|| format!("--rate: not a number above 0: {v}"))?,
                 );
             }
+            "--partitions" => {
+                let v = value()?;
+                partitions = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&p: &i32| p > 0)
+                        .ok_or_else(|| format!("--partitions: not a number above 0: {v}"))?,
+                );
+            }
             other => return Err(format!("unknown argument: {other}")),
         }
     }
@@ -132,10 +148,57 @@ fn parse_args() -> Result<Args, String> {
         batch_bytes,
         timeout_ms,
         rate,
+        partitions,
     })
 }
 
+/// Creates the topic with `partitions` partitions; one that exists already is left as it is.
+fn create_topic(args: &Args, partitions: i32) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &args.brokers)
+        .create()
+        .map_err(|e| format!("create admin client: {e}"))?;
+    let topic = NewTopic::new(&args.topic, partitions, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = futures::executor::block_on(admin.create_topics([&topic], &opts))
+        .map_err(|e| format!("create topic {}: {e}", args.topic))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => return Err(format!("create topic {t} ({partitions} partitions): {e}")),
+        }
+    }
+    // A new topic's partitions get their leaders one by one (seconds for a thousand):
+    // messages sent before would wait for them within the delivery timeout.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = admin
+            .inner()
+            .fetch_metadata(Some(&args.topic), Duration::from_secs(5))
+            .is_ok_and(|md| {
+                md.topics().iter().any(|t| {
+                    t.error().is_none()
+                        && !t.partitions().is_empty()
+                        && t.partitions().iter().all(|p| p.leader() >= 0)
+                })
+            });
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{}: partitions without a leader after 60 s",
+                args.topic
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn run(args: &Args) -> Result<BTreeMap<i32, (i64, i64, u64)>, String> {
+    if let Some(p) = args.partitions {
+        create_topic(args, p)?;
+    }
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &args.brokers)

@@ -69,6 +69,18 @@ fn assert_all_lines_are_logfmt(lines: &[String]) {
     }
 }
 
+/// Each partition's last lag line's value.
+fn last_lag_lines(lines: &[String]) -> BTreeMap<String, String> {
+    let mut lag = BTreeMap::new();
+    for l in lines.iter().filter(|l| at(l, "lag")) {
+        lag.insert(
+            field(l, "partition").unwrap(),
+            field(l, "sample#ackd.lag").unwrap(),
+        );
+    }
+    lag
+}
+
 fn sum(lines: &[String], key: &str) -> u64 {
     lines
         .iter()
@@ -125,15 +137,9 @@ fn every_line_is_logfmt_and_the_summaries_add_up() {
         .filter(|l| at(l, "summary") && field(l, "last").as_deref() == Some("true"))
         .collect();
     assert_eq!(last.len(), 1, "one final summary");
-    // The last lag line of every partition says 0.
-    let mut lag: BTreeMap<String, String> = BTreeMap::new();
-    for l in lines.iter().filter(|l| at(l, "lag")) {
-        lag.insert(
-            field(l, "partition").unwrap(),
-            field(l, "sample#ackd.lag").unwrap(),
-        );
-    }
-    assert_eq!(lag.len(), 3, "a lag line per partition");
+    // The last lag line of every partition that had one says 0 (a partition gets lines
+    // while it is behind, and one when it caught up).
+    let lag = last_lag_lines(&lines);
     assert!(lag.values().all(|v| v == "0"), "{lag:?}");
     // Each periodic commit's lines carry offsets and a duration.
     let commit = lines
@@ -231,4 +237,93 @@ fn two_hundred_partitions_stay_within_the_memory_table() {
     assert_eq!(assigned, 200);
     assert!(peak_kib < 40 * 1024, "peak RSS {peak_kib} KiB");
     assert_committed_to_ends(&group, &topic, 200, &ends);
+}
+
+/// ackd's cap on lag lines per summary (`LAG_LINES_MAX` in src/output/metrics.rs).
+const LAG_LINES_MAX: usize = 100;
+
+/// The lines after each summary, up to the next one (the summary first).
+fn intervals(lines: &[String]) -> Vec<&[String]> {
+    let starts: Vec<usize> = (0..lines.len())
+        .filter(|&i| at(&lines[i], "summary"))
+        .collect();
+    starts
+        .iter()
+        .zip(starts.iter().skip(1).chain([&lines.len()]))
+        .map(|(&a, &b)| &lines[a..b])
+        .collect()
+}
+
+/// 150 partitions, each 3 messages behind a processor taking 1 s per message, then at
+/// rest: what a log drain receives per summary does not grow with the partitions. A
+/// partition gets a lag line while it is behind and one when it caught up (that says
+/// 0), at most 100 after one summary (`at=lag_omitted` counts the rest); at rest, the
+/// summary alone. Every summary wrote 150 lag lines before.
+#[test]
+fn lag_lines_per_summary_are_bounded_and_none_at_rest() {
+    let partitions = 150;
+    let (topic, group) = fresh_topic("rest-150", partitions);
+    let records: Vec<Record<'_>> = (0..partitions)
+        .flat_map(|p| [p; 3])
+        .map(|p| (p, Some(&b"k"[..]), &b"v"[..], &[][..]))
+        .collect();
+    produce_records(&topic, &records);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "1000")
+        .env("ACKD_METRICS_INTERVAL_MS", "300")
+        // A session long enough that the membership lease cannot lapse during the test: a
+        // lapse commits every partition again, with a line each.
+        .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "30000")
+        .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "1000")
+        .spawn();
+    ackd.wait_for_count(is_processed, records.len(), WAIT);
+    let from = ackd.line_count();
+    ackd.wait_for_line_from(
+        from,
+        |l| at(l, "summary") && field(l, "sample#ackd.lag.total").as_deref() == Some("0"),
+        WAIT,
+    );
+    // Caught up; then 12 summaries more (3.6 s at rest).
+    let rest_from = ackd.line_count();
+    ackd.wait_for_count(
+        |l| at(l, "summary"),
+        count_at(&ackd.lines(), "summary") + 12,
+        WAIT,
+    );
+    let before_stop = ackd.lines();
+    let lines = ackd.stop(0, WAIT);
+    assert_all_lines_are_logfmt(&lines);
+
+    for interval in intervals(&lines) {
+        let lag = count_at(interval, "lag");
+        assert!(
+            lag <= LAG_LINES_MAX,
+            "{lag} lag lines after one summary: {}",
+            interval[0]
+        );
+    }
+    let omitted = lines
+        .iter()
+        .find(|l| at(l, "lag_omitted"))
+        .expect("an at=lag_omitted line while 150 partitions were behind");
+    assert_eq!(
+        field(omitted, "partitions").as_deref(),
+        Some("50"),
+        "{omitted}"
+    );
+    // At rest (the last 6 intervals complete before the stop): the summary, no lag line.
+    let complete = &intervals(&before_stop[rest_from..])[..];
+    let complete = &complete[1..complete.len() - 1];
+    assert!(complete.len() >= 6, "{} intervals at rest", complete.len());
+    for interval in &complete[complete.len() - 6..] {
+        assert!(
+            interval.len() <= 2 && count_at(interval, "lag") == 0,
+            "at rest, after one summary: {interval:#?}"
+        );
+    }
+    // Every partition was behind and had lines; each one's last says 0.
+    let lag = last_lag_lines(&lines);
+    assert_eq!(lag.len(), partitions as usize, "{lag:?}");
+    assert!(lag.values().all(|v| v == "0"), "{lag:?}");
 }

@@ -7,11 +7,14 @@
 //! count (each partition worker has its own, so the hot path shares no cache line) and
 //! are taken, and reset, once per `ACKD_METRICS_INTERVAL_MS`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+
+use crate::topic_partition::TopicPartition;
 
 /// The per-message line (when `ACKD_LOG_MESSAGES` is on): one per acknowledged message,
 /// with `redelivered=true` when it went to the processor flagged as a possible repeat.
@@ -534,6 +537,62 @@ pub fn emit_lag(topic: &str, partition: i32, lag: i64, source: &str) {
     );
 }
 
+/// The most lag lines one summary writes: what a log drain receives stays bounded
+/// whatever the partitions (the summary's `lag.total` and the health endpoint's
+/// `/metrics` still cover every partition).
+pub const LAG_LINES_MAX: usize = 100;
+
+/// The lag lines left out of one summary by [`LAG_LINES_MAX`].
+pub fn emit_lag_omitted(partitions: usize, source: &str) {
+    tracing::info!(at = "lag_omitted", partitions, source);
+}
+
+/// Which partitions get a lag line: those with lag, and once more a partition whose last
+/// line said it had some, when it has none any more (that line says 0). A caught-up
+/// partition at rest writes none, so at rest the lines do not grow with the partitions.
+#[derive(Debug, Default)]
+pub struct LagLines {
+    /// The partitions whose last lag line said they had lag.
+    behind: HashSet<TopicPartition>,
+    /// Those written by the last summary: among equal lags, the others go first, so a
+    /// cap does not leave out the same partitions every time.
+    last: HashSet<TopicPartition>,
+}
+
+impl LagLines {
+    /// Of `lags` (every owned partition whose lag is known), the lines to write now, in
+    /// `lags`' order: the largest lags first when more than [`LAG_LINES_MAX`] are due
+    /// (among equal ones, those the last summary left out); and how many due were left
+    /// out (they stay due).
+    pub fn select(
+        &mut self,
+        lags: &[(TopicPartition, i64)],
+    ) -> (Vec<(TopicPartition, i64)>, usize) {
+        // Partitions no longer owned (or whose lag is unknown) start over.
+        let known: HashSet<&TopicPartition> = lags.iter().map(|(tp, _)| tp).collect();
+        self.behind.retain(|tp| known.contains(tp));
+        let mut due: Vec<usize> = (0..lags.len())
+            .filter(|&i| lags[i].1 != 0 || self.behind.contains(&lags[i].0))
+            .collect();
+        let omitted = due.len().saturating_sub(LAG_LINES_MAX);
+        if omitted > 0 {
+            due.sort_by_key(|&i| (std::cmp::Reverse(lags[i].1), self.last.contains(&lags[i].0)));
+            due.truncate(LAG_LINES_MAX);
+            due.sort_unstable();
+        }
+        let lines: Vec<_> = due.into_iter().map(|i| lags[i].clone()).collect();
+        self.last = lines.iter().map(|(tp, _)| tp.clone()).collect();
+        for (tp, lag) in &lines {
+            if *lag != 0 {
+                self.behind.insert(tp.clone());
+            } else {
+                self.behind.remove(tp);
+            }
+        }
+        (lines, omitted)
+    }
+}
+
 /// Lag from the high watermark (librdkafka's statistics, fed by fetch responses) and
 /// the next offset to process; never negative, `None` while either is unknown.
 pub fn lag(high_watermark: i64, next_to_process: Option<i64>) -> Option<i64> {
@@ -643,6 +702,70 @@ mod tests {
         let mut i = Interval::default();
         m.take_into(&mut i);
         assert_eq!((i.processed, i.durations.len()), (4, 16 + 3));
+    }
+
+    fn tp(partition: i32) -> TopicPartition {
+        (std::sync::Arc::from("t"), partition)
+    }
+
+    #[test]
+    fn lag_lines_while_behind_and_once_caught_up() {
+        let mut lines = LagLines::default();
+        let lags = |l: &[i64]| -> Vec<_> {
+            l.iter()
+                .enumerate()
+                .map(|(p, &l)| (tp(p as i32), l))
+                .collect()
+        };
+        let partitions = |s: (Vec<(TopicPartition, i64)>, usize)| -> (Vec<i32>, usize) {
+            (s.0.iter().map(|(tp, _)| tp.1).collect(), s.1)
+        };
+        // Only the partition with lag, as long as it has some.
+        assert_eq!(partitions(lines.select(&lags(&[0, 5, 0]))), (vec![1], 0));
+        assert_eq!(partitions(lines.select(&lags(&[0, 5, 0]))), (vec![1], 0));
+        // It caught up: its 0 once, then nothing.
+        assert_eq!(partitions(lines.select(&lags(&[0, 0, 0]))), (vec![1], 0));
+        assert_eq!(partitions(lines.select(&lags(&[0, 0, 0]))), (vec![], 0));
+        // Partition 2 behind, revoked, back caught up: nothing to correct.
+        assert_eq!(partitions(lines.select(&lags(&[0, 0, 3]))), (vec![2], 0));
+        assert_eq!(partitions(lines.select(&lags(&[0, 0]))), (vec![], 0));
+        assert_eq!(partitions(lines.select(&lags(&[0, 0, 0]))), (vec![], 0));
+    }
+
+    #[test]
+    fn a_cap_takes_turns_among_equal_lags() {
+        let mut lines = LagLines::default();
+        let n = LAG_LINES_MAX as i32 + 50;
+        let behind: Vec<_> = (0..n).map(|p| (tp(p), 7)).collect();
+        let mut seen = HashSet::new();
+        for _ in 0..2 {
+            let (written, omitted) = lines.select(&behind);
+            assert_eq!((written.len(), omitted), (LAG_LINES_MAX, 50));
+            seen.extend(written.into_iter().map(|(tp, _)| tp.1));
+        }
+        assert_eq!(
+            seen.len(),
+            n as usize,
+            "every partition within two summaries"
+        );
+    }
+
+    #[test]
+    fn lag_lines_are_capped_largest_first_and_the_rest_stay_due() {
+        let mut lines = LagLines::default();
+        let n = LAG_LINES_MAX as i32 + 50;
+        // Lag on partition p is p + 1: the largest are written, in partition order.
+        let behind: Vec<_> = (0..n).map(|p| (tp(p), i64::from(p) + 1)).collect();
+        let (written, omitted) = lines.select(&behind);
+        assert_eq!((written.len(), omitted), (LAG_LINES_MAX, 50));
+        assert_eq!(written.first().map(|(tp, _)| tp.1), Some(50));
+        assert!(written.windows(2).all(|w| w[0].0 .1 < w[1].0 .1));
+        // All caught up: the 0 of those written, the others had no line to correct.
+        let caught_up: Vec<_> = (0..n).map(|p| (tp(p), 0)).collect();
+        let (written, omitted) = lines.select(&caught_up);
+        assert_eq!((written.len(), omitted), (LAG_LINES_MAX, 0));
+        assert!(written.iter().all(|(tp, lag)| tp.1 >= 50 && *lag == 0));
+        assert_eq!(lines.select(&caught_up), (vec![], 0), "then at rest: none");
     }
 
     #[test]

@@ -45,7 +45,7 @@ use crate::consumer::committer::{CommitOffset, Committer};
 use crate::consumer::membership;
 use crate::consumer::worker::{self, WorkerConfig};
 use crate::output::health::Health;
-use crate::output::metrics::{CommitMetrics, Interval};
+use crate::output::metrics::{CommitMetrics, Interval, LagLines};
 use crate::processors::processor::Processor;
 use crate::topic_partition::TopicPartition;
 
@@ -73,6 +73,8 @@ pub struct Group {
     pub doubt: Option<membership::Doubt>,
     /// Whether the group coordinator answered recently enough (src/consumer/membership.rs).
     pub lease: membership::Lease,
+    /// What each partition's last lag line said (src/consumer/group/summary.rs).
+    lag_lines: LagLines,
 }
 
 impl Group {

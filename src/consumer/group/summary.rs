@@ -1,4 +1,4 @@
-//! The summary of each metrics interval, and each owned partition's lag.
+//! The summary of each metrics interval, and the owned partitions' lag.
 
 use std::sync::atomic::Ordering;
 
@@ -7,7 +7,8 @@ use crate::output::metrics;
 use crate::processors::processor::Processor;
 
 impl<P: Processor> GroupContext<P> {
-    /// Writes the summary of the interval that ends now, and each partition's lag.
+    /// Writes the summary of the interval that ends now, and the lag of the partitions
+    /// that have some or whose lag changed ([`metrics::LagLines`]).
     pub fn summarize(&self, last: bool) {
         if self.summaries_done.load(Ordering::Acquire) {
             return;
@@ -37,6 +38,7 @@ impl<P: Processor> GroupContext<P> {
             }
         }
         let partitions = group.owned.len();
+        let (lag_lines, lag_omitted) = group.lag_lines.select(&lags);
         drop(group);
         metrics::emit_summary(
             &mut interval,
@@ -62,8 +64,11 @@ impl<P: Processor> GroupContext<P> {
                 "partition stopped on a processor failure; nothing past this offset is processed or committed"
             );
         }
-        for ((topic, partition), lag) in &lags {
+        for ((topic, partition), lag) in &lag_lines {
             metrics::emit_lag(topic, *partition, *lag, &self.source);
+        }
+        if lag_omitted > 0 {
+            metrics::emit_lag_omitted(lag_omitted, &self.source);
         }
         self.health.set_lags(lags);
     }
