@@ -227,9 +227,12 @@ pub fn renewal_due<G: Members>(group: &mut G) -> Option<(TopicPartition, Duratio
     let fresh = lease
         .renewed
         .is_some_and(|r| now.saturating_duration_since(r) < terms.renew_after);
+    // A read not answered is asked again after CONFIRM_EVERY, or sooner under a short
+    // lease: waiting longer than renew_after could let the lease lapse between reads.
+    let retry = CONFIRM_EVERY.min(terms.renew_after);
     let tried = lease
         .renewal_tried
-        .is_some_and(|t| now.saturating_duration_since(t) < CONFIRM_EVERY);
+        .is_some_and(|t| now.saturating_duration_since(t) < retry);
     if fresh || tried {
         return None;
     }
@@ -542,6 +545,22 @@ mod tests {
         let mut m = member(None, Duration::from_secs(60));
         check_lease(&mut m);
         assert!(m.doubt.is_none() && !m.held.get());
+    }
+
+    #[test]
+    fn a_short_lease_is_renewed_again_before_it_lapses() {
+        // The tests' classic members: a 500 ms lease, renewed after 166 ms. A renewal
+        // answered at once must not keep the next one waiting past the lapse.
+        let terms = LeaseTerms::new(Duration::from_secs(1), Duration::from_millis(300));
+        let mut m = member(Some(10), Duration::ZERO);
+        m.lease.terms = Some(terms);
+        let asked = Instant::now() - terms.renew_after - Duration::from_millis(10);
+        m.lease.renewed = Some(asked);
+        m.lease.renewal_tried = Some(asked);
+        assert!(
+            renewal_due(&mut m).is_some(),
+            "the previous read renewed the lease when it was asked; the next is due"
+        );
     }
 
     #[test]
