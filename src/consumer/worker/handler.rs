@@ -209,8 +209,7 @@ impl<P: Processor> Handler<'_, P> {
             let mut stop = self.stop.clone();
             return call_start::admitted(call, clock, span, &mut stop).await;
         }
-        clock.handed(last);
-        self.shared.call_begins();
+        self.shared.only_call_begins(last);
         let outcome = call.await;
         self.shared.call_ended();
         Some(outcome)

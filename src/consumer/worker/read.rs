@@ -149,8 +149,7 @@ impl<'a, P: Processor> Worker<'a, P> {
             // machinery's futures are built only for a call that failed (about 190
             // instructions a message less under callgrind for noop).
             let started = self.shared.metrics.stopwatch();
-            self.shared.calls.handed(offset);
-            self.shared.call_begins();
+            self.shared.only_call_begins(offset);
             let call = AssertUnwindSafe(self.config.processor.process(&view));
             let outcome = call.catch_unwind().await;
             self.shared.call_ended();

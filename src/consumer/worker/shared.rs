@@ -129,6 +129,13 @@ impl WorkerShared {
             .store(crate::clock::now_ms(), Ordering::Relaxed);
     }
 
+    /// The partition's only call, which the processor takes at once (its calls never
+    /// wait), begins with the offsets up to `last`: handed over, and timed for `/live`.
+    pub(super) fn only_call_begins(&self, last: i64) {
+        self.calls.handed(last);
+        self.call_begins();
+    }
+
     pub(crate) fn call_ended(&self) {
         self.call_started_ms.store(0, Ordering::Relaxed);
     }
