@@ -345,9 +345,12 @@ fn a_slow_handler_on_hundreds_of_partitions_stays_under_the_default_bound() {
     // kept alive and a read-ahead of what the queue held fit in it.
     let (queue, fetch) = (
         num(&line, "queued_max_messages_kbytes") * 1024,
-        num(&line, "fetch_max_bytes"),
+        num(&line, "max_partition_fetch_bytes"),
     );
     assert!(queue > 0 && 2 * queue + 3 * fetch < share, "{line}");
+    // A fetch response carries many partitions' pieces (librdkafka sends one fetch per
+    // broker at a time): the configured 1 MiB, not one partition's piece.
+    assert_eq!(num(&line, "fetch_max_bytes"), 1 << 20, "{line}");
     ackd.wait_for_line(
         |l| at(l, "memory_budget") && field(l, "partitions").as_deref() == Some("300"),
         WAIT,
@@ -424,7 +427,8 @@ fn key_ordering_holds_pending_messages_within_the_share() {
         .env("ACKD_LOG_MESSAGES", "false")
         .spawn();
     let line = planned(&ackd);
-    let held = num(&line, "queued_max_messages_kbytes") * 1024 + num(&line, "fetch_max_bytes");
+    let held =
+        num(&line, "queued_max_messages_kbytes") * 1024 + num(&line, "max_partition_fetch_bytes");
     // Every message: the summaries' counts (no per-message lines).
     wait_until(WAIT, || {
         ackd.lines()

@@ -23,9 +23,13 @@
 //! - the queue stops fetching at Q = P/4 (`queued.max.messages.kbytes`), with a
 //!   message count (`queued.min.messages`) that keeps librdkafka's own bookkeeping per
 //!   message (a few hundred bytes) within P/8 when messages are small;
-//! - one fetch response may land on top of a full queue, F = P/8 (`fetch.max.bytes` =
-//!   `max.partition.fetch.bytes`), and a queued message keeps its whole fetch response
-//!   alive (librdkafka references responses, it does not copy them): up to F more;
+//! - one fetch response may land on top of a full queue with up to F = P/8 of the
+//!   partition's messages (`max.partition.fetch.bytes`), and a queued message keeps its
+//!   whole fetch response alive (librdkafka references responses, it does not copy
+//!   them): F more per partition, which together size a response (`fetch.max.bytes`:
+//!   partitions × F, at most the configured 1 MiB). librdkafka sends one fetch per
+//!   broker at a time, so a response bounded by one partition's F would carry a few
+//!   partitions' messages per round trip: with 1,000 partitions a tenth of the speed;
 //! - the worker's read-ahead (src/consumer/partition_queue.rs) takes messages out of
 //!   the queue, which librdkafka then refills: it takes about 16 KiB at a time, but
 //!   when larger messages follow smaller ones, one call may take as much as the queue
@@ -145,6 +149,7 @@ pub struct Caps {
     queue_kbytes: u64,
     queue_messages: u64,
     fetch_bytes: u64,
+    response_bytes: u64,
 }
 
 impl Caps {
@@ -162,6 +167,7 @@ impl Caps {
             fetch_bytes: configured("max.partition.fetch.bytes")
                 .or_else(|| configured("fetch.message.max.bytes"))
                 .map_or(fetch, |p| p.min(fetch)),
+            response_bytes: fetch,
         }
     }
 
@@ -179,6 +185,7 @@ impl Caps {
             queue_kbytes: limit("queued.max.messages.kbytes"),
             queue_messages: limit("queued.min.messages"),
             fetch_bytes: limit("fetch.max.bytes"),
+            response_bytes: limit("fetch.max.bytes"),
         }
     }
 }
@@ -195,7 +202,11 @@ pub struct Budget {
     pub share: u64,
     pub queue_kbytes: u64,
     pub queue_messages: u64,
+    /// Of one partition in one fetch response (`max.partition.fetch.bytes`).
     pub fetch_bytes: u64,
+    /// One fetch response (`fetch.max.bytes`): what the partitions' `fetch_bytes` add up
+    /// to, at most the configured value.
+    pub response_bytes: u64,
 }
 
 impl Budget {
@@ -225,6 +236,7 @@ impl Budget {
             ));
         }
         let prefetch = share - PARTITION_COST;
+        let fetch_bytes = (prefetch / 8).max(MIN_FETCH_BYTES).min(caps.fetch_bytes);
         Ok(Budget {
             bytes,
             source: limit.source.clone(),
@@ -236,7 +248,10 @@ impl Budget {
             // librdkafka keeps a few hundred bytes per queued message besides its value:
             // bound the count too, for small messages.
             queue_messages: (prefetch / 8 / 512).max(16).min(caps.queue_messages),
-            fetch_bytes: (prefetch / 8).max(MIN_FETCH_BYTES).min(caps.fetch_bytes),
+            fetch_bytes,
+            response_bytes: (partitions * fetch_bytes)
+                .min(caps.response_bytes)
+                .max(fetch_bytes),
         })
     }
 
@@ -264,7 +279,7 @@ impl Budget {
             // A partition's fetch may be below librdkafka's least fetch.max.bytes.
             .set(
                 "fetch.max.bytes",
-                self.fetch_bytes.max(MIN_FETCH_BYTES).to_string(),
+                self.response_bytes.max(MIN_FETCH_BYTES).to_string(),
             )
             .set("max.partition.fetch.bytes", self.fetch_bytes.to_string())
             // fetch.max.bytes must be at least this (a producer's setting, unused here).
@@ -302,7 +317,8 @@ impl Budget {
                 prefetch_kb,
                 queued_max_messages_kbytes = held.is_none().then_some(self.queue_kbytes),
                 queued_min_messages = held.is_none().then_some(self.queue_messages),
-                fetch_max_bytes = held.is_none().then_some(self.fetch_bytes),
+                max_partition_fetch_bytes = held.is_none().then_some(self.fetch_bytes),
+                fetch_max_bytes = held.is_none().then_some(self.response_bytes),
             );
         }
     }
@@ -388,6 +404,20 @@ mod tests {
     }
 
     #[test]
+    fn a_response_carries_many_partitions() {
+        // 1,000 partitions of 320 MiB: 38 KiB each in a response, and a response of the
+        // configured 1 MiB, not one partition's 38 KiB (a tenth of the speed).
+        let b = plan(320, Some(1000)).unwrap();
+        assert!(b.fetch_bytes < 40 * 1024, "{b:?}");
+        assert_eq!(b.response_bytes, Caps::defaults().response_bytes);
+        // What the partitions' pieces add up to, when that is less.
+        let b = plan(1, Some(2)).unwrap();
+        assert_eq!(b.response_bytes, 2 * b.fetch_bytes);
+        let b = plan(1, Some(1)).unwrap();
+        assert_eq!(b.response_bytes, b.fetch_bytes);
+    }
+
+    #[test]
     fn never_raises_the_configured_limits() {
         let b = plan(4096, Some(1)).unwrap();
         let most = Caps::defaults();
@@ -398,6 +428,7 @@ mod tests {
             queue_kbytes: 1024,
             queue_messages: 100,
             fetch_bytes: 65536,
+            response_bytes: 65536,
         };
         let b = Budget::plan(&setting(4096), Some(1), lower).unwrap();
         assert_eq!(
@@ -489,6 +520,7 @@ mod tests {
             queue_kbytes: 1,
             queue_messages: 5,
             fetch_bytes: 512,
+            response_bytes: 512,
         };
         let b = Budget::plan(&setting(320), Some(1), tiny).unwrap();
         assert_eq!(
