@@ -14,7 +14,7 @@ use super::refused_ranges::{without_refused_metadata, without_refused_ranges};
 use super::shared::Shared;
 use super::sync_commit::commit_sync;
 use crate::clock::millis;
-use crate::consumer::acked_ranges;
+use crate::consumer::handover::encode_ranges;
 use crate::output::metrics::CommitMetrics;
 
 pub(super) struct Job {
@@ -155,7 +155,7 @@ fn send<X: Consumer<C>, C: ConsumerContext>(
     let mut ranges: Vec<Option<String>> = to_send
         .iter()
         .zip(&bare)
-        .map(|(c, bare)| acked_ranges::encode(c.offset, &c.acked, budget).filter(|_| !bare))
+        .map(|(c, bare)| encode_ranges(c.offset, &c.acked, budget).filter(|_| !bare))
         .collect();
     let mut answers = commit_sync(consumer, to_send, &ranges, &bare, reason);
     without_refused_ranges(

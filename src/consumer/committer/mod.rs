@@ -23,33 +23,33 @@
 //! A commit is accounted for per partition: a partition the broker refused does not make
 //! the others' commit a failure (see [`sync_commit::commit_sync`]).
 //!
-//! Each commit carries metadata `ackd/2:o=O;p=H;end` ([`metadata::metadata`]): the
-//! offset committed, the highest offset this process had acknowledged on that
-//! partition, and `;r` when it is a revoke's or a stop's commit, after which this
-//! process processes nothing more of the partition. The next owner reads it back: after
-//! a release it knows exactly how much it redelivers; after a periodic commit (the owner
-//! crashed, or was fenced or lost the partition, before releasing it) it cannot, because
-//! what was processed after that commit left no trace.
+//! Each commit carries metadata `ackd/3:o=O;p=H;l=L;end`
+//! ([`crate::consumer::handover::metadata`]): the offset committed, the highest offset
+//! this process had acknowledged on that partition, its dispatch limit, and `;r` when it
+//! is a revoke's or a stop's commit, after which this process processes nothing more of
+//! the partition. The next owner reads it back: after a release it knows exactly how much
+//! it redelivers; after a periodic commit (the owner crashed, or was fenced or lost the
+//! partition, before releasing it) its dispatch limit bounds what may have been handed
+//! to a processor.
 //!
 //! With concurrent ordering, the metadata also lists the offsets acknowledged above the
-//! committed one (`;a=2-4,7`, relative to it: see [`crate::consumer::acked_ranges`]),
-//! which the next owner skips, only beside the offset `o=` names
-//! ([`metadata::read_metadata`]). A broker that refuses the metadata as too large
-//! (`offset.metadata.max.bytes`) gets that partition's commit again at once without the
-//! ranges (`at=commit_metadata_dropped`): the offset is committed and those messages are
-//! redelivered after a crash, as without the ranges; the process halves its budget for
-//! ranges ([`shared::RANGES_BUDGET`]) each time, so it soon writes what the broker keeps.
+//! committed one (`;a=2-4,7`, relative to it), which the next owner skips, only beside
+//! the offset `o=` names (src/consumer/handover/commit_metadata.rs). A broker that
+//! refuses the metadata as too large (`offset.metadata.max.bytes`) gets that partition's
+//! commit again at once without the ranges (`at=commit_metadata_dropped`): the offset is
+//! committed and those messages are redelivered after a crash, as without the ranges;
+//! the process halves its budget for ranges ([`shared::RANGES_BUDGET`]) each time, so it
+//! soon writes what the broker keeps.
 //!
 //! One concept a file: what a commit is (commit.rs), the handle and its thread
 //! ([`Committer`], thread.rs), one job on that thread (job.rs), the synchronous commit
 //! (sync_commit.rs) and its retry without ranges (refused_ranges.rs), what the handle
-//! and the thread share (shared.rs), the commit-metadata format (metadata.rs), and the
-//! ledger the committer records in ([`CommitLedger`], ledger.rs).
+//! and the thread share (shared.rs), and the ledger the committer records in
+//! ([`CommitLedger`], ledger.rs).
 
 mod commit;
 mod job;
 mod ledger;
-mod metadata;
 mod refused_ranges;
 mod shared;
 mod sync_commit;
@@ -57,7 +57,4 @@ mod thread;
 
 pub(crate) use commit::{CommitError, CommitOffset, Reason};
 pub(crate) use ledger::{Accepted, CommitLedger, Limit, CONFIRM_EVERY};
-#[cfg(test)]
-pub(crate) use metadata::read_metadata;
-pub(crate) use metadata::{committed_with_metadata, MetadataState, Previous, ReadMetadata};
 pub(crate) use thread::Committer;

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::commit::CommitOffset;
-use crate::consumer::acked_ranges;
+use crate::consumer::handover::RANGES_MAX_BYTES;
 use crate::topic_partition::TopicPartition;
 
 /// The partitions commits may be sent for; see src/consumer/committer/mod.rs.
@@ -41,8 +41,8 @@ impl Default for Shared {
     }
 }
 
-/// The bytes of `a=` ranges a commit carries at first (see [`acked_ranges::MAX_BYTES`]).
-pub const RANGES_BUDGET: usize = acked_ranges::MAX_BYTES;
+/// The bytes of `a=` ranges a commit carries at first (see [`RANGES_MAX_BYTES`]).
+pub const RANGES_BUDGET: usize = RANGES_MAX_BYTES;
 
 impl Shared {
     pub(super) fn lock(&self) -> MutexGuard<'_, Ownership> {

@@ -11,7 +11,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::commit::{CommitOffset, Reason};
-use super::metadata::{metadata, raw_metadata};
+use crate::consumer::handover::{metadata, raw_metadata};
 
 /// Commits `offsets` synchronously, each with its `ranges` in the metadata (none at all
 /// where `bare`); returns each partition's answer, in order.

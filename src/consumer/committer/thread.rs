@@ -236,9 +236,9 @@ fn renew_lease<X: Consumer<C>, C: ConsumerContext, G: CommitLedger>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::committer::metadata::{raw_metadata, read_metadata};
     use crate::consumer::committer::shared::RANGES_BUDGET;
     use crate::consumer::group::Group;
+    use crate::consumer::handover::{raw_metadata, read_metadata};
     use rdkafka::consumer::{BaseConsumer, CommitMode, DefaultConsumerContext};
     use rdkafka::mocking::MockCluster;
     use rdkafka::{ClientConfig, Offset, TopicPartitionList};
