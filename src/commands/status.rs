@@ -12,7 +12,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::settings::{Settings, StartFrom};
-use crate::consumer::committer::{committed_with_metadata, ReadMetadata};
+use crate::consumer::handover::{committed_with_metadata, ReadMetadata};
 use crate::exit;
 
 use super::connect::{connect, create, partitions, Probe, TopicPartitions, Unreached, REQUEST};
@@ -168,7 +168,7 @@ fn row(
         lag,
         acked_above: committed
             .zip(previous.as_ref())
-            .map(|(c, p)| crate::consumer::acked_ranges::count(&p.acked_above(c)))
+            .map(|(c, p)| crate::consumer::handover::count_offsets(&p.acked_above(c)))
             .filter(|n| *n > 0),
         processed: previous.as_ref().map(|p| p.processed),
         dispatch_limit: previous.as_ref().and_then(|p| p.limit),

@@ -16,7 +16,7 @@
 //!   the session timeout (a network cut: nothing answers, nothing is closed, and under
 //!   KIP-848 librdkafka revokes nothing until the network heals);
 //! - a periodic commit refused for the member
-//!   (`doubted_by` in src/consumer/committer/ledger.rs: UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH,
+//!   (`doubted_by` in src/consumer/committer.rs: UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH,
 //!   STALE_MEMBER_EPOCH, ILLEGAL_GENERATION). A revoke's or the
 //!   stop's commit retries or gives up on its own (`GroupContext::commit_owned`): its
 //!   partitions are released either way.
@@ -45,6 +45,7 @@ use tokio::sync::Notify;
 
 use crate::clock::millis;
 use crate::consumer::committer::{CommitOffset, CONFIRM_EVERY};
+use crate::consumer::group::Group;
 use crate::topic_partition::TopicPartition;
 
 /// How often the stall watch ticks.
@@ -127,7 +128,8 @@ pub enum Cause<'a> {
 }
 
 /// What the membership acts on: the partitions owned and the doubt (the consumer's
-/// `Group` holds both).
+/// [`Group`] holds both). A trait so that the rules of the lease and the doubt are unit
+/// tested on a member of one partition, without a partition worker to start.
 pub trait Members {
     /// The doubt under way, if any.
     fn doubt_slot(&mut self) -> &mut Option<Doubt>;
@@ -141,6 +143,38 @@ pub trait Members {
     fn hold_owned(&self, hold: bool);
     /// The offsets of every owned partition that has one: what a confirming commit sends.
     fn confirming(&self) -> Vec<CommitOffset>;
+}
+
+impl Members for Group {
+    fn doubt_slot(&mut self) -> &mut Option<Doubt> {
+        &mut self.doubt
+    }
+
+    fn lease(&mut self) -> &mut Lease {
+        &mut self.lease
+    }
+
+    fn owns_nothing(&self) -> bool {
+        self.owned.is_empty()
+    }
+
+    fn owned_partitions(&self) -> Vec<&TopicPartition> {
+        self.owned.keys().collect()
+    }
+
+    fn hold_owned(&self, hold: bool) {
+        for p in self.owned.values() {
+            if hold {
+                p.worker.shared.hold.hold();
+            } else {
+                p.worker.shared.hold.lift();
+            }
+        }
+    }
+
+    fn confirming(&self) -> Vec<CommitOffset> {
+        Group::confirming(self)
+    }
 }
 
 /// Puts the membership in doubt (if it is not already): every owned partition is held.

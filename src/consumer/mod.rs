@@ -3,13 +3,13 @@
 //! tracker, the committer thread, and what a worker does when the processor fails (retry,
 //! halt, skip, dead letter).
 
-pub(crate) mod acked_ranges;
 pub(crate) mod auth;
 pub(crate) mod committer;
 pub(crate) mod daemon;
 pub(crate) mod dead_letter;
 pub(crate) mod dispatch_limit;
 pub(crate) mod group;
+pub(crate) mod handover;
 pub(crate) mod key_order;
 pub(crate) mod membership;
 pub(crate) mod memory;

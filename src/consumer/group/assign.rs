@@ -12,7 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::generation::generation;
 use super::{AckdConsumer, Group, GroupContext, Owned};
 use crate::config::settings::StartFrom;
-use crate::consumer::committer::{self, MetadataState, Previous, ReadMetadata};
+use crate::consumer::handover::{self, MetadataState, Previous, ReadMetadata};
 use crate::consumer::membership;
 use crate::consumer::partition_queue::PartitionQueue;
 use crate::consumer::worker::{self, RedeliveryWindow};
@@ -222,7 +222,7 @@ fn read_committed<C: rdkafka::consumer::ConsumerContext>(
         .ok();
     committed
         .iter()
-        .flat_map(committer::committed_with_metadata)
+        .flat_map(handover::committed_with_metadata)
         .map(|(tp, offset, read)| (tp, (offset, read)))
         .collect()
 }
@@ -276,7 +276,7 @@ fn resume_from_commit<C: rdkafka::consumer::ConsumerContext>(
     let (topic, partition) = (&*tp.0, tp.1);
     let previous = read.previous.as_ref();
     let acked_above = previous.map_or_else(Vec::new, |p| p.acked_above(o));
-    let skipped = crate::consumer::acked_ranges::count(&acked_above);
+    let skipped = crate::consumer::handover::count_offsets(&acked_above);
     // A previous owner that released the partition had processed through `processed`
     // and nothing after; one that crashed (or was fenced, or lost it) started nothing
     // above its dispatch limit. Either way exactly the offsets from `o` to there may
@@ -424,7 +424,7 @@ fn untrusted_metadata(state: MetadataState) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumer::committer::read_metadata;
+    use crate::consumer::handover::read_metadata;
 
     fn previous(m: &str, o: i64) -> Previous {
         read_metadata(m.as_bytes(), Some(o)).previous.unwrap()

@@ -14,8 +14,7 @@
 //! partitions we own); the [`Committer`] sends it.
 //!
 //! One concept a file: [`Owned`] (one owned partition and what to commit of it), the
-//! group as membership's members and the committer's ledger (ledger.rs), the rdkafka
-//! callbacks (rdkafka_context.rs), assignment and resume (assign.rs), revoke
+//! rdkafka callbacks (rdkafka_context.rs), assignment and resume (assign.rs), revoke
 //! (revoke.rs), the release shared by revoke and shutdown (release.rs, outcome.rs), the
 //! commit of owned partitions with its retries (commit_retry.rs), broker reachability
 //! (connectivity.rs), the interval summary (summary.rs), and the group generation
@@ -25,7 +24,6 @@ mod assign;
 mod commit_retry;
 mod connectivity;
 mod generation;
-mod ledger;
 mod outcome;
 mod owned;
 mod rdkafka_context;

@@ -161,7 +161,7 @@ impl<P: Processor> GroupContext<P> {
         tps: &[TopicPartition],
         deadline: &dyn Fn() -> Instant,
     ) -> Vec<(TopicPartition, Owned)> {
-        // From here no commit for these partitions is sent (src/consumer/committer/mod.rs):
+        // From here no commit for these partitions is sent (src/consumer/committer.rs):
         // one that timed out but is still queued is dropped, one inside librdkafka is
         // waited for.
         if let Some(c) = self.committer.get() {

@@ -18,8 +18,8 @@ use crate::output::metrics;
 use crate::processors::processor::{Kafka, Message};
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
-/// of its [`crate::consumer::acked_ranges::MAX_BYTES`] (a digit and a comma), so more never fit.
-const PUBLISHED_RANGES_MAX: usize = crate::consumer::acked_ranges::MAX_BYTES / 2 + 1;
+/// of its [`crate::consumer::handover::RANGES_MAX_BYTES`] (a digit and a comma), so more never fit.
+const PUBLISHED_RANGES_MAX: usize = crate::consumer::handover::RANGES_MAX_BYTES / 2 + 1;
 
 /// The union of `a` and `b` (inclusive ranges, ascending, disjoint each), ascending,
 /// overlapping and adjacent ones merged, into `out` (cleared first): the lowest `max`.

@@ -49,7 +49,7 @@ impl Skip {
             at = "resume_skip_dropped",
             topic,
             partition,
-            offsets = crate::consumer::acked_ranges::count(&dropped),
+            offsets = crate::consumer::handover::count_offsets(&dropped),
             "the committed offset was out of range: the offsets its metadata named as acknowledged are processed, not skipped"
         );
     }

@@ -1,12 +1,38 @@
-//! The commit metadata: `ackd/3:o=O;p=H;l=L[;a=R][;r];end`, how it is written, and how
-//! it is read back beside a committed offset (version 2, without `l=`, is read too).
+//! What a commit hands to the partition's next owner: the commit metadata
+//! `ackd/3:o=O;p=H;l=L[;a=R][;r];end`, as the committer writes it and the next owner reads
+//! it back beside the committed offset (version 2, without `l=`, is read too), and the
+//! acknowledged ranges `R` in it. docs/guarantees.md describes both to operators
+//! ("What a resume says about redelivery", "Commit metadata: acknowledged offsets above
+//! the commit"); a unit test below keeps its quoted format the one written here.
+//!
+//! **The ranges** (`a=`): with concurrent ordering messages finish out of order and the
+//! committed offset, the contiguous watermark, stays behind the ones that finished; the
+//! next owner skips the offsets they name instead of processing them again after a
+//! crash. Pure text, no I/O, so it can be tested exhaustively. Each item is an inclusive
+//! range *relative to the committed offset O* of the same commit: `2-4` is O+2..=O+4,
+//! `7` is O+7 alone. Items are ascending, at least 1 apart (never adjacent nor
+//! overlapping: adjacent ranges are one range), and start at 1 or more: O itself is the
+//! next offset to read, never acknowledged. Relative numbers stay short (they are
+//! bounded by how far the partition ran ahead of its oldest unfinished message), and the
+//! ranges mean nothing without the offset they were committed with: Kafka stores the two
+//! atomically, but tools can move one without the other, so the metadata names it too
+//! (`o=`, see [`read_metadata`]).
+//!
+//! **Bound**: the value is at most [`RANGES_MAX_BYTES`] bytes. Ranges that do not fit are
+//! left out, the highest first: those messages are redelivered after a crash, as they
+//! would be without the metadata. With the rest of ackd's metadata the whole stays under
+//! 1,100 bytes, well under the broker's default `offset.metadata.max.bytes` (4,096).
+//!
+//! **Decoding is strict**: anything that is not exactly what [`encode_ranges`] writes (a
+//! malformed number, a range out of order, overlapping, adjacent or at O, an overflow,
+//! longer than the bound) gives no ranges at all, so a reader never skips an offset its
+//! writer did not acknowledge: the worst case is redelivery, never loss.
 
 use std::sync::Arc;
 
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::commit::Reason;
-use crate::consumer::acked_ranges;
+use crate::consumer::committer::Reason;
 use crate::topic_partition::TopicPartition;
 
 /// The version of the metadata format this ackd writes. A later format (new fields)
@@ -20,10 +46,9 @@ const PREVIOUS_VERSION: u32 = 2;
 /// The metadata a commit of `offset` carries, and how it is read back: `ackd/3:o=O;p=H;l=L`
 /// (`O` the offset committed, `H` the highest offset processed, or on a release the
 /// highest handed to a processor, finished or not (`WorkerShared::handed_through`), `L`
-/// the dispatch limit:
-/// the highest offset this process may start before its next commit is accepted, see
-/// src/consumer/dispatch_limit.rs), then `;a=R` (`acked`: the
-/// [`acked_ranges::encode`]d ranges, if any), then `;r` for a release, then `;end`.
+/// the dispatch limit: the highest offset this process may start before its next commit
+/// is accepted, see src/consumer/dispatch_limit.rs), then `;a=R` (`acked`: the ranges
+/// as [`encode_ranges`] writes them, if any), then `;r` for a release, then `;end`.
 ///
 /// Grammar: `ackd/V:` then fields separated by `;`, the last one `end`. `V` is the
 /// format's version: a reader reads only its own version, so a field is added by
@@ -110,7 +135,7 @@ pub struct Previous {
     /// It committed on releasing the partition: it handed nothing over after.
     pub released: bool,
     /// The offsets it had acknowledged above the committed one, relative to it
-    /// (`(1, 1)` is the committed offset + 1), as [`acked_ranges::decode`] read them.
+    /// (`(1, 1)` is the committed offset + 1), as [`decode_ranges`] read them.
     acked: Vec<(i64, i64)>,
 }
 
@@ -235,7 +260,7 @@ fn parse_fields(fields: &str, with_limit: bool) -> Option<(i64, Previous)> {
         Some(value) => {
             next = fields.next()?;
             // Malformed ranges: none are skipped, the rest still reads.
-            acked_ranges::decode(0, value)
+            decode_ranges(0, value)
         }
         None => Vec::new(),
     };
@@ -286,7 +311,7 @@ pub fn committed_with_metadata(
 }
 
 /// Each element's metadata bytes (`None`: empty), in the order of `tpl.elements()`.
-pub(super) fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Option<Vec<u8>>> {
+pub fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Option<Vec<u8>>> {
     // SAFETY: `tpl` owns its list for the duration of the borrow; `elements()` and the
     // raw array are the same `cnt` elements in the same order, and each element's
     // metadata is `metadata_size` bytes at `metadata` (or null).
@@ -304,9 +329,161 @@ pub(super) fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Option<Vec<u8>>> {
     }
 }
 
+// The acknowledged ranges: the value of `a=`.
+
+/// The longest `a=` value written or read, in bytes.
+pub const RANGES_MAX_BYTES: usize = 1024;
+
+/// The `a=` value for `ranges` (absolute, inclusive, ascending) above the committed
+/// offset `committed`, at most `max_bytes` long (and never more than [`RANGES_MAX_BYTES`]);
+/// `None` when nothing fits or there is nothing to write. Ranges (or parts of them) at or
+/// below `committed` are left out; so are the highest ranges that do not fit.
+pub fn encode_ranges(committed: i64, ranges: &[(i64, i64)], max_bytes: usize) -> Option<String> {
+    let max_bytes = max_bytes.min(RANGES_MAX_BYTES);
+    let mut out = String::new();
+    let mut item = String::new();
+    // The last range written, relative, still open to merging with an adjacent one, and
+    // where it starts in `out` (its comma excluded).
+    let mut last: Option<(i64, i64)> = None;
+    let mut last_at = 0;
+    for &(a, b) in ranges {
+        let a = a.max(committed.saturating_add(1));
+        if a > b {
+            continue;
+        }
+        let (Some(ra), Some(rb)) = (a.checked_sub(committed), b.checked_sub(committed)) else {
+            continue;
+        };
+        let (na, nb, at) = match last {
+            // Ascending input is the contract; anything else is skipped rather than
+            // written out of order.
+            Some((_, pb)) if ra <= pb => continue,
+            // Adjacent: the last range grows, written again in its place.
+            Some((pa, pb)) if ra == pb + 1 => (pa, rb, last_at),
+            _ => (ra, rb, out.len()),
+        };
+        item.clear();
+        push_range(&mut item, na, nb);
+        if at + usize::from(at > 0) + item.len() > max_bytes {
+            break;
+        }
+        out.truncate(at);
+        if at > 0 {
+            out.push(',');
+        }
+        out.push_str(&item);
+        last = Some((na, nb));
+        last_at = at;
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn push_range(out: &mut String, a: i64, b: i64) {
+    use std::fmt::Write;
+    let _ = if a == b {
+        write!(out, "{a}")
+    } else {
+        write!(out, "{a}-{b}")
+    };
+}
+
+/// The absolute ranges an `a=` value written with [`encode_ranges`] for the committed offset
+/// `committed` says; empty when the value is anything else (see the module's
+/// documentation).
+pub fn decode_ranges(committed: i64, value: &str) -> Vec<(i64, i64)> {
+    decode_ranges_strict(committed, value).unwrap_or_default()
+}
+
+fn decode_ranges_strict(committed: i64, value: &str) -> Option<Vec<(i64, i64)>> {
+    if value.is_empty() || value.len() > RANGES_MAX_BYTES || committed < 0 {
+        return None;
+    }
+    let mut ranges: Vec<(i64, i64)> = Vec::new();
+    let mut previous_end = 0i64;
+    for item in value.split(',') {
+        let (a, b) = match item.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (number(a)?, number(b)?);
+                // `a-a` is not what encode writes.
+                if a >= b {
+                    return None;
+                }
+                (a, b)
+            }
+            None => {
+                let a = number(item)?;
+                (a, a)
+            }
+        };
+        // At least 1 past the committed offset, and past the previous range with a gap.
+        if a < 1 || a <= previous_end.checked_add(1)? && !ranges.is_empty() {
+            return None;
+        }
+        previous_end = b;
+        ranges.push((committed.checked_add(a)?, committed.checked_add(b)?));
+    }
+    Some(ranges)
+}
+
+/// A relative offset as [`encode_ranges`] writes it: decimal digits, no sign, no leading
+/// zero.
+fn number(s: &str) -> Option<i64> {
+    canonical_number(s).then(|| s.parse().ok()).flatten()
+}
+
+/// How many offsets `ranges` hold.
+pub fn count_offsets(ranges: &[(i64, i64)]) -> i64 {
+    ranges
+        .iter()
+        .map(|&(a, b)| b.saturating_sub(a).saturating_add(1))
+        .fold(0i64, i64::saturating_add)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// docs/guarantees.md quotes the format operators read off the broker: its example
+    /// must be what this code writes, and the versions it says are written and read must
+    /// be these, so that neither changes without the other.
+    #[test]
+    fn the_guarantees_quote_the_format_written() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guarantees.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let example = metadata(
+            10,
+            Some(299),
+            Some(100_299),
+            Some("1-139,141-289"),
+            Reason::Revoke,
+        );
+        assert!(
+            doc.lines().any(|l| l == example),
+            "docs/guarantees.md quotes no line `{example}`"
+        );
+        let words = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        let says = format!(
+            "This ackd writes version {METADATA_VERSION} and reads {METADATA_VERSION} and {PREVIOUS_VERSION}"
+        );
+        assert!(
+            words.contains(&says),
+            "docs/guarantees.md does not say `{says}`"
+        );
+        // Every format quoted with its fields is one this ackd writes or reads.
+        for (at, _) in doc.match_indices("ackd/") {
+            let rest = &doc[at + "ackd/".len()..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if !rest[digits..].starts_with(":o=") {
+                continue;
+            }
+            let version: u32 = rest[..digits].parse().unwrap();
+            assert!(
+                [METADATA_VERSION, PREVIOUS_VERSION].contains(&version),
+                "docs/guarantees.md quotes ackd/{version}"
+            );
+        }
+    }
 
     #[test]
     fn metadata_round_trips_and_ignores_foreign_metadata() {
@@ -403,8 +580,8 @@ mod tests {
         }
     }
 
-    /// Issue 19, items 1 and 2: metadata cut short never reads as fewer ranges, and
-    /// trailing NULs (some clients NUL-terminate what they store) are not part of it.
+    /// Metadata cut short never reads as fewer ranges, and trailing NULs (some clients
+    /// NUL-terminate what they store) are not part of it.
     #[test]
     fn cut_short_metadata_skips_nothing_and_trailing_nuls_are_trimmed() {
         let m = metadata(
@@ -439,8 +616,8 @@ mod tests {
         assert_eq!(read_metadata(b"\0", Some(5)).state, MetadataState::Absent);
     }
 
-    /// Issue 14: the offsets acknowledged above the commit, relative to it, read back
-    /// as absolute offsets for the offset they were committed with.
+    /// The offsets acknowledged above the commit, relative to it, read back as absolute
+    /// offsets for the offset they were committed with.
     #[test]
     fn acked_ranges_round_trip_and_anything_doubtful_skips_nothing() {
         let read = |m: &[u8], committed| read_metadata(m, Some(committed)).previous.unwrap();
@@ -475,5 +652,167 @@ mod tests {
         let top = i64::MAX - 2;
         let m = format!("ackd/2:o={top};p=9223372036854775807;a=5;end");
         assert_eq!(read(m.as_bytes(), top).acked_above(top), vec![]);
+    }
+
+    #[test]
+    fn relative_readable_form() {
+        assert_eq!(
+            encode_ranges(100, &[(102, 104), (107, 107), (109, 115)], RANGES_MAX_BYTES).as_deref(),
+            Some("2-4,7,9-15")
+        );
+        assert_eq!(
+            decode_ranges(100, "2-4,7,9-15"),
+            vec![(102, 104), (107, 107), (109, 115)]
+        );
+        assert_eq!(encode_ranges(100, &[], RANGES_MAX_BYTES), None);
+        // At or below the commit: left out, or clipped.
+        assert_eq!(
+            encode_ranges(100, &[(90, 95), (99, 101)], RANGES_MAX_BYTES).as_deref(),
+            Some("1")
+        );
+        // Adjacent ranges are one.
+        assert_eq!(
+            encode_ranges(0, &[(1, 2), (3, 4)], RANGES_MAX_BYTES).as_deref(),
+            Some("1-4")
+        );
+        let adjacent = [(1, 2), (3, 4), (6, 6), (7, 7)];
+        assert_eq!(
+            encode_ranges(0, &adjacent, RANGES_MAX_BYTES).as_deref(),
+            Some("1-4,6-7")
+        );
+        // The merged "6-7" does not fit: "6" as it was written stays.
+        assert_eq!(encode_ranges(0, &adjacent, 5).as_deref(), Some("1-4,6"));
+    }
+
+    #[test]
+    fn what_does_not_fit_is_left_out_from_the_top() {
+        // Singles 2, 4, 6, ...: "2,4,6" is 5 bytes.
+        let ranges: Vec<(i64, i64)> = (1..=1000).map(|i| (2 * i, 2 * i)).collect();
+        assert_eq!(encode_ranges(0, &ranges, 5).as_deref(), Some("2,4,6"));
+        assert_eq!(encode_ranges(0, &ranges, 6).as_deref(), Some("2,4,6"));
+        assert_eq!(encode_ranges(0, &ranges, 1).as_deref(), Some("2"));
+        assert_eq!(encode_ranges(0, &ranges, 0), None);
+        let full = encode_ranges(0, &ranges, usize::MAX).unwrap();
+        assert!(
+            full.len() <= RANGES_MAX_BYTES && full.len() > RANGES_MAX_BYTES - 6,
+            "{}",
+            full.len()
+        );
+        assert!(full.starts_with("2,4,6,8,"));
+    }
+
+    #[test]
+    fn anything_malformed_decodes_to_nothing() {
+        for bad in [
+            "",
+            "0",
+            "0-3",
+            "3-3",
+            "4-2",
+            "1,1",
+            "2,1",
+            "1,2",
+            "1-3,4",
+            "1-3,2-5",
+            "01",
+            "+1",
+            "-1",
+            "1-",
+            "-",
+            "1,,3",
+            "1,",
+            ",1",
+            " 1",
+            "1 ",
+            "a",
+            "1-b",
+            "1.5",
+            "99999999999999999999",
+            "9223372036854775807",
+        ] {
+            assert_eq!(decode_ranges(10, bad), vec![], "{bad:?}");
+        }
+        assert_eq!(decode_ranges(10, &"1,".repeat(600)), vec![]);
+        // Overflow of the absolute offset.
+        assert_eq!(decode_ranges(i64::MAX - 5, "3-10"), vec![]);
+        assert_eq!(decode_ranges(-1, "1"), vec![]);
+    }
+
+    /// Ascending, disjoint ranges, as a worker reports them (adjacent ones too, which
+    /// it does not, but encode must merge).
+    fn ranges() -> impl Strategy<Value = (i64, Vec<(i64, i64)>)> {
+        (
+            0i64..1_000_000_000_000,
+            prop::collection::vec((0i64..50, 0i64..20), 0..300),
+            -100i64..100,
+        )
+            .prop_map(|(base, steps, shift)| {
+                let mut at = base;
+                let ranges = steps
+                    .into_iter()
+                    .map(|(gap, len)| {
+                        let a = at + gap + 1;
+                        at = a + len;
+                        (a, a + len)
+                    })
+                    .collect();
+                // The committed offset: at, a bit above or below the first range.
+                ((base + shift).max(0), ranges)
+            })
+    }
+
+    fn offsets(ranges: &[(i64, i64)]) -> std::collections::BTreeSet<i64> {
+        ranges.iter().flat_map(|&(a, b)| a..=b).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// What is read back is acknowledged (a subset of what was written), above the
+        /// commit, the lowest ones first, all of it when it fits, and within the bound.
+        #[test]
+        fn decode_of_encode_is_a_bounded_lower_subset(
+            (committed, ranges) in ranges(),
+            max_bytes in 0usize..1500,
+        ) {
+            let written = encode_ranges(committed, &ranges, max_bytes);
+            let read = written.as_deref().map_or_else(Vec::new, |w| decode_ranges(committed, w));
+            if let Some(w) = &written {
+                prop_assert!(w.len() <= max_bytes.min(RANGES_MAX_BYTES));
+                prop_assert!(!read.is_empty(), "{} unreadable", w);
+            }
+            let (all, got) = (offsets(&ranges), offsets(&read));
+            prop_assert!(got.is_subset(&all));
+            prop_assert!(got.iter().all(|o| *o > committed));
+            // Nothing acknowledged above the commit is skipped below what was kept.
+            if let Some(top) = got.last() {
+                prop_assert!(all.range(committed + 1..=*top).all(|o| got.contains(o)));
+            }
+            let above: Vec<(i64, i64)> = ranges
+                .iter()
+                .filter(|r| r.1 > committed)
+                .map(|&(a, b)| (a.max(committed + 1), b))
+                .collect();
+            let full = above.iter().map(|&(a, b)| {
+                let (ra, rb) = (a - committed, b - committed);
+                if ra == rb { ra.to_string() } else { format!("{ra}-{rb}") }
+            }).collect::<Vec<_>>().join(",");
+            if full.len() <= max_bytes.min(RANGES_MAX_BYTES) {
+                prop_assert_eq!(&got, &offsets(&above));
+            }
+            prop_assert_eq!(count_offsets(&read), got.len() as i64);
+        }
+
+        /// Whatever the bytes, decoding never gives an offset at or below the commit, nor
+        /// ranges out of order.
+        #[test]
+        fn decode_of_anything_is_above_the_commit_and_ascending(
+            committed in 0i64..1_000_000,
+            value in "[0-9,\\-]{0,40}",
+        ) {
+            let read = decode_ranges(committed, &value);
+            prop_assert!(read.iter().all(|&(a, b)| a > committed && a <= b));
+            prop_assert!(read.windows(2).all(|w| w[0].1 + 1 < w[1].0));
+        }
     }
 }
