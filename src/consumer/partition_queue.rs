@@ -77,6 +77,8 @@ impl Recent {
 /// for the partition waits here for its worker, which is woken when it becomes non-empty.
 pub struct PartitionQueue<C: ConsumerContext + 'static> {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
+    /// The partition, to pause its fetching while its worker holds a large message.
+    partition: Pausable,
     /// The worker's waker, woken by librdkafka's broker thread (`wake`); the queue holds
     /// a pointer to it until `drop` unhooks it.
     waker: Arc<AtomicWaker>,
@@ -118,15 +120,26 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
         }
         Some(PartitionQueue {
             queue,
+            partition: Pausable {
+                client,
+                topic,
+                partition,
+            },
             waker,
             _consumer: consumer.clone(),
         })
     }
 
-    /// The partition's messages (and fetch errors) in offset order.
-    pub fn messages(&self) -> Messages<'_> {
+    /// The partition's messages (and fetch errors) in offset order. With `large` > 0 (the
+    /// memory budget's bound on what a worker holds taken out of its queue), a call that
+    /// takes a message larger than `large` pauses the partition's fetching until every
+    /// message it took was handed out and the worker asks for more.
+    pub fn messages(&self, large: usize) -> Messages<'_> {
         Messages {
             queue: self.queue,
+            partition: &self.partition,
+            large,
+            paused: false,
             waker: &self.waker,
             taken: Vec::with_capacity(READ_AHEAD),
             next: 0,
@@ -147,11 +160,48 @@ impl<C: ConsumerContext + 'static> Drop for PartitionQueue<C> {
     }
 }
 
+/// A partition to pause and resume: librdkafka fetches ahead a whole record batch at
+/// least, so a partition of messages larger than its share of the memory budget would
+/// hold two of them (the one its worker took, the one fetched behind it) however low its
+/// queue's limits. Pausing drops what librdkafka had fetched for the partition (it
+/// fetches again from the last message taken on resume): with large messages that is
+/// rarely anything, as the queue held only the message just taken.
+struct Pausable {
+    client: *mut rdsys::rd_kafka_t,
+    topic: CString,
+    partition: i32,
+}
+
+impl Pausable {
+    fn set(&self, pause: bool) {
+        // SAFETY: the client outlives the queue (`_consumer`), the list is ours.
+        unsafe {
+            let list = rdsys::rd_kafka_topic_partition_list_new(1);
+            rdsys::rd_kafka_topic_partition_list_add(list, self.topic.as_ptr(), self.partition);
+            let err = if pause {
+                rdsys::rd_kafka_pause_partitions(self.client, list)
+            } else {
+                rdsys::rd_kafka_resume_partitions(self.client, list)
+            };
+            rdsys::rd_kafka_topic_partition_list_destroy(list);
+            if err.is_error() {
+                let action = if pause { "pause" } else { "resume" };
+                let topic = self.topic.to_string_lossy();
+                tracing::warn!(at = "pause_failed", topic = %topic, partition = self.partition, action, error = ?err);
+            }
+        }
+    }
+}
+
 /// A partition's messages, taken from its queue up to [`READ_AHEAD`] at a time; the
 /// ones taken and not yet read are released unread when this is dropped (they were
 /// never started, so they are redelivered like anything left in librdkafka's queue).
 pub struct Messages<'q> {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
+    partition: &'q Pausable,
+    /// Above this (0: never), a taken message pauses the partition's fetching.
+    large: usize,
+    paused: bool,
     waker: &'q AtomicWaker,
     /// What the last `rd_kafka_consume_batch_queue` took (ours to destroy from `next` on),
     /// and its out-array next time: 8 bytes a message, allocated once.
@@ -171,6 +221,11 @@ impl Messages<'_> {
     /// Takes what the queue has now, without waiting; false when it had nothing. Called
     /// only once every message taken before was handed out.
     fn take(&mut self) -> bool {
+        if self.paused {
+            // The worker is done with the large message: fetch the next.
+            self.partition.set(false);
+            self.paused = false;
+        }
         let wanted = read_ahead(self.recent.largest());
         self.taken.clear();
         self.next = 0;
@@ -189,6 +244,10 @@ impl Messages<'_> {
         self.taken.retain(|m| !m.is_null());
         let largest = self.taken.iter().map(|&m| size(m)).max().unwrap_or(0);
         self.recent.took(largest);
+        if self.large > 0 && largest > self.large {
+            self.partition.set(true);
+            self.paused = true;
+        }
         !self.taken.is_empty()
     }
 }
@@ -228,6 +287,10 @@ impl<'q> Stream for Messages<'q> {
 
 impl Drop for Messages<'_> {
     fn drop(&mut self) {
+        // Never left paused: a later assignment of the partition must fetch it.
+        if self.paused {
+            self.partition.set(false);
+        }
         for &message in &self.taken[self.next..] {
             // SAFETY: taken, never handed out: ours to destroy, once.
             unsafe { rdsys::rd_kafka_message_destroy(message) }

@@ -20,6 +20,8 @@ pub struct Message<'a> {
     pub(crate) offset: i64,
     pub(crate) key: Option<&'a [u8]>,
     pub(crate) payload: Option<&'a [u8]>,
+    /// Read from `kafka` when there is one: most processors never ask, and librdkafka's
+    /// accessor costs as much as the rest of the view.
     pub(crate) timestamp_ms: Option<i64>,
     pub(crate) kafka: Option<&'a Kafka<'a>>,
     /// See [`Message::redelivered`].
@@ -147,7 +149,7 @@ impl<'a> Message<'a> {
             offset: m.offset(),
             key: m.key(),
             payload: m.payload(),
-            timestamp_ms: m.timestamp().to_millis(),
+            timestamp_ms: None,
             kafka: Some(kafka),
             redelivered: false,
             attempt: 1,
@@ -173,7 +175,10 @@ impl<'a> Message<'a> {
     }
     /// The message timestamp in milliseconds since the epoch, when the broker has one.
     pub fn timestamp_ms(&self) -> Option<i64> {
-        self.timestamp_ms
+        match self.kafka {
+            Some(k) => k.message.timestamp().to_millis(),
+            None => self.timestamp_ms,
+        }
     }
     /// Whether this message may have been handed to a processor before: by a previous
     /// owner of the partition (after a crash: within the window its `at=assigned` line
@@ -215,7 +220,7 @@ impl<'a> Message<'a> {
             offset: self.offset,
             key: self.key.map(<[u8]>::to_vec),
             payload: self.payload.map(<[u8]>::to_vec),
-            timestamp_ms: self.timestamp_ms,
+            timestamp_ms: self.timestamp_ms(),
             headers: self
                 .headers()
                 .map(|h| (h.name.to_string(), h.value.map(<[u8]>::to_vec)))

@@ -262,6 +262,7 @@ pub(super) fn worker_config<P: Processor>(
             commit_interval: settings.commit_interval,
             wanted: parts.limits_wanted.clone(),
         },
+        taken_max_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
     }
 }
 

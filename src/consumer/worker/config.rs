@@ -27,6 +27,10 @@ pub struct WorkerConfig<P> {
     pub concurrency: Concurrency,
     /// How far ahead of the last accepted commit the worker may start messages.
     pub limits: LimitPolicy,
+    /// Under the memory budget, what a worker may hold taken out of its queue
+    /// (`Budget::taken_bytes`; 0: no budget): a larger message pauses the partition's
+    /// fetching while the worker holds it (src/consumer/partition_queue.rs).
+    pub taken_max_bytes: usize,
 }
 
 /// How many processor calls of one partition run at once, and in what order.
@@ -76,6 +80,7 @@ impl<P> Clone for WorkerConfig<P> {
             batch: self.batch,
             concurrency: self.concurrency,
             limits: self.limits.clone(),
+            taken_max_bytes: self.taken_max_bytes,
         }
     }
 }

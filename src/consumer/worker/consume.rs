@@ -57,7 +57,7 @@ pub(super) async fn consume<C, P>(
         ..
     } = resume;
     let mut worker = Worker {
-        messages: queue.messages(),
+        messages: queue.messages(config.taken_max_bytes),
         held: None,
         progress: Progress::new(shared, (&topic, partition), &source, &config, resume, acked),
         config: &config,

@@ -336,6 +336,7 @@ mod tests {
             },
             concurrency: Concurrency::SEQUENTIAL,
             limits: Default::default(),
+            taken_max_bytes: 0,
         }
     }
 

@@ -178,9 +178,11 @@ impl Progress<'_> {
             let redelivered = view.redelivered();
             metrics::message_processed(source, topic, self.partition, offset, key, redelivered);
         }
-        self.shared
-            .highest_acked
-            .fetch_max(offset, Ordering::AcqRel);
+        // This task is its only writer: a load and a store, not a locked read-modify-write.
+        let highest = &self.shared.highest_acked;
+        if offset > highest.load(Ordering::Relaxed) {
+            highest.store(offset, Ordering::Release);
+        }
         match self.tracker.ack(offset) {
             Ok(Some(next)) => self.shared.committable.store(next, Ordering::Release),
             Ok(None) => {}
