@@ -1,35 +1,45 @@
 //! The health endpoint: where it listens, and when a call counts as stuck.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::config::error::SettingError;
 use crate::config::settings::raw::RawSettings;
 
-impl RawSettings {
-    /// `ACKD_HEALTH_ADDR` and `ACKD_HEALTH_PORT` (0 or unset: off).
-    pub(super) fn health_listen(&self) -> Result<Option<std::net::SocketAddr>, SettingError> {
-        let port = match self.get("health_port").trim() {
+/// The health endpoint (`/live`, `/ready`, `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthSettings {
+    /// Where it listens (`ACKD_HEALTH_ADDR`:`ACKD_HEALTH_PORT`); `None`: off (the port
+    /// unset or 0).
+    pub listen: Option<SocketAddr>,
+    /// `ACKD_HEALTH_STUCK_MS`; `None` (0): derived, see
+    /// [`crate::config::settings::Settings::health_stuck_after`].
+    pub stuck: Option<Duration>,
+}
+
+impl HealthSettings {
+    /// `ACKD_HEALTH_PORT` (0 or unset: off), `ACKD_HEALTH_ADDR` and `ACKD_HEALTH_STUCK_MS`.
+    pub(super) fn parse(raw: &RawSettings) -> Result<HealthSettings, SettingError> {
+        let port = match raw.get("health_port").trim() {
             "" => 0,
             p => p.parse::<u16>().map_err(|_| {
-                self.error(
+                raw.error(
                     "health_port",
                     "expected a port number from 1 to 65535, or 0 (off)",
                 )
             })?,
         };
-        let addr: std::net::IpAddr = self.get("health_addr").trim().parse().map_err(|_| {
-            self.error(
+        let addr: std::net::IpAddr = raw.get("health_addr").trim().parse().map_err(|_| {
+            raw.error(
                 "health_addr",
                 "expected an IP address to listen on, e.g. 0.0.0.0 (every IPv4 interface), :: or 127.0.0.1",
             )
         })?;
-        Ok((port != 0).then_some(std::net::SocketAddr::new(addr, port)))
-    }
-
-    /// `ACKD_HEALTH_STUCK_MS`; 0: derived (see
-    /// [`crate::config::settings::Settings::health_stuck_after`]).
-    pub(super) fn health_stuck(&self) -> Result<Option<Duration>, SettingError> {
-        Ok(Some(self.millis("health_stuck_ms", 0, 86_400_000)?).filter(|d| !d.is_zero()))
+        let stuck = raw.millis("health_stuck_ms", 0, 86_400_000)?;
+        Ok(HealthSettings {
+            listen: (port != 0).then_some(SocketAddr::new(addr, port)),
+            stuck: Some(stuck).filter(|d| !d.is_zero()),
+        })
     }
 }
 
@@ -44,19 +54,19 @@ mod tests {
     #[test]
     fn health_settings() {
         let s = Settings::from_vars(vars(&[])).unwrap();
-        assert_eq!(s.health_listen, None);
+        assert_eq!(s.health.listen, None);
         assert_eq!(s.health_stuck_after(), s.drain_budget());
         let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "0")])).unwrap();
-        assert_eq!(s.health_listen, None);
+        assert_eq!(s.health.listen, None);
         let s = Settings::from_vars(vars(&[("ACKD_HEALTH_PORT", "8080")])).unwrap();
-        assert_eq!(s.health_listen, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(s.health.listen, Some("0.0.0.0:8080".parse().unwrap()));
         let s = Settings::from_vars(vars(&[
             ("ACKD_HEALTH_PORT", "9000"),
             ("ACKD_HEALTH_ADDR", "::1"),
             ("ACKD_HEALTH_STUCK_MS", "2500"),
         ]))
         .unwrap();
-        assert_eq!(s.health_listen, Some("[::1]:9000".parse().unwrap()));
+        assert_eq!(s.health.listen, Some("[::1]:9000".parse().unwrap()));
         assert_eq!(s.health_stuck_after(), Duration::from_millis(2500));
         let s = Settings::from_vars(vars(&[
             ("ACKD_PROCESSOR", "exec"),

@@ -1,16 +1,17 @@
 //! Validation: the raw settings, checked one concern at a time, become [`Settings`].
-//! The steps run in the order ackd has always checked the settings in, so that of
-//! several invalid settings the same one is named first.
+//! Each concern's file holds its part of [`Settings`], its parse and its checks. The
+//! steps run in a fixed order, so that of several invalid settings the same one is
+//! named first; the checks across concerns run last.
 
-mod exec;
-mod failure;
-mod group;
-mod health;
-mod http;
+pub(super) mod exec;
+pub(super) mod failure;
+pub(super) mod group;
+pub(super) mod health;
+pub(super) mod http;
 mod kafka;
-mod logging;
-mod memory;
-mod processing;
+pub(super) mod logging;
+pub(super) mod memory;
+pub(super) mod processing;
 mod required;
 mod shutdown;
 
@@ -18,98 +19,79 @@ use crate::config::error::SettingError;
 
 use super::raw::RawSettings;
 use super::{Settings, MAX_REDELIVERY_WINDOW, MIN_REDELIVERY_WINDOW};
+use exec::ExecSettings;
+use failure::FailureSettings;
+use group::GroupSettings;
+use health::HealthSettings;
+use http::HttpSettings;
+use kafka::Connection;
+use logging::LoggingSettings;
+use memory::MemorySetting;
 
-impl RawSettings {
-    pub(super) fn validate(self) -> Result<Settings, SettingError> {
-        self.missing()?;
-        let connection = self.connection()?;
-        // Which names are valid is the processors' business (an embedding app has its own).
-        let processor = self.get("processor").to_ascii_lowercase();
-        let start_from = self.start_from()?;
-        let logging = self.logging()?;
-        let failure = self.failure_policy(&connection)?;
-        let (group_protocol, rdkafka) = self.group_protocol()?;
-        let group_instance_id = self.group_instance_id()?;
-        let metrics_interval = self.millis("metrics_interval_ms", 0, 3_600_000)?;
-        let commit_interval = self.millis("commit_interval_ms", 1, 3_600_000)?;
-        let redelivery_window_max = self.whole(
-            "redelivery_window_max",
-            MIN_REDELIVERY_WINDOW..=MAX_REDELIVERY_WINDOW,
-            format!("expected a whole number of messages from {MIN_REDELIVERY_WINDOW} to {MAX_REDELIVERY_WINDOW}"),
-        )?;
-        let shutdown_timeout = self.millis("shutdown_timeout_ms", 1, 3_600_000)?;
-        let log_messages = self.boolean("log_messages")?;
-        let stop_at_end = self.boolean("stop_at_end")?;
-        let processing = self.processing()?;
-        let exec = self.exec()?;
-        let http = self.http()?;
-        let wait_for_topics = self.boolean("wait_for_topics")?;
-        let (health_listen, health_stuck) = (self.health_listen()?, self.health_stuck()?);
-        let memory = self.memory()?;
-        let exec_pass_secrets = self.exec_pass_secrets()?;
-        let settings = Settings {
-            brokers: connection.brokers,
-            topics: connection.topics,
-            group_id: connection.group_id,
-            kafka_prefix: connection.kafka_prefix,
-            tls: connection.tls,
-            sasl: connection.sasl,
-            processor,
-            commit_interval,
-            redelivery_window_max,
-            shutdown_timeout,
-            start_from,
-            metric_prefix: logging.metric_prefix,
-            metric_source: logging.metric_source,
-            metrics_interval,
-            log_messages,
-            log_level: logging.log_level,
-            stop_at_end,
-            retry: failure.retry,
-            on_failure: failure.on_failure,
-            dead_letter_topic: failure.dead_letter_topic,
-            group_instance_id,
-            group_protocol,
-            rdkafka,
-            batch_max_messages: processing.batch_max_messages,
-            ordering: processing.ordering,
-            concurrency: processing.concurrency,
-            max_pending: processing.max_pending,
-            batch_max_wait: processing.batch_max_wait,
-            batch_max_bytes: processing.batch_max_bytes,
-            exec_command: exec.command,
-            exec_concurrency: exec.concurrency,
-            exec_in_flight: exec.in_flight,
-            exec_timeout: exec.timeout,
-            exec_max_line_bytes: exec.max_line_bytes,
-            http_url: http.url,
-            http_body: http.body,
-            http_headers: http.headers,
-            http_concurrency: http.concurrency,
-            http_timeout: http.timeout,
-            wait_for_topics,
-            health_listen,
-            health_stuck,
-            memory,
-            exec_pass_secrets,
-            #[cfg(feature = "testkit")]
-            test_delay: self.test_delay()?,
-        };
-        shutdown::processor_timeout_fits_the_drain(&settings)?;
-        memory::budget_owns_the_prefetch_limits(&settings)?;
-        processing::ordering_fits_concurrency(&settings)?;
-        Ok(settings)
-    }
+/// The settings the raw layer makes, or the first setting that is wrong.
+pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
+    required::missing(raw)?;
+    let connection = Connection::parse(raw)?;
+    // Which names are valid is the processors' business (an embedding app has its own).
+    let processor = raw.get("processor").to_ascii_lowercase();
+    let (group, rdkafka) = GroupSettings::parse(raw)?;
+    let logging = LoggingSettings::parse(raw)?;
+    let failure = FailureSettings::parse(raw, &connection)?;
+    let commit_interval = raw.millis("commit_interval_ms", 1, 3_600_000)?;
+    let redelivery_window_max = raw.whole(
+        "redelivery_window_max",
+        MIN_REDELIVERY_WINDOW..=MAX_REDELIVERY_WINDOW,
+        format!("expected a whole number of messages from {MIN_REDELIVERY_WINDOW} to {MAX_REDELIVERY_WINDOW}"),
+    )?;
+    let shutdown_timeout = raw.millis("shutdown_timeout_ms", 1, 3_600_000)?;
+    let stop_at_end = raw.boolean("stop_at_end")?;
+    let (batching, concurrency) = processing::parse(raw)?;
+    let exec = ExecSettings::parse(raw)?;
+    let http = HttpSettings::parse(raw)?;
+    let wait_for_topics = raw.boolean("wait_for_topics")?;
+    let health = HealthSettings::parse(raw)?;
+    let memory = MemorySetting::parse(raw)?;
+    let settings = Settings {
+        brokers: connection.brokers,
+        topics: connection.topics,
+        group_id: connection.group_id,
+        kafka_prefix: connection.kafka_prefix,
+        tls: connection.tls,
+        sasl: connection.sasl,
+        processor,
+        commit_interval,
+        redelivery_window_max,
+        shutdown_timeout,
+        stop_at_end,
+        wait_for_topics,
+        group,
+        rdkafka,
+        logging,
+        failure,
+        batching,
+        concurrency,
+        exec,
+        http,
+        health,
+        memory,
+        #[cfg(feature = "testkit")]
+        test_delay: test_delay(raw)?,
+    };
+    shutdown::processor_timeout_fits_the_drain(raw, &settings)?;
+    memory::budget_owns_the_prefetch_limits(&settings)?;
+    processing::ordering_fits_concurrency(&settings.concurrency)?;
+    http::body_fits_batching(&settings)?;
+    Ok(settings)
+}
 
-    /// Per-message delay of the testkit's `slow` processor.
-    #[cfg(feature = "testkit")]
-    fn test_delay(&self) -> Result<crate::config::delay::Delay, SettingError> {
-        if self.values.contains_key("test_delay_ms") {
-            crate::config::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
-                .map_err(|problem| self.error("test_delay_ms", problem))
-        } else {
-            Ok(Default::default())
-        }
+/// Per-message delay of the testkit's `slow` processor.
+#[cfg(feature = "testkit")]
+fn test_delay(raw: &RawSettings) -> Result<crate::config::delay::Delay, SettingError> {
+    if raw.values.contains_key("test_delay_ms") {
+        crate::config::delay::Delay::parse(raw.get("test_delay_ms"), 3_600_000)
+            .map_err(|problem| raw.error("test_delay_ms", problem))
+    } else {
+        Ok(Default::default())
     }
 }
 

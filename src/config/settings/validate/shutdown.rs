@@ -2,15 +2,21 @@
 
 use crate::config::error::SettingError;
 use crate::config::settings::keys::env_name;
+use crate::config::settings::raw::RawSettings;
 use crate::config::settings::Settings;
 
 /// A message in flight when SIGTERM arrives must be able to finish inside the drain: the
 /// processor's timeout (exec, http) may not be longer than [`Settings::drain_budget`].
-pub(super) fn processor_timeout_fits_the_drain(settings: &Settings) -> Result<(), SettingError> {
+/// Checked whether or not the processor's required setting is given (the processor
+/// reports that one).
+pub(super) fn processor_timeout_fits_the_drain(
+    raw: &RawSettings,
+    settings: &Settings,
+) -> Result<(), SettingError> {
     let drain = settings.drain_budget();
     let processor_timeout = match settings.processor.as_str() {
-        "exec" => Some(("exec_timeout_ms", settings.exec_timeout)),
-        "http" => Some(("http_timeout_ms", settings.http_timeout)),
+        "exec" => Some(("exec_timeout_ms", super::exec::timeout(raw)?)),
+        "http" => Some(("http_timeout_ms", super::http::timeout(raw)?)),
         _ => None,
     };
     if let Some((key, timeout)) = processor_timeout {
@@ -39,24 +45,28 @@ mod tests {
     use crate::config::settings::{commit_reserve, Settings};
 
     /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in
-    /// the drain's share of the shutdown deadline (they were 30 s against a 20 s drain).
+    /// the drain's share of the shutdown deadline.
     #[test]
     fn default_processor_timeouts_fit_in_the_drain() {
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.drain_budget(), Duration::from_millis(20000));
-        assert!(s.exec_timeout <= s.drain_budget(), "{:?}", s.exec_timeout);
-        assert!(s.http_timeout <= s.drain_budget(), "{:?}", s.http_timeout);
         // Both processors start with their defaults.
-        Settings::from_vars(vars(&[
+        let exec = Settings::from_vars(vars(&[
             ("ACKD_PROCESSOR", "exec"),
             ("ACKD_EXEC_COMMAND", "cat"),
         ]))
+        .unwrap()
+        .exec
         .unwrap();
-        Settings::from_vars(vars(&[
+        assert!(exec.timeout <= s.drain_budget(), "{:?}", exec.timeout);
+        let http = Settings::from_vars(vars(&[
             ("ACKD_PROCESSOR", "http"),
             ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
         ]))
+        .unwrap()
+        .http
         .unwrap();
+        assert!(http.timeout <= s.drain_budget(), "{:?}", http.timeout);
         // The reserve for the commit: a fifth, at most 5 s.
         assert_eq!(
             commit_reserve(Duration::from_secs(5)),
@@ -86,6 +96,12 @@ mod tests {
         ]);
         assert_eq!(e.setting, "ACKD_EXEC_TIMEOUT_MS", "{e}");
         assert!(e.problem.contains("4000 ms"), "{e}");
+        // Without its command the processor's timeout is checked all the same.
+        let e = err(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_TIMEOUT_MS", "30000"),
+        ]);
+        assert_eq!(e.setting, "ACKD_EXEC_TIMEOUT_MS", "{e}");
         // Exactly the drain's share is allowed; a processor that does not use it is not checked.
         Settings::from_vars(vars(&[
             ("ACKD_PROCESSOR", "exec"),
