@@ -12,8 +12,6 @@ mod keys;
 mod properties;
 mod raw;
 mod secrets;
-#[cfg(test)]
-mod test_vars;
 mod validate;
 
 use std::collections::{BTreeMap, HashMap};
@@ -32,15 +30,14 @@ pub use secrets::{is_secret_variable, never_shown_in_vars, variable_name, SECRET
 pub use validate::exec::{ExecSettings, MAX_EXEC_LINE_BYTES};
 pub use validate::failure::FailureSettings;
 pub use validate::group::{GroupProtocol, GroupSettings, StartFrom};
-pub use validate::health::HealthSettings;
 pub(crate) use validate::http::shown_url;
 pub use validate::http::{HttpBody, HttpSettings, HttpUrl};
-pub use validate::logging::{LoggingSettings, LOG_LEVELS};
 pub use validate::memory::{MemorySetting, MAX_MEMORY_MB};
 pub use validate::processing::{
     BatchSettings, ConcurrencySettings, ProcessingOrder, MAX_BATCH, MAX_BATCH_BYTES,
     MAX_CONCURRENCY, MAX_PENDING,
 };
+pub use validate::telemetry::{HealthSettings, LoggingSettings, LOG_LEVELS};
 
 use raw::RawSettings;
 
@@ -197,4 +194,31 @@ impl Settings {
 /// a fifth, at most 5 s. In-flight messages get the rest ([`Settings::drain_budget`]).
 pub fn commit_reserve(budget: Duration) -> Duration {
     (budget / 5).min(Duration::from_secs(5))
+}
+
+/// The variables unit tests of the settings start from: a valid minimal set.
+#[cfg(test)]
+mod test_vars {
+    use super::Settings;
+    use crate::config::error::SettingError;
+
+    pub(super) fn vars(extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = [
+            ("KAFKA_URL", "kafka://127.0.0.1:9092"),
+            ("ACKD_TOPICS", "orders, payments"),
+            ("ACKD_GROUP_ID", "billing"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, val) in extra {
+            v.retain(|(name, _)| name != k);
+            v.push((k.to_string(), val.to_string()));
+        }
+        v
+    }
+
+    pub(super) fn err(extra: &[(&str, &str)]) -> SettingError {
+        Settings::from_vars(vars(extra)).expect_err("accepted")
+    }
 }
