@@ -74,7 +74,7 @@ fn start_logging(
     settings: &Result<Settings, SettingError>,
 ) -> output::lines::OutputGuard {
     let (mut level, prefix) = match settings {
-        Ok(s) => (s.log_level.clone(), s.metric_prefix.clone()),
+        Ok(s) => (s.logging.log_level.clone(), s.logging.metric_prefix.clone()),
         Err(_) => ("info".to_string(), "ackd".to_string()),
     };
     // The info lines of `check` and `status` are their output, not log lines: a quiet

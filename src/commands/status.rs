@@ -151,7 +151,7 @@ fn row(
         Offset::Offset(o) => Some(o),
         _ => None,
     };
-    let lag = match (committed, settings.start_from) {
+    let lag = match (committed, settings.group.start_from) {
         (Some(c), _) => end - c,
         (None, StartFrom::Earliest) => end - low,
         (None, StartFrom::Latest) => 0,

@@ -38,7 +38,7 @@ fn is_connection_property(property: &str) -> bool {
 }
 
 fn log_level(settings: &Settings) -> RDKafkaLogLevel {
-    match settings.log_level.as_str() {
+    match settings.logging.log_level.as_str() {
         "error" => RDKafkaLogLevel::Error,
         "warn" => RDKafkaLogLevel::Warning,
         "info" => RDKafkaLogLevel::Notice,
@@ -51,23 +51,23 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
     let mut config = base_config(settings);
     config
         .set("group.id", &settings.group_id)
-        .set("auto.offset.reset", settings.start_from.as_str())
+        .set("auto.offset.reset", settings.group.start_from.as_str())
         // ackd commits only acknowledged, contiguous offsets, itself (src/consumer/committer.rs).
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", settings.stop_at_end.to_string())
         .set(
             "statistics.interval.ms",
-            settings.metrics_interval.as_millis().to_string(),
+            settings.logging.metrics_interval.as_millis().to_string(),
         );
     // Static membership (ACKD_STATIC_MEMBERSHIP): a quick restart under the same id keeps
     // the partitions without a rebalance; a second live process with it is fenced.
-    if let Some(id) = &settings.group_instance_id {
+    if let Some(id) = &settings.group.instance_id {
         config.set("group.instance.id", id);
     }
     // ACKD_GROUP_PROTOCOL. Under `consumer` the settings already dropped ackd's default
     // assignor and refused the classic-only properties, which librdkafka would refuse.
-    config.set("group.protocol", settings.group_protocol.as_str());
+    config.set("group.protocol", settings.group.protocol.as_str());
     for (property, pass) in &settings.rdkafka {
         config.set(property, &pass.value);
     }

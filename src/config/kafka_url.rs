@@ -438,7 +438,7 @@ mod tests {
     }
 
     /// A `,` is allowed in user info (RFC 3986 sub-delims): it must not split the entry,
-    /// and no error may show a fragment of the user info (issue 19, item 8).
+    /// and no error may show a fragment of the user info.
     #[test]
     fn a_comma_in_the_user_info_stays_in_it_and_no_error_shows_a_fragment() {
         let b = ok("kafka+sasl-ssl://bob:s3cr3tpart,rest@h:9092");

@@ -234,7 +234,7 @@ mod tests {
     }
 
     /// A secret with `"`, `\` or a control character reaches a line escaped (logfmt, and
-    /// before that perhaps Debug or JSON): every form is scrubbed (issue 19, item 10).
+    /// before that perhaps Debug or JSON): every form is scrubbed.
     #[test]
     fn escaped_forms_of_a_secret_are_scrubbed_too() {
         let secret = "pa\"ss\\w\u{1b}\trd";

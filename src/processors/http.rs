@@ -28,9 +28,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AF
 use tokio::sync::Semaphore;
 
 use crate::config::error::SettingError;
-use crate::config::http_settings::{shown_url, HttpBody, HttpUrl};
-use crate::config::secret::{Secret, REDACTED};
-use crate::config::settings::Settings;
+use crate::config::secret::REDACTED;
+use crate::config::settings::{shown_url, HttpBody, HttpSettings};
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 
 /// Bytes of a response body a failure's reason shows at most.
@@ -38,49 +37,10 @@ const BODY_EXCERPT: usize = 200;
 /// Bytes of a response body read (and dropped) so the connection can be reused.
 const BODY_DRAIN: usize = 64 * 1024;
 
-/// What the http processor is configured with. `Debug` shows no header value and no
-/// password.
-#[derive(Debug, Clone)]
-pub struct HttpConfig {
-    pub url: HttpUrl,
-    pub body: HttpBody,
-    pub headers: Vec<(String, Secret)>,
-    pub concurrency: usize,
-    pub timeout: Duration,
-}
-
-impl HttpConfig {
-    /// From `ACKD_HTTP_*`; `ACKD_HTTP_URL` is required.
-    pub fn from_settings(settings: &Settings) -> Result<HttpConfig, SettingError> {
-        let url = settings.http_url.clone().ok_or_else(|| SettingError {
-            setting: "ACKD_HTTP_URL".into(),
-            value: None,
-            problem: "is required with ACKD_PROCESSOR=http: the URL every message is POSTed to (e.g. https://app.example.com/kafka)".into(),
-        })?;
-        if settings.http_body == HttpBody::Raw && settings.batch_max_messages > 1 {
-            return Err(SettingError {
-                setting: "ACKD_HTTP_BODY".into(),
-                value: Some("raw".into()),
-                problem: format!(
-                    "a raw body is one message's value and cannot carry a batch (ACKD_BATCH_MAX_MESSAGES={}): use json, or ACKD_BATCH_MAX_MESSAGES=1",
-                    settings.batch_max_messages
-                ),
-            });
-        }
-        Ok(HttpConfig {
-            url,
-            body: settings.http_body,
-            headers: settings.http_headers.clone(),
-            concurrency: settings.http_concurrency,
-            timeout: settings.http_timeout,
-        })
-    }
-}
-
 /// The `http` processor.
 pub struct Http {
     client: reqwest::Client,
-    config: HttpConfig,
+    settings: HttpSettings,
     /// `ACKD_HTTP_HEADERS`, ready to send (values marked sensitive).
     headers: HeaderMap,
     /// The values of `ACKD_HTTP_HEADERS`, removed from any failure reason.
@@ -91,18 +51,18 @@ pub struct Http {
 impl fmt::Debug for Http {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Http")
-            .field("url", &self.config.url)
-            .field("body", &self.config.body)
-            .field("concurrency", &self.config.concurrency)
-            .field("timeout", &self.config.timeout)
+            .field("url", &self.settings.url)
+            .field("body", &self.settings.body)
+            .field("concurrency", &self.settings.concurrency)
+            .field("timeout", &self.settings.timeout)
             .finish()
     }
 }
 
 impl Http {
-    pub fn new(config: HttpConfig) -> Result<Http, SettingError> {
+    pub fn new(settings: HttpSettings) -> Result<Http, SettingError> {
         let mut headers = HeaderMap::new();
-        for (name, value) in &config.headers {
+        for (name, value) in &settings.headers {
             // Both were checked when the settings were read.
             let (Ok(n), Ok(mut v)) = (
                 HeaderName::from_bytes(name.as_bytes()),
@@ -114,7 +74,7 @@ impl Http {
             headers.append(n, v);
         }
         let client = reqwest::Client::builder()
-            .timeout(config.timeout)
+            .timeout(settings.timeout)
             // A POST that is redirected would become a GET: a redirect is a failure.
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("ackd/", env!("CARGO_PKG_VERSION")))
@@ -126,12 +86,12 @@ impl Http {
             })?;
         tracing::info!(
             at = "http_processor",
-            url = shown_url(&config.url.0),
-            body = config.body.as_str(),
-            concurrency = config.concurrency,
-            timeout_ms = config.timeout.as_millis() as u64,
+            url = shown_url(&settings.url.0),
+            body = settings.body.as_str(),
+            concurrency = settings.concurrency,
+            timeout_ms = settings.timeout.as_millis() as u64,
             // Names only: the values are secrets.
-            headers = config
+            headers = settings
                 .headers
                 .iter()
                 .map(|(n, _)| n.as_str())
@@ -140,20 +100,20 @@ impl Http {
         );
         Ok(Http {
             client,
-            secrets: config
+            secrets: settings
                 .headers
                 .iter()
                 .map(|(_, v)| v.expose().to_string())
                 .filter(|v| !v.is_empty())
                 .collect(),
             headers,
-            permits: Semaphore::new(config.concurrency),
-            config,
+            permits: Semaphore::new(settings.concurrency),
+            settings,
         })
     }
 
     pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
-        let raw = self.config.body == HttpBody::Raw;
+        let raw = self.settings.body == HttpBody::Raw;
         let (content_type, metadata) = match raw {
             false => ("application/json", Vec::new()),
             true => ("application/octet-stream", raw_headers(message)),
@@ -249,7 +209,7 @@ impl Http {
     ) -> reqwest::RequestBuilder {
         let mut request = self
             .client
-            .post(self.config.url.0.clone())
+            .post(self.settings.url.0.clone())
             .headers(self.headers.clone());
         for (name, value) in delivery.headers().into_iter().chain(metadata) {
             request = request.header(name, value);
@@ -296,7 +256,7 @@ impl Http {
         if e.is_timeout() {
             return format!(
                 "no response within ACKD_HTTP_TIMEOUT_MS={}",
-                self.config.timeout.as_millis()
+                self.settings.timeout.as_millis()
             );
         }
         let what = if e.is_connect() {
@@ -487,6 +447,7 @@ pub fn ascii_json(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::settings::HttpUrl;
 
     #[test]
     fn a_url_password_never_shows() {

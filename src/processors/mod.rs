@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::error::SettingError;
-use crate::config::settings::Settings;
+use crate::config::settings::{ExecSettings, HttpSettings, Settings};
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
 
 /// Names `ACKD_PROCESSOR` accepts.
@@ -57,12 +57,16 @@ impl Builtin {
         match settings.processor.as_str() {
             "log" => Ok(Builtin::Log),
             "noop" => Ok(Builtin::Noop),
-            "exec" => Ok(Builtin::Exec(Arc::new(exec::Exec::new(
-                exec::ExecConfig::from_settings(settings)?,
-            )))),
-            "http" => Ok(Builtin::Http(Arc::new(http::Http::new(
-                http::HttpConfig::from_settings(settings)?,
-            )?))),
+            "exec" => {
+                let exec = settings.exec.clone();
+                let exec = exec.ok_or_else(ExecSettings::command_required)?;
+                Ok(Builtin::Exec(Arc::new(exec::Exec::new(exec))))
+            }
+            "http" => {
+                let http = settings.http.clone();
+                let http = http.ok_or_else(HttpSettings::url_required)?;
+                Ok(Builtin::Http(Arc::new(http::Http::new(http)?)))
+            }
             #[cfg(feature = "testkit")]
             "slow" => Ok(Builtin::Slow(settings.test_delay)),
             #[cfg(feature = "testkit")]

@@ -294,21 +294,26 @@ mod tests {
     fn defaults_come_from_default_toml() {
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.topics, vec!["orders", "payments"]);
-        assert_eq!(s.batch_max_bytes, 0);
+        assert_eq!(s.batching.max_bytes, 0);
         assert_eq!(s.group_id, "billing");
         assert_eq!(s.processor, "log");
         assert_eq!(s.commit_interval, Duration::from_millis(5000));
         assert_eq!(s.shutdown_timeout, Duration::from_millis(25000));
-        assert_eq!(s.start_from, StartFrom::Earliest);
-        assert_eq!(s.metric_prefix, "ackd");
-        assert!(s.log_messages);
-        assert_eq!(s.log_level, "info");
-        assert_eq!(s.exec_command, None);
-        assert_eq!(s.exec_concurrency, 1);
-        assert_eq!(s.exec_timeout, Duration::from_millis(15000));
-        assert_eq!(s.exec_max_line_bytes, 65536);
-        assert_eq!(s.batch_max_messages, 1);
-        assert_eq!(s.batch_max_wait, Duration::from_millis(100));
+        assert_eq!(s.group.start_from, StartFrom::Earliest);
+        assert_eq!(s.logging.metric_prefix, "ackd");
+        assert!(s.logging.log_messages);
+        assert_eq!(s.logging.log_level, "info");
+        assert_eq!(s.exec, None);
+        let exec = Settings::from_vars(vars(&[("ACKD_EXEC_COMMAND", "cat")]))
+            .unwrap()
+            .exec
+            .unwrap();
+        assert_eq!(exec.command, "cat");
+        assert_eq!(exec.concurrency, 1);
+        assert_eq!(exec.timeout, Duration::from_millis(15000));
+        assert_eq!(exec.max_line_bytes, 65536);
+        assert_eq!(s.batching.max_messages, 1);
+        assert_eq!(s.batching.max_wait, Duration::from_millis(100));
         assert_eq!(
             s.rdkafka["partition.assignment.strategy"].value,
             "cooperative-sticky"
@@ -326,8 +331,8 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(s.commit_interval, Duration::from_millis(250));
-        assert_eq!(s.start_from, StartFrom::Latest);
-        assert!(!s.log_messages);
+        assert_eq!(s.group.start_from, StartFrom::Latest);
+        assert!(!s.logging.log_messages);
         assert_eq!(s.rdkafka["session.timeout.ms"].value, "6000");
         assert_eq!(
             s.rdkafka["session.timeout.ms"].origin,
@@ -371,7 +376,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(s.commit_interval, Duration::from_millis(1000));
-        assert_eq!(s.start_from, StartFrom::Earliest);
+        assert_eq!(s.group.start_from, StartFrom::Earliest);
         assert_eq!(s.rdkafka["fetch.min.bytes"].value, "10");
         // The defaults' table is kept where the file's table does not say otherwise.
         assert_eq!(s.rdkafka["client.id"].value, "ackd");

@@ -149,9 +149,8 @@ mod tests {
     }
 
     /// Every property librdkafka 2.12.1 marks `_RK_SENSITIVE` (rdkafka_env::SENSITIVE):
-    /// never shown, registered for scrubbing (issue 19, item 9). The passphrase and the
-    /// key file of the OAUTHBEARER assertion were shown before: no word of the old list
-    /// matched them.
+    /// never shown, registered for scrubbing; the OAUTHBEARER assertion's passphrase and
+    /// key file too, which no word of a property's name gives away.
     #[test]
     fn every_property_librdkafka_marks_sensitive_is_a_secret() {
         for listed in [
@@ -182,8 +181,8 @@ mod tests {
         }
     }
 
-    /// The variables an exec child does not get (issue 19, item 11): ackd's own
-    /// credentials; what is no credential stays.
+    /// The variables an exec child does not get: ackd's own credentials; what is no
+    /// credential stays.
     #[test]
     fn secret_variables_are_told_apart() {
         for (name, value) in [
@@ -215,7 +214,7 @@ mod tests {
     }
 
     /// What can be known secret is known before validation, so that an error line cannot
-    /// carry it either (issue 19, item 10).
+    /// carry it either.
     #[test]
     fn secrets_are_known_even_when_the_settings_are_invalid() {
         let raw = vars(&[

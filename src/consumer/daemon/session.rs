@@ -49,7 +49,7 @@ impl Source {
 /// The lease's terms for this member, logged once. Blocks (a KIP-848 member asks the
 /// broker, for `timeout` at most in all).
 pub(super) fn lease_terms(settings: &Settings, timeout: Duration) -> LeaseTerms {
-    let (terms, from, error) = match settings.group_protocol {
+    let (terms, from, error) = match settings.group.protocol {
         GroupProtocol::Classic => {
             let config = consumer_config(settings);
             let ms = |key: &str, default: Duration| {

@@ -43,30 +43,30 @@ pub(super) fn log_start<P: Processor>(
         security = settings.brokers.security.protocol(),
         topics = settings.topics.join(","),
         group = &settings.group_id,
-        group_protocol = settings.group_protocol.as_str(),
+        group_protocol = settings.group.protocol.as_str(),
         // TLS, SASL and KAFKA_PREFIX (none of them shows a secret).
         kafka_prefix = settings.kafka_prefix.as_deref(),
         tls = security::tls_summary(settings.tls.as_ref()),
         sasl = security::sasl_summary(settings.sasl.as_ref()),
-        group_instance_id = settings.group_instance_id.as_deref(),
+        group_instance_id = settings.group.instance_id.as_deref(),
         processor = processor.name(),
         commit_interval_ms = settings.commit_interval.as_millis() as u64,
         shutdown_timeout_ms = settings.shutdown_timeout.as_millis() as u64,
-        start_from = settings.start_from.as_str(),
-        log_messages = settings.log_messages,
-        on_failure = settings.on_failure.as_str(),
-        retry_max_attempts = settings.retry.max_attempts,
-        ordering = settings.ordering.as_str(),
-        concurrency =
-            (settings.ordering != ProcessingOrder::Partition).then_some(settings.concurrency),
-        max_pending =
-            (settings.ordering != ProcessingOrder::Partition).then_some(settings.max_pending),
-        batch_max_messages = settings.batch_max_messages,
-        batch_max_wait_ms =
-            (settings.batch_max_messages > 1).then_some(settings.batch_max_wait.as_millis() as u64),
-        batch_max_bytes = (settings.batch_max_messages > 1 && settings.batch_max_bytes > 0)
-            .then_some(settings.batch_max_bytes),
-        dead_letter_topic = settings.dead_letter_topic.as_deref(),
+        start_from = settings.group.start_from.as_str(),
+        log_messages = settings.logging.log_messages,
+        on_failure = settings.failure.on_failure.as_str(),
+        retry_max_attempts = settings.failure.retry.max_attempts,
+        ordering = settings.concurrency.ordering.as_str(),
+        concurrency = (settings.concurrency.ordering != ProcessingOrder::Partition)
+            .then_some(settings.concurrency.max_in_flight),
+        max_pending = (settings.concurrency.ordering != ProcessingOrder::Partition)
+            .then_some(settings.concurrency.max_pending),
+        batch_max_messages = settings.batching.max_messages,
+        batch_max_wait_ms = (settings.batching.max_messages > 1)
+            .then_some(settings.batching.max_wait.as_millis() as u64),
+        batch_max_bytes = (settings.batching.max_messages > 1 && settings.batching.max_bytes > 0)
+            .then_some(settings.batching.max_bytes),
+        dead_letter_topic = settings.failure.dead_letter_topic.as_deref(),
         wait_for_topics = settings.wait_for_topics.then_some(true),
         // The budget and where it came from (src/consumer/memory.rs); off: neither.
         memory_mb = memory.map(|m| m.mb),
@@ -79,7 +79,10 @@ pub(super) fn log_start<P: Processor>(
 /// The dead-letter producer, with `ACKD_ON_FAILURE=dead_letter` and a topic.
 /// `Err(code)`: librdkafka refused it.
 pub(super) fn dead_letter(settings: &Settings) -> Result<Option<Arc<DeadLetter>>, i32> {
-    match (&settings.dead_letter_topic, settings.on_failure) {
+    match (
+        &settings.failure.dead_letter_topic,
+        settings.failure.on_failure,
+    ) {
         (Some(topic), OnFailure::DeadLetter) => {
             match DeadLetter::new(
                 base_config(settings),
@@ -180,7 +183,7 @@ impl Parts {
                 commit_metrics.clone(),
                 settings.health_stuck_after(),
                 settings.shutdown_timeout + health::SUPERVISOR_MARGIN,
-                &settings.metric_prefix,
+                &settings.logging.metric_prefix,
             )),
             commit_metrics,
             memory,
@@ -191,7 +194,7 @@ impl Parts {
 /// The health endpoint, with `ACKD_HEALTH_PORT`: before connecting to Kafka, /ready
 /// answers 503 while ackd connects and waits. `Err(code)`: it cannot listen.
 pub(super) fn serve_health(settings: &Settings, health: &Arc<Health>) -> Result<(), i32> {
-    let Some(addr) = settings.health_listen else {
+    let Some(addr) = settings.health.listen else {
         return Ok(());
     };
     match health::bind(addr).and_then(|l| health::serve(l, health.clone())) {
@@ -234,26 +237,26 @@ pub(super) fn worker_config<P: Processor>(
 ) -> WorkerConfig<P> {
     WorkerConfig {
         processor,
-        log_messages: settings.log_messages,
-        message_source: settings.metric_source.as_deref().map(Arc::from),
+        log_messages: settings.logging.log_messages,
+        message_source: settings.logging.metric_source.as_deref().map(Arc::from),
         at_end: parts.at_end.clone(),
-        retry: settings.retry,
-        on_failure: settings.on_failure,
+        retry: settings.failure.retry,
+        on_failure: settings.failure.on_failure,
         dead_letter,
         batch: Batching {
-            max_messages: settings.batch_max_messages,
-            max_wait: settings.batch_max_wait,
+            max_messages: settings.batching.max_messages,
+            max_wait: settings.batching.max_wait,
             max_bytes: memory::Budget::batch_max_bytes(
                 parts.memory.as_ref(),
-                settings.batch_max_bytes,
+                settings.batching.max_bytes,
             ),
         },
-        concurrency: match settings.ordering {
+        concurrency: match settings.concurrency.ordering {
             ProcessingOrder::Partition => Concurrency::SEQUENTIAL,
             ordering => Concurrency {
                 ordering,
-                max_in_flight: settings.concurrency,
-                max_pending: settings.max_pending,
+                max_in_flight: settings.concurrency.max_in_flight,
+                max_pending: settings.concurrency.max_pending,
                 max_pending_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
             },
         },
@@ -276,8 +279,8 @@ fn group_context<P: Processor>(
         consumer: OnceLock::new(),
         committer: OnceLock::new(),
         commit_metrics: parts.commit_metrics.clone(),
-        source: metrics::process_source(settings.metric_source.as_deref()),
-        metrics_interval: settings.metrics_interval,
+        source: metrics::process_source(settings.logging.metric_source.as_deref()),
+        metrics_interval: settings.logging.metrics_interval,
         summaries_done: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         health: parts.health.clone(),
@@ -289,7 +292,7 @@ fn group_context<P: Processor>(
         runtime: tokio::runtime::Handle::current(),
         worker,
         drain_timeout: settings.shutdown_timeout,
-        start_from: settings.start_from,
+        start_from: settings.group.start_from,
         memory: parts.memory.clone(),
         auth: auth::AuthFailures::new(settings.tls.as_ref().is_some_and(|t| t.client.is_some())),
     }

@@ -8,7 +8,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
-use super::config::ExecConfig;
+use crate::config::settings::ExecSettings;
+
 use super::lines::{read_lines, Line};
 
 /// How long a child that is being replaced may take to exit on SIGTERM before SIGKILL.
@@ -74,7 +75,7 @@ impl Drop for Running {
 }
 
 impl Running {
-    pub(super) fn start(id: usize, config: &ExecConfig) -> std::io::Result<Running> {
+    pub(super) fn start(id: usize, config: &ExecSettings) -> std::io::Result<Running> {
         let mut command = Command::new("sh");
         // A handler is often someone else's code: ackd's credentials stay with ackd.
         for name in withheld_variables(&config.pass_secrets) {

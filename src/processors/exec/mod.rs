@@ -36,7 +36,6 @@
 //! answers, so that no stray, extra or late line can answer another request.
 
 mod child;
-mod config;
 mod dispatch;
 mod held;
 mod job;
@@ -53,16 +52,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Semaphore};
 
+use crate::config::settings::ExecSettings;
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 
-pub use config::ExecConfig;
 use job::Job;
 use pool::Pool;
 pub use protocol::{batch_line, parse_reply, request_line, Offsets, Sent};
 
 /// The `exec` processor. Cheap to share; children start with the first message.
 pub struct Exec {
-    config: Arc<ExecConfig>,
+    config: Arc<ExecSettings>,
     pool: OnceLock<Pool>,
     restarts: Arc<AtomicU64>,
     /// One permit per request the children can hold at once: a call renders its
@@ -82,7 +81,7 @@ impl fmt::Debug for Exec {
 }
 
 impl Exec {
-    pub fn new(config: ExecConfig) -> Exec {
+    pub fn new(config: ExecSettings) -> Exec {
         let requests = config.concurrency.max(1) * config.in_flight.max(1);
         Exec {
             config: Arc::new(config),

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
+use crate::config::settings::ExecSettings;
+
 use super::child::Running;
-use super::config::ExecConfig;
 use super::dispatch::Dispatch;
 use super::held::Held;
 use super::job::Job;
@@ -28,7 +29,7 @@ pub(super) struct Pool {
 
 /// What every slot shares.
 struct Shared {
-    config: Arc<ExecConfig>,
+    config: Arc<ExecSettings>,
     dispatch: Arc<Dispatch>,
     /// Requests a failed child had in its inbox but was never given: handed out again.
     handed_back: mpsc::UnboundedSender<Job>,
@@ -37,7 +38,7 @@ struct Shared {
 
 impl Pool {
     /// `config.concurrency` slots, each starting its child, and the dispatch.
-    pub(super) fn start(config: Arc<ExecConfig>, restarts: Arc<AtomicU64>) -> Pool {
+    pub(super) fn start(config: Arc<ExecSettings>, restarts: Arc<AtomicU64>) -> Pool {
         // Jobs wait here for a child with room: the workers bound how many (one per
         // partition, or ACKD_CONCURRENCY per partition with key or none ordering).
         let (jobs, jobs_rx) = mpsc::channel(1024);

@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::config::settings::ExecSettings;
 use crate::processors::processor::{BatchError, ProcessError};
 
 use super::child::{Output, Running};
-use super::config::ExecConfig;
 use super::dispatch::Dispatch;
 use super::held::{Held, HeldRequests};
 use super::job::Job;
@@ -37,7 +37,7 @@ enum Event {
 /// One child being served.
 pub(super) struct Service<'a> {
     pub(super) running: &'a mut Running,
-    pub(super) config: &'a ExecConfig,
+    pub(super) config: &'a ExecSettings,
     pub(super) inbox: &'a mut mpsc::UnboundedReceiver<Job>,
     pub(super) dispatch: &'a Dispatch,
     pub(super) stop: &'a mut watch::Receiver<Option<Instant>>,

@@ -7,29 +7,33 @@ use crate::config::settings::with_prefix;
 
 use super::kafka::{valid_topic, Connection};
 
-/// The failure policy, validated.
-pub(super) struct FailurePolicy {
-    pub(super) retry: RetryPolicy,
-    pub(super) on_failure: OnFailure,
-    /// Full topic name: `KAFKA_PREFIX` applied.
-    pub(super) dead_letter_topic: Option<String>,
+/// What happens to a message whose processor call fails.
+#[derive(Debug, Clone)]
+pub struct FailureSettings {
+    /// `ACKD_RETRY_*`: how often, and after what waits, a retryable failure is tried again.
+    pub retry: RetryPolicy,
+    /// `ACKD_ON_FAILURE`: when attempts run out or a failure is permanent.
+    pub on_failure: OnFailure,
+    /// `ACKD_DEAD_LETTER_TOPIC`, where `ACKD_ON_FAILURE=dead-letter` sends messages; the
+    /// full topic name (`KAFKA_PREFIX` applied).
+    pub dead_letter_topic: Option<String>,
 }
 
-impl RawSettings {
+impl FailureSettings {
     /// The retries, `ACKD_ON_FAILURE` and `ACKD_DEAD_LETTER_TOPIC`, which must not be
     /// one of the `connection`'s topics.
-    pub(super) fn failure_policy(
-        &self,
+    pub(super) fn parse(
+        raw: &RawSettings,
         connection: &Connection,
-    ) -> Result<FailurePolicy, SettingError> {
-        let retry = self.retry_policy()?;
-        let on_failure = OnFailure::parse(&self.get("on_failure").to_ascii_lowercase())
-            .ok_or_else(|| self.error("on_failure", format!("expected {}", OnFailure::ALLOWED)))?;
-        let dead_letter_topic = match self.get("dead_letter_topic") {
+    ) -> Result<FailureSettings, SettingError> {
+        let retry = retry_policy(raw)?;
+        let on_failure = OnFailure::parse(&raw.get("on_failure").to_ascii_lowercase())
+            .ok_or_else(|| raw.error("on_failure", format!("expected {}", OnFailure::ALLOWED)))?;
+        let dead_letter_topic = match raw.get("dead_letter_topic") {
             "" => None,
             t if valid_topic(t) => Some(with_prefix(connection.kafka_prefix.as_deref(), t)),
             t => {
-                return Err(self.error(
+                return Err(raw.error(
                     "dead_letter_topic",
                     format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ -"),
                 ))
@@ -46,44 +50,44 @@ impl RawSettings {
             .as_ref()
             .is_some_and(|d| connection.topics.contains(d))
         {
-            return Err(self.error(
+            return Err(raw.error(
                 "dead_letter_topic",
                 "is also in ACKD_TOPICS: dead letters would be consumed again",
             ));
         }
-        Ok(FailurePolicy {
+        Ok(FailureSettings {
             retry,
             on_failure,
             dead_letter_topic,
         })
     }
+}
 
-    /// `ACKD_RETRY_INITIAL_MS`, `ACKD_RETRY_MAX_MS` and `ACKD_RETRY_MAX_ATTEMPTS`.
-    fn retry_policy(&self) -> Result<RetryPolicy, SettingError> {
-        let retry = RetryPolicy {
-            initial: self.millis("retry_initial_ms", 1, 3_600_000)?,
-            max: self.millis("retry_max_ms", 1, 3_600_000)?,
-            max_attempts: match self.get("retry_max_attempts").parse::<u32>() {
-                Ok(n) if n >= 1 => n,
-                _ => {
-                    return Err(self.error(
-                        "retry_max_attempts",
-                        "expected a whole number of attempts, 1 or more (1: no retry)",
-                    ))
-                }
-            },
-        };
-        if retry.max < retry.initial {
-            return Err(self.error(
-                "retry_max_ms",
-                format!(
-                    "is below ACKD_RETRY_INITIAL_MS ({} ms): the longest wait cannot be shorter than the first",
-                    retry.initial.as_millis()
-                ),
-            ));
-        }
-        Ok(retry)
+/// `ACKD_RETRY_INITIAL_MS`, `ACKD_RETRY_MAX_MS` and `ACKD_RETRY_MAX_ATTEMPTS`.
+fn retry_policy(raw: &RawSettings) -> Result<RetryPolicy, SettingError> {
+    let retry = RetryPolicy {
+        initial: raw.millis("retry_initial_ms", 1, 3_600_000)?,
+        max: raw.millis("retry_max_ms", 1, 3_600_000)?,
+        max_attempts: match raw.get("retry_max_attempts").parse::<u32>() {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                return Err(raw.error(
+                    "retry_max_attempts",
+                    "expected a whole number of attempts, 1 or more (1: no retry)",
+                ))
+            }
+        },
+    };
+    if retry.max < retry.initial {
+        return Err(raw.error(
+            "retry_max_ms",
+            format!(
+                "is below ACKD_RETRY_INITIAL_MS ({} ms): the longest wait cannot be shorter than the first",
+                retry.initial.as_millis()
+            ),
+        ));
     }
+    Ok(retry)
 }
 
 #[cfg(test)]
@@ -114,7 +118,7 @@ mod tests {
             ("ACKD_DEAD_LETTER_TOPIC", "orders.dlq"),
         ]))
         .unwrap();
-        assert_eq!(s.dead_letter_topic.as_deref(), Some("orders.dlq"));
-        assert_eq!(s.retry.max_attempts, 5);
+        assert_eq!(s.failure.dead_letter_topic.as_deref(), Some("orders.dlq"));
+        assert_eq!(s.failure.retry.max_attempts, 5);
     }
 }

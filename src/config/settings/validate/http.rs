@@ -1,119 +1,207 @@
-//! The `http` processor's settings.
+//! The `http` processor's settings (`ACKD_HTTP_*`), parsed; the processor is
+//! src/processors/http.rs.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::config::error::SettingError;
-use crate::config::http_settings::{HttpBody, HttpUrl};
 use crate::config::secret::Secret;
 use crate::config::settings::raw::RawSettings;
+use crate::config::settings::Settings;
 
-/// The `http` processor's settings, validated (see [`crate::config::settings::Settings`]).
-pub(super) struct Http {
-    pub(super) url: Option<HttpUrl>,
-    pub(super) body: HttpBody,
-    pub(super) headers: Vec<(String, Secret)>,
-    pub(super) concurrency: usize,
-    pub(super) timeout: Duration,
+/// The `http` processor's settings, as it takes them. `Debug` shows no header value and
+/// no password.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// `ACKD_HTTP_URL`: where each message is POSTed.
+    pub url: HttpUrl,
+    /// `ACKD_HTTP_BODY`: the JSON object, or the raw value with metadata headers.
+    pub body: HttpBody,
+    /// `ACKD_HTTP_HEADERS`: added to every request (`Name: value` lines). The values are
+    /// secrets (an auth token): never shown.
+    pub headers: Vec<(String, Secret)>,
+    /// `ACKD_HTTP_CONCURRENCY`: requests in flight at most.
+    pub concurrency: usize,
+    /// `ACKD_HTTP_TIMEOUT_MS`: how long one request may take, response body included.
+    pub timeout: Duration,
 }
 
-impl RawSettings {
-    /// `ACKD_HTTP_URL`, `ACKD_HTTP_BODY`, `ACKD_HTTP_HEADERS`, `ACKD_HTTP_CONCURRENCY` and
-    /// `ACKD_HTTP_TIMEOUT_MS`.
-    pub(super) fn http(&self) -> Result<Http, SettingError> {
-        Ok(Http {
-            url: self.http_url()?,
-            body: match self.get("http_body").to_ascii_lowercase().as_str() {
-                "json" => HttpBody::Json,
-                "raw" => HttpBody::Raw,
-                _ => return Err(self.error("http_body", "expected json or raw")),
-            },
-            headers: self.http_headers()?,
-            concurrency: self.whole(
-                "http_concurrency",
-                1..=1024,
-                "expected a whole number from 1 to 1024",
-            )?,
-            timeout: self.millis("http_timeout_ms", 1, 3_600_000)?,
-        })
+/// `ACKD_HTTP_BODY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpBody {
+    /// The JSON object of the exec processor's request line.
+    Json,
+    /// The value as it is, metadata in `Ackd-*` headers.
+    Raw,
+}
+
+impl HttpBody {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpBody::Json => "json",
+            HttpBody::Raw => "raw",
+        }
+    }
+}
+
+/// `ACKD_HTTP_URL`. `Debug` shows it without user info (a password may be in it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpUrl(pub reqwest::Url);
+
+impl fmt::Debug for HttpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&shown_url(&self.0))
+    }
+}
+
+/// The URL without user info, for lines.
+pub(crate) fn shown_url(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
+}
+
+impl HttpSettings {
+    /// `ACKD_HTTP_*`, each checked whether or not the http processor runs; `None` without
+    /// `ACKD_HTTP_URL`.
+    pub(super) fn parse(raw: &RawSettings) -> Result<Option<HttpSettings>, SettingError> {
+        let url = url(raw)?;
+        let body = match raw.get("http_body").to_ascii_lowercase().as_str() {
+            "json" => HttpBody::Json,
+            "raw" => HttpBody::Raw,
+            _ => return Err(raw.error("http_body", "expected json or raw")),
+        };
+        let headers = headers(raw)?;
+        let concurrency = raw.whole(
+            "http_concurrency",
+            1..=1024,
+            "expected a whole number from 1 to 1024",
+        )?;
+        let timeout = timeout(raw)?;
+        Ok(url.map(|url| HttpSettings {
+            url,
+            body,
+            headers,
+            concurrency,
+            timeout,
+        }))
     }
 
-    /// `ACKD_HTTP_URL`: an http:// or https:// URL. A URL with credentials is never
-    /// shown in an error.
-    fn http_url(&self) -> Result<Option<HttpUrl>, SettingError> {
-        let raw = self.get("http_url");
-        if raw.is_empty() {
-            return Ok(None);
+    /// `ACKD_PROCESSOR=http` without `ACKD_HTTP_URL`: the processor's to report
+    /// (validation names it only among other missing settings).
+    pub fn url_required() -> SettingError {
+        SettingError::new(
+            "ACKD_HTTP_URL",
+            None,
+            "is required with ACKD_PROCESSOR=http: the URL every message is POSTed to (e.g. https://app.example.com/kafka)",
+        )
+    }
+}
+
+/// A raw body is one message's value: with the http processor it cannot carry a batch.
+pub(super) fn body_fits_batching(settings: &Settings) -> Result<(), SettingError> {
+    let Some(http) = settings
+        .http
+        .as_ref()
+        .filter(|_| settings.processor == "http")
+    else {
+        return Ok(());
+    };
+    let max_messages = settings.batching.max_messages;
+    if http.body == HttpBody::Raw && max_messages > 1 {
+        return Err(SettingError::new(
+            "ACKD_HTTP_BODY",
+            Some("raw"),
+            format!(
+                "a raw body is one message's value and cannot carry a batch (ACKD_BATCH_MAX_MESSAGES={max_messages}): use json, or ACKD_BATCH_MAX_MESSAGES=1"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `ACKD_HTTP_TIMEOUT_MS`; the drain check reads it without a URL too.
+pub(super) fn timeout(raw: &RawSettings) -> Result<Duration, SettingError> {
+    raw.millis("http_timeout_ms", 1, 3_600_000)
+}
+
+/// `ACKD_HTTP_URL`: an http:// or https:// URL. A URL with credentials is never
+/// shown in an error.
+fn url(raw: &RawSettings) -> Result<Option<HttpUrl>, SettingError> {
+    let text = raw.get("http_url");
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let hide = |mut e: SettingError| {
+        if text.contains('@') {
+            e.value = None;
         }
-        let hide = |mut e: SettingError| {
-            if raw.contains('@') {
-                e.value = None;
-            }
-            e
+        e
+    };
+    let url = reqwest::Url::parse(text).map_err(|e| {
+        hide(raw.error(
+            "http_url",
+            format!("is not a URL ({e}): expected http://host[:port]/path or https://…"),
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(hide(raw.error(
+            "http_url",
+            "expected an http:// or https:// URL with a host",
+        )));
+    }
+    Ok(Some(HttpUrl(url)))
+}
+
+/// `ACKD_HTTP_HEADERS`: one `Name: value` per line. Errors never show a value (nor
+/// a line, which may be a token without its name).
+fn headers(raw: &RawSettings) -> Result<Vec<(String, Secret)>, SettingError> {
+    let text = raw
+        .values
+        .get("http_headers")
+        .map(String::as_str)
+        .unwrap_or("");
+    let fail = |problem: String| {
+        let mut e = raw.error("http_headers", problem);
+        e.value = None;
+        e
+    };
+    let mut headers = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(fail(format!(
+                "line {n} has no `:`: expected one `Name: value` per line"
+            )));
         };
-        let url = reqwest::Url::parse(raw).map_err(|e| {
-            hide(self.error(
-                "http_url",
-                format!("is not a URL ({e}): expected http://host[:port]/path or https://…"),
-            ))
-        })?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            return Err(hide(self.error(
-                "http_url",
-                "expected an http:// or https:// URL with a host",
+        let (name, value) = (name.trim(), value.trim());
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(fail(format!(
+                "line {n}: the text before `:` is not a header name (letters, digits, - and the like)"
             )));
         }
-        Ok(Some(HttpUrl(url)))
-    }
-
-    /// `ACKD_HTTP_HEADERS`: one `Name: value` per line. Errors never show a value (nor
-    /// a line, which may be a token without its name).
-    fn http_headers(&self) -> Result<Vec<(String, Secret)>, SettingError> {
-        let raw = self
-            .values
-            .get("http_headers")
-            .map(String::as_str)
-            .unwrap_or("");
-        let fail = |problem: String| {
-            let mut e = self.error("http_headers", problem);
-            e.value = None;
-            e
-        };
-        let mut headers = Vec::new();
-        for (i, line) in raw.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() {
-                continue;
-            }
-            let n = i + 1;
-            let Some((name, value)) = line.split_once(':') else {
-                return Err(fail(format!(
-                    "line {n} has no `:`: expected one `Name: value` per line"
-                )));
-            };
-            let (name, value) = (name.trim(), value.trim());
-            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(fail(format!(
-                    "line {n}: the text before `:` is not a header name (letters, digits, - and the like)"
-                )));
-            }
-            if reqwest::header::HeaderValue::from_str(value).is_err() {
-                return Err(fail(format!(
-                    "line {n} ({name}): the value is not a valid header value (printable ASCII)"
-                )));
-            }
-            let lower = name.to_ascii_lowercase();
-            if lower.starts_with("ackd-")
-                || ["host", "content-length", "transfer-encoding", "connection"]
-                    .contains(&lower.as_str())
-            {
-                return Err(fail(format!(
-                    "line {n}: ackd sets {name} itself (and every Ackd-* header)"
-                )));
-            }
-            headers.push((name.to_string(), Secret::new(value)));
+        if reqwest::header::HeaderValue::from_str(value).is_err() {
+            return Err(fail(format!(
+                "line {n} ({name}): the value is not a valid header value (printable ASCII)"
+            )));
         }
-        Ok(headers)
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("ackd-")
+            || ["host", "content-length", "transfer-encoding", "connection"]
+                .contains(&lower.as_str())
+        {
+            return Err(fail(format!(
+                "line {n}: ackd sets {name} itself (and every Ackd-* header)"
+            )));
+        }
+        headers.push((name.to_string(), Secret::new(value)));
     }
+    Ok(headers)
 }
 
 #[cfg(test)]
@@ -135,29 +223,27 @@ mod tests {
             ("ACKD_HTTP_TIMEOUT_MS", "1500"),
         ]))
         .unwrap();
-        assert_eq!(
-            s.http_url.as_ref().unwrap().0.host_str(),
-            Some("hooks.example.com")
-        );
-        assert_eq!(s.http_body, HttpBody::Raw);
-        let names: Vec<&str> = s.http_headers.iter().map(|(n, _)| n.as_str()).collect();
+        let http = s.http.as_ref().unwrap();
+        assert_eq!(http.url.0.host_str(), Some("hooks.example.com"));
+        assert_eq!(http.body, HttpBody::Raw);
+        let names: Vec<&str> = http.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["Authorization", "X-Tenant"]);
-        assert_eq!(s.http_headers[0].1.expose(), "Bearer hunter2-token");
-        assert_eq!(s.http_headers[1].1.expose(), "acme");
-        assert_eq!(s.http_concurrency, 4);
-        assert_eq!(s.http_timeout, Duration::from_millis(1500));
+        assert_eq!(http.headers[0].1.expose(), "Bearer hunter2-token");
+        assert_eq!(http.headers[1].1.expose(), "acme");
+        assert_eq!(http.concurrency, 4);
+        assert_eq!(http.timeout, Duration::from_millis(1500));
         assert!(!format!("{s:?}").contains("hunter2"));
         assert!(s
             .never_shown()
             .contains(&"Bearer hunter2-token".to_string()));
-        // The defaults.
+        // The defaults: no URL, no http settings.
         let s = Settings::from_vars(vars(&[])).unwrap();
-        assert_eq!(
-            (s.http_url.is_none(), s.http_body, s.http_headers.len()),
-            (true, HttpBody::Json, 0)
-        );
-        assert_eq!(s.http_concurrency, 16);
-        assert_eq!(s.http_timeout, Duration::from_secs(15));
+        assert!(s.http.is_none());
+        let s = Settings::from_vars(vars(&[("ACKD_HTTP_URL", "http://127.0.0.1:1/")])).unwrap();
+        let http = s.http.unwrap();
+        assert_eq!((http.body, http.headers.len()), (HttpBody::Json, 0));
+        assert_eq!(http.concurrency, 16);
+        assert_eq!(http.timeout, Duration::from_secs(15));
 
         for bad in [
             "Bearer hunter2-token",

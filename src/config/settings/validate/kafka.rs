@@ -19,18 +19,15 @@ pub(super) struct Connection {
     pub(super) sasl: Option<Sasl>,
 }
 
-impl RawSettings {
+impl Connection {
     /// `KAFKA_URL`, `KAFKA_PREFIX`, `ACKD_TOPICS`, `ACKD_GROUP_ID`, then TLS and SASL.
-    pub(super) fn connection(&self) -> Result<Connection, SettingError> {
-        let brokers = self.brokers()?;
-        let kafka_prefix = self.kafka_prefix()?;
+    pub(super) fn parse(raw: &RawSettings) -> Result<Connection, SettingError> {
+        let brokers = brokers(raw)?;
+        let kafka_prefix = kafka_prefix(raw)?;
         let prefix = kafka_prefix.as_deref();
-        let topics = self.topics(prefix)?;
-        let group_id = with_prefix(
-            prefix,
-            self.required("group_id", required_what("group_id"))?,
-        );
-        let (tls, sasl) = self.security(&brokers)?;
+        let topics = topics(raw, prefix)?;
+        let group_id = with_prefix(prefix, raw.required("group_id", required_what("group_id"))?);
+        let (tls, sasl) = security(raw, &brokers)?;
         Ok(Connection {
             brokers,
             topics,
@@ -40,93 +37,96 @@ impl RawSettings {
             sasl,
         })
     }
+}
 
-    /// `KAFKA_URL`: the brokers, and the scheme that says TLS or SASL.
-    fn brokers(&self) -> Result<Brokers, SettingError> {
-        let url = self.required("kafka_url", kafka_url::ALLOWED)?;
-        kafka_url::parse(url).map_err(|problem| {
-            // A URL may carry credentials: show it only when it cannot.
-            let mut e = self.error(
-                "kafka_url",
-                format!("{problem}; expected {}", kafka_url::ALLOWED),
-            );
-            if url.contains('@') {
-                e.value = None;
-            }
-            e
-        })
-    }
-
-    /// `KAFKA_PREFIX` (multi-tenant Heroku Kafka): the start of every topic and group name.
-    fn kafka_prefix(&self) -> Result<Option<String>, SettingError> {
-        match self.kafka_vars.get("KAFKA_PREFIX").map(|p| p.trim()) {
-            None | Some("") => Ok(None),
-            Some(p) => {
-                let valid = p.len() < 249
-                    && p.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-                if !valid {
-                    return Err(SettingError::new(
-                        "KAFKA_PREFIX",
-                        Some(p),
-                        "expected the start of a topic name: a-z A-Z 0-9 . _ - (Heroku's ends with `.`)",
-                    ));
-                }
-                Ok(Some(p.to_string()))
-            }
+/// `KAFKA_URL`: the brokers, and the scheme that says TLS or SASL.
+fn brokers(raw: &RawSettings) -> Result<Brokers, SettingError> {
+    let url = raw.required("kafka_url", kafka_url::ALLOWED)?;
+    kafka_url::parse(url).map_err(|problem| {
+        // A URL may carry credentials: show it only when it cannot.
+        let mut e = raw.error(
+            "kafka_url",
+            format!("{problem}; expected {}", kafka_url::ALLOWED),
+        );
+        if url.contains('@') {
+            e.value = None;
         }
-    }
+        e
+    })
+}
 
-    /// `ACKD_TOPICS`: comma-separated names, `prefix` applied.
-    fn topics(&self, prefix: Option<&str>) -> Result<Vec<String>, SettingError> {
-        let topics_raw = self.required("topics", required_what("topics"))?;
-        let topics: Vec<String> = topics_raw
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(|t| with_prefix(prefix, t))
-            .collect();
-        if topics.is_empty() {
-            return Err(self.error("topics", "names no topic: give comma-separated topic names"));
-        }
-        for t in &topics {
-            if !valid_topic(t) {
-                return Err(self.error(
-                    "topics",
-                    format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ - (KAFKA_PREFIX included)"),
-                ));
-            }
-        }
-        Ok(topics)
-    }
-
-    /// TLS and SASL for `brokers`; a pass-through property that ackd sets from them is
-    /// an error (it would be set twice).
-    fn security(&self, brokers: &Brokers) -> Result<(Option<Tls>, Option<Sasl>), SettingError> {
-        let value = |key: &'static str| self.values.get(key).map(String::as_str);
-        let kafka_var = |name: &str| self.kafka_vars.get(name).map(String::as_str);
-        let (tls, sasl) = security::validate(
-            brokers,
-            &security::Inputs {
-                trusted_cert: kafka_var(security::TRUSTED_CERT),
-                client_cert: kafka_var(security::CLIENT_CERT),
-                client_key: kafka_var(security::CLIENT_KEY),
-                sasl_mechanism: value("sasl_mechanism"),
-                sasl_username: value("sasl_username"),
-                sasl_password: value("sasl_password"),
-            },
-        )?;
-        for (property, setting) in security::claimed(tls.as_ref(), sasl.as_ref()) {
-            if let Some(pass) = self.rdkafka.get(property) {
+/// `KAFKA_PREFIX` (multi-tenant Heroku Kafka): the start of every topic and group name.
+fn kafka_prefix(raw: &RawSettings) -> Result<Option<String>, SettingError> {
+    match raw.kafka_vars.get("KAFKA_PREFIX").map(|p| p.trim()) {
+        None | Some("") => Ok(None),
+        Some(p) => {
+            let valid = p.len() < 249
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !valid {
                 return Err(SettingError::new(
-                    &pass.origin,
-                    None,
-                    format!("sets `{property}`, which ackd sets from {setting}: give it once"),
+                    "KAFKA_PREFIX",
+                    Some(p),
+                    "expected the start of a topic name: a-z A-Z 0-9 . _ - (Heroku's ends with `.`)",
                 ));
             }
+            Ok(Some(p.to_string()))
         }
-        Ok((tls, sasl))
     }
+}
+
+/// `ACKD_TOPICS`: comma-separated names, `prefix` applied.
+fn topics(raw: &RawSettings, prefix: Option<&str>) -> Result<Vec<String>, SettingError> {
+    let topics_raw = raw.required("topics", required_what("topics"))?;
+    let topics: Vec<String> = topics_raw
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| with_prefix(prefix, t))
+        .collect();
+    if topics.is_empty() {
+        return Err(raw.error("topics", "names no topic: give comma-separated topic names"));
+    }
+    for t in &topics {
+        if !valid_topic(t) {
+            return Err(raw.error(
+                "topics",
+                format!("`{t}` is not a valid topic name: up to 249 of a-z A-Z 0-9 . _ - (KAFKA_PREFIX included)"),
+            ));
+        }
+    }
+    Ok(topics)
+}
+
+/// TLS and SASL for `brokers`; a pass-through property that ackd sets from them is
+/// an error (it would be set twice).
+fn security(
+    raw: &RawSettings,
+    brokers: &Brokers,
+) -> Result<(Option<Tls>, Option<Sasl>), SettingError> {
+    let value = |key: &'static str| raw.values.get(key).map(String::as_str);
+    let kafka_var = |name: &str| raw.kafka_vars.get(name).map(String::as_str);
+    let (tls, sasl) = security::validate(
+        brokers,
+        &security::Inputs {
+            trusted_cert: kafka_var(security::TRUSTED_CERT),
+            client_cert: kafka_var(security::CLIENT_CERT),
+            client_key: kafka_var(security::CLIENT_KEY),
+            sasl_mechanism: value("sasl_mechanism"),
+            sasl_username: value("sasl_username"),
+            sasl_password: value("sasl_password"),
+        },
+    )?;
+    for (property, setting) in security::claimed(tls.as_ref(), sasl.as_ref()) {
+        if let Some(pass) = raw.rdkafka.get(property) {
+            return Err(SettingError::new(
+                &pass.origin,
+                None,
+                format!("sets `{property}`, which ackd sets from {setting}: give it once"),
+            ));
+        }
+    }
+    Ok((tls, sasl))
 }
 
 /// Kafka's rule for topic names.
@@ -184,7 +184,10 @@ mod tests {
             ("ACKD_DEAD_LETTER_TOPIC", "orders.dlq"),
         ]))
         .unwrap();
-        assert_eq!(s.dead_letter_topic.as_deref(), Some("tenant-x.orders.dlq"));
+        assert_eq!(
+            s.failure.dead_letter_topic.as_deref(),
+            Some("tenant-x.orders.dlq")
+        );
     }
 
     #[test]

@@ -4,12 +4,26 @@ use crate::config::error::SettingError;
 use crate::config::settings::keys::rdkafka_defaults;
 use crate::config::settings::properties::MEMORY_BUDGET_PROPERTIES;
 use crate::config::settings::raw::RawSettings;
-use crate::config::settings::{MemorySetting, Settings, MAX_MEMORY_MB};
+use crate::config::settings::Settings;
 
-impl RawSettings {
+/// The largest `ACKD_MEMORY_MB`: 1 TiB.
+pub const MAX_MEMORY_MB: usize = 1 << 20;
+
+/// `ACKD_MEMORY_MB`: where the memory budget comes from (src/consumer/memory.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemorySetting {
+    /// `auto`: from the memory limit of the process's cgroup, else a fixed default.
+    Auto,
+    /// `off` (or `0`): no budget; librdkafka's limits apply to each partition held.
+    Off,
+    /// This many MiB.
+    MiB(u64),
+}
+
+impl MemorySetting {
     /// `ACKD_MEMORY_MB`: `auto`, `off` (or 0), or MiB.
-    pub(super) fn memory(&self) -> Result<MemorySetting, SettingError> {
-        let value = self.get("memory_mb").trim().to_ascii_lowercase();
+    pub(super) fn parse(raw: &RawSettings) -> Result<MemorySetting, SettingError> {
+        let value = raw.get("memory_mb").trim().to_ascii_lowercase();
         match value.as_str() {
             "auto" => return Ok(MemorySetting::Auto),
             "off" | "0" => return Ok(MemorySetting::Off),
@@ -17,7 +31,7 @@ impl RawSettings {
         }
         match value.parse::<u64>() {
             Ok(mb) if mb <= MAX_MEMORY_MB as u64 => Ok(MemorySetting::MiB(mb)),
-            _ => Err(self.error(
+            _ => Err(raw.error(
                 "memory_mb",
                 format!("expected auto (the container's memory limit, else a default), off, or a whole number of MiB from 1 to {MAX_MEMORY_MB}"),
             )),

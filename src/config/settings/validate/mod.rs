@@ -1,115 +1,128 @@
 //! Validation: the raw settings, checked one concern at a time, become [`Settings`].
-//! The steps run in the order ackd has always checked the settings in, so that of
-//! several invalid settings the same one is named first.
+//! Each concern's file holds its part of [`Settings`], its parse and its checks; the
+//! settings of the commit and the stop are read here, with the check that a processor
+//! call fits in the stop's drain. The steps run in a fixed order, so that of several
+//! invalid settings the same one is named first; the checks across concerns run last.
 
-mod exec;
-mod failure;
-mod group;
-mod health;
-mod http;
+pub(super) mod exec;
+pub(super) mod failure;
+pub(super) mod group;
+pub(super) mod http;
 mod kafka;
-mod logging;
-mod memory;
-mod processing;
+pub(super) mod memory;
+pub(super) mod processing;
 mod required;
-mod shutdown;
+pub(super) mod telemetry;
 
 use crate::config::error::SettingError;
 
+use super::keys::env_name;
 use super::raw::RawSettings;
 use super::{Settings, MAX_REDELIVERY_WINDOW, MIN_REDELIVERY_WINDOW};
+use exec::ExecSettings;
+use failure::FailureSettings;
+use group::GroupSettings;
+use http::HttpSettings;
+use kafka::Connection;
+use memory::MemorySetting;
+use telemetry::{HealthSettings, LoggingSettings};
 
-impl RawSettings {
-    pub(super) fn validate(self) -> Result<Settings, SettingError> {
-        self.missing()?;
-        let connection = self.connection()?;
-        // Which names are valid is the processors' business (an embedding app has its own).
-        let processor = self.get("processor").to_ascii_lowercase();
-        let start_from = self.start_from()?;
-        let logging = self.logging()?;
-        let failure = self.failure_policy(&connection)?;
-        let (group_protocol, rdkafka) = self.group_protocol()?;
-        let group_instance_id = self.group_instance_id()?;
-        let metrics_interval = self.millis("metrics_interval_ms", 0, 3_600_000)?;
-        let commit_interval = self.millis("commit_interval_ms", 1, 3_600_000)?;
-        let redelivery_window_max = self.whole(
-            "redelivery_window_max",
-            MIN_REDELIVERY_WINDOW..=MAX_REDELIVERY_WINDOW,
-            format!("expected a whole number of messages from {MIN_REDELIVERY_WINDOW} to {MAX_REDELIVERY_WINDOW}"),
-        )?;
-        let shutdown_timeout = self.millis("shutdown_timeout_ms", 1, 3_600_000)?;
-        let log_messages = self.boolean("log_messages")?;
-        let stop_at_end = self.boolean("stop_at_end")?;
-        let processing = self.processing()?;
-        let exec = self.exec()?;
-        let http = self.http()?;
-        let wait_for_topics = self.boolean("wait_for_topics")?;
-        let (health_listen, health_stuck) = (self.health_listen()?, self.health_stuck()?);
-        let memory = self.memory()?;
-        let exec_pass_secrets = self.exec_pass_secrets()?;
-        let settings = Settings {
-            brokers: connection.brokers,
-            topics: connection.topics,
-            group_id: connection.group_id,
-            kafka_prefix: connection.kafka_prefix,
-            tls: connection.tls,
-            sasl: connection.sasl,
-            processor,
-            commit_interval,
-            redelivery_window_max,
-            shutdown_timeout,
-            start_from,
-            metric_prefix: logging.metric_prefix,
-            metric_source: logging.metric_source,
-            metrics_interval,
-            log_messages,
-            log_level: logging.log_level,
-            stop_at_end,
-            retry: failure.retry,
-            on_failure: failure.on_failure,
-            dead_letter_topic: failure.dead_letter_topic,
-            group_instance_id,
-            group_protocol,
-            rdkafka,
-            batch_max_messages: processing.batch_max_messages,
-            ordering: processing.ordering,
-            concurrency: processing.concurrency,
-            max_pending: processing.max_pending,
-            batch_max_wait: processing.batch_max_wait,
-            batch_max_bytes: processing.batch_max_bytes,
-            exec_command: exec.command,
-            exec_concurrency: exec.concurrency,
-            exec_in_flight: exec.in_flight,
-            exec_timeout: exec.timeout,
-            exec_max_line_bytes: exec.max_line_bytes,
-            http_url: http.url,
-            http_body: http.body,
-            http_headers: http.headers,
-            http_concurrency: http.concurrency,
-            http_timeout: http.timeout,
-            wait_for_topics,
-            health_listen,
-            health_stuck,
-            memory,
-            exec_pass_secrets,
-            #[cfg(feature = "testkit")]
-            test_delay: self.test_delay()?,
-        };
-        shutdown::processor_timeout_fits_the_drain(&settings)?;
-        memory::budget_owns_the_prefetch_limits(&settings)?;
-        processing::ordering_fits_concurrency(&settings)?;
-        Ok(settings)
-    }
+/// The settings the raw layer makes, or the first setting that is wrong.
+pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
+    required::missing(raw)?;
+    let connection = Connection::parse(raw)?;
+    // Which names are valid is the processors' business (an embedding app has its own).
+    let processor = raw.get("processor").to_ascii_lowercase();
+    let (group, rdkafka) = GroupSettings::parse(raw)?;
+    let logging = LoggingSettings::parse(raw)?;
+    let failure = FailureSettings::parse(raw, &connection)?;
+    let commit_interval = raw.millis("commit_interval_ms", 1, 3_600_000)?;
+    let redelivery_window_max = raw.whole(
+        "redelivery_window_max",
+        MIN_REDELIVERY_WINDOW..=MAX_REDELIVERY_WINDOW,
+        format!("expected a whole number of messages from {MIN_REDELIVERY_WINDOW} to {MAX_REDELIVERY_WINDOW}"),
+    )?;
+    let shutdown_timeout = raw.millis("shutdown_timeout_ms", 1, 3_600_000)?;
+    let stop_at_end = raw.boolean("stop_at_end")?;
+    let (batching, concurrency) = processing::parse(raw)?;
+    let exec = ExecSettings::parse(raw)?;
+    let http = HttpSettings::parse(raw)?;
+    let wait_for_topics = raw.boolean("wait_for_topics")?;
+    let health = HealthSettings::parse(raw)?;
+    let memory = MemorySetting::parse(raw)?;
+    let settings = Settings {
+        brokers: connection.brokers,
+        topics: connection.topics,
+        group_id: connection.group_id,
+        kafka_prefix: connection.kafka_prefix,
+        tls: connection.tls,
+        sasl: connection.sasl,
+        processor,
+        commit_interval,
+        redelivery_window_max,
+        shutdown_timeout,
+        stop_at_end,
+        wait_for_topics,
+        group,
+        rdkafka,
+        logging,
+        failure,
+        batching,
+        concurrency,
+        exec,
+        http,
+        health,
+        memory,
+        #[cfg(feature = "testkit")]
+        test_delay: test_delay(raw)?,
+    };
+    processor_timeout_fits_the_drain(raw, &settings)?;
+    memory::budget_owns_the_prefetch_limits(&settings)?;
+    processing::ordering_fits_concurrency(&settings.concurrency)?;
+    http::body_fits_batching(&settings)?;
+    Ok(settings)
+}
 
-    /// Per-message delay of the testkit's `slow` processor.
-    #[cfg(feature = "testkit")]
-    fn test_delay(&self) -> Result<crate::config::delay::Delay, SettingError> {
-        if self.values.contains_key("test_delay_ms") {
-            crate::config::delay::Delay::parse(self.get("test_delay_ms"), 3_600_000)
-                .map_err(|problem| self.error("test_delay_ms", problem))
-        } else {
-            Ok(Default::default())
+/// A message in flight when SIGTERM arrives must be able to finish inside the drain: the
+/// processor's timeout (exec, http) may not be longer than [`Settings::drain_budget`].
+/// Checked whether or not the processor's required setting is given (the processor
+/// reports that one).
+pub(super) fn processor_timeout_fits_the_drain(
+    raw: &RawSettings,
+    settings: &Settings,
+) -> Result<(), SettingError> {
+    let drain = settings.drain_budget();
+    let processor_timeout = match settings.processor.as_str() {
+        "exec" => Some(("exec_timeout_ms", exec::timeout(raw)?)),
+        "http" => Some(("http_timeout_ms", http::timeout(raw)?)),
+        _ => None,
+    };
+    if let Some((key, timeout)) = processor_timeout {
+        if timeout > drain {
+            return Err(SettingError::new(
+                env_name(key),
+                Some(&timeout.as_millis().to_string()),
+                format!(
+                    "is longer than the {} ms that ACKD_SHUTDOWN_TIMEOUT_MS={} leaves in-flight messages \
+                     to finish (the rest is kept for the final commit): a message in flight at SIGTERM \
+                     could not finish before the deadline; lower it, or raise ACKD_SHUTDOWN_TIMEOUT_MS",
+                    drain.as_millis(),
+                    settings.shutdown_timeout.as_millis()
+                ),
+            ));
         }
+    }
+    Ok(())
+}
+
+/// Per-message delay of the testkit's `slow` processor.
+#[cfg(feature = "testkit")]
+fn test_delay(raw: &RawSettings) -> Result<crate::config::delay::Delay, SettingError> {
+    if raw.values.contains_key("test_delay_ms") {
+        crate::config::delay::Delay::parse(raw.get("test_delay_ms"), 3_600_000)
+            .map_err(|problem| raw.error("test_delay_ms", problem))
+    } else {
+        Ok(Default::default())
     }
 }
 
@@ -118,7 +131,7 @@ mod tests {
     use crate::config::settings::test_vars::{err, vars};
     use std::time::Duration;
 
-    use crate::config::settings::Settings;
+    use crate::config::settings::{commit_reserve, Settings};
 
     #[test]
     fn invalid_values_name_the_setting_and_what_is_allowed() {
@@ -160,5 +173,74 @@ mod tests {
         let e = err(&[("ACKD_TEST_DELAY_MS", "5-0")]);
         assert_eq!(e.setting, "ACKD_TEST_DELAY_MS", "{e}");
         assert!(e.problem.contains("MIN-MAX"), "{e}");
+    }
+
+    /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in
+    /// the drain's share of the shutdown deadline.
+    #[test]
+    fn default_processor_timeouts_fit_in_the_drain() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.drain_budget(), Duration::from_millis(20000));
+        // Both processors start with their defaults.
+        let exec = Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+        ]))
+        .unwrap()
+        .exec
+        .unwrap();
+        assert!(exec.timeout <= s.drain_budget(), "{:?}", exec.timeout);
+        let http = Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "http"),
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+        ]))
+        .unwrap()
+        .http
+        .unwrap();
+        assert!(http.timeout <= s.drain_budget(), "{:?}", http.timeout);
+        // The reserve for the commit: a fifth, at most 5 s.
+        assert_eq!(
+            commit_reserve(Duration::from_secs(5)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            commit_reserve(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn a_processor_timeout_longer_than_the_drain_is_refused() {
+        let e = err(&[
+            ("ACKD_PROCESSOR", "http"),
+            ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
+            ("ACKD_HTTP_TIMEOUT_MS", "30000"),
+        ]);
+        assert_eq!(e.setting, "ACKD_HTTP_TIMEOUT_MS", "{e}");
+        assert!(e.problem.contains("20000 ms"), "{e}");
+        assert!(e.problem.contains("ACKD_SHUTDOWN_TIMEOUT_MS=25000"), "{e}");
+        let e = err(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "5000"),
+            ("ACKD_EXEC_TIMEOUT_MS", "4500"),
+        ]);
+        assert_eq!(e.setting, "ACKD_EXEC_TIMEOUT_MS", "{e}");
+        assert!(e.problem.contains("4000 ms"), "{e}");
+        // Without its command the processor's timeout is checked all the same.
+        let e = err(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_TIMEOUT_MS", "30000"),
+        ]);
+        assert_eq!(e.setting, "ACKD_EXEC_TIMEOUT_MS", "{e}");
+        // Exactly the drain's share is allowed; a processor that does not use it is not checked.
+        Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "exec"),
+            ("ACKD_EXEC_COMMAND", "cat"),
+            ("ACKD_SHUTDOWN_TIMEOUT_MS", "5000"),
+            ("ACKD_EXEC_TIMEOUT_MS", "4000"),
+        ]))
+        .unwrap();
+        Settings::from_vars(vars(&[("ACKD_SHUTDOWN_TIMEOUT_MS", "1000")])).unwrap();
     }
 }

@@ -5,84 +5,136 @@ use std::time::Duration;
 use crate::config::error::SettingError;
 use crate::config::settings::keys::{default_config, env_name};
 use crate::config::settings::raw::RawSettings;
-use crate::config::settings::{
-    ProcessingOrder, Settings, MAX_BATCH, MAX_BATCH_BYTES, MAX_CONCURRENCY, MAX_PENDING,
-};
 
-/// How messages reach the processor, validated.
-pub(super) struct Processing {
-    pub(super) batch_max_messages: usize,
-    pub(super) batch_max_wait: Duration,
-    pub(super) ordering: ProcessingOrder,
-    pub(super) concurrency: usize,
-    pub(super) max_pending: usize,
-    pub(super) batch_max_bytes: usize,
+/// The largest `ACKD_BATCH_MAX_MESSAGES`: a batch is held in memory whole.
+pub const MAX_BATCH: usize = 10_000;
+/// The largest `ACKD_BATCH_MAX_BYTES`: 1 GiB.
+pub const MAX_BATCH_BYTES: usize = 1 << 30;
+/// The largest `ACKD_CONCURRENCY`.
+pub const MAX_CONCURRENCY: usize = 10_000;
+/// The largest `ACKD_MAX_PENDING`.
+pub const MAX_PENDING: usize = 1_000_000;
+
+/// How many messages one processor call gets (`ACKD_BATCH_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// `ACKD_BATCH_MAX_MESSAGES`: messages per processor call at most; 1 (the default):
+    /// one message per call (`Processor::process`), above 1: batches
+    /// (`Processor::process_batch`).
+    pub max_messages: usize,
+    /// `ACKD_BATCH_MAX_WAIT_MS`: how long a batch waits for more messages once its first
+    /// one is in hand; a backlog fills batches without waiting.
+    pub max_wait: Duration,
+    /// `ACKD_BATCH_MAX_BYTES`: key and value bytes per batch at most; 0: no limit but
+    /// `max_messages`. A message bigger than this is a batch of its own.
+    pub max_bytes: usize,
 }
 
-impl RawSettings {
-    /// The batch limits, `ACKD_ORDERING`, `ACKD_CONCURRENCY` and `ACKD_MAX_PENDING`, each
-    /// alone ([`ordering_fits_concurrency`] checks them together).
-    pub(super) fn processing(&self) -> Result<Processing, SettingError> {
-        Ok(Processing {
-            batch_max_messages: self.whole(
-                "batch_max_messages",
-                1..=MAX_BATCH,
-                format!("expected a whole number from 1 (no batches) to {MAX_BATCH}"),
-            )?,
-            batch_max_wait: self.millis("batch_max_wait_ms", 0, 60_000)?,
-            ordering: self.ordering()?,
-            concurrency: self.whole(
-                "concurrency",
-                1..=MAX_CONCURRENCY,
-                format!("expected a whole number from 1 to {MAX_CONCURRENCY}"),
-            )?,
-            max_pending: self.whole(
-                "max_pending",
-                1..=MAX_PENDING,
-                format!("expected a whole number from 1 to {MAX_PENDING}"),
-            )?,
-            batch_max_bytes: self.whole(
-                "batch_max_bytes",
-                0..=MAX_BATCH_BYTES,
-                format!("expected a whole number of bytes from 0 (no limit) to {MAX_BATCH_BYTES}"),
-            )?,
-        })
-    }
-
+/// In what order a partition's messages are processed, and how many at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencySettings {
     /// `ACKD_ORDERING`.
-    fn ordering(&self) -> Result<ProcessingOrder, SettingError> {
-        match self.get("ordering").to_ascii_lowercase().as_str() {
-            "partition" => Ok(ProcessingOrder::Partition),
-            "key" => Ok(ProcessingOrder::Key),
-            "none" => Ok(ProcessingOrder::None),
-            _ => Err(self.error(
-                "ordering",
-                "expected partition (one message of a partition at a time, the default), key (each key in order, keys concurrently) or none",
-            )),
+    pub ordering: ProcessingOrder,
+    /// `ACKD_CONCURRENCY`: processor calls in flight per partition at most (with `key` or
+    /// `none` ordering; `partition` ordering is one at a time).
+    pub max_in_flight: usize,
+    /// `ACKD_MAX_PENDING`: messages a partition reads above its committable offset at
+    /// most: in calls, waiting for their key's turn, or finished above an unfinished one
+    /// (`key` or `none` ordering); at the cap it stops reading.
+    pub max_pending: usize,
+}
+
+/// In what order one partition's messages are processed (`ACKD_ORDERING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessingOrder {
+    /// One message (or batch) of a partition at a time, in offset order.
+    Partition,
+    /// Messages with the same key in offset order, one at a time; different keys (and
+    /// null keys) concurrently, up to `ACKD_CONCURRENCY` per partition.
+    Key,
+    /// Any order, up to `ACKD_CONCURRENCY` per partition.
+    None,
+}
+
+impl ProcessingOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcessingOrder::Partition => "partition",
+            ProcessingOrder::Key => "key",
+            ProcessingOrder::None => "none",
         }
+    }
+}
+
+/// The batch limits, `ACKD_ORDERING`, `ACKD_CONCURRENCY` and `ACKD_MAX_PENDING`, each
+/// checked alone, then ordering and concurrency together.
+pub(super) fn parse(
+    raw: &RawSettings,
+) -> Result<(BatchSettings, ConcurrencySettings), SettingError> {
+    let max_messages = raw.whole(
+        "batch_max_messages",
+        1..=MAX_BATCH,
+        format!("expected a whole number from 1 (no batches) to {MAX_BATCH}"),
+    )?;
+    let max_wait = raw.millis("batch_max_wait_ms", 0, 60_000)?;
+    let concurrency = ConcurrencySettings {
+        ordering: ordering(raw)?,
+        max_in_flight: raw.whole(
+            "concurrency",
+            1..=MAX_CONCURRENCY,
+            format!("expected a whole number from 1 to {MAX_CONCURRENCY}"),
+        )?,
+        max_pending: raw.whole(
+            "max_pending",
+            1..=MAX_PENDING,
+            format!("expected a whole number from 1 to {MAX_PENDING}"),
+        )?,
+    };
+    let batching = BatchSettings {
+        max_messages,
+        max_wait,
+        max_bytes: raw.whole(
+            "batch_max_bytes",
+            0..=MAX_BATCH_BYTES,
+            format!("expected a whole number of bytes from 0 (no limit) to {MAX_BATCH_BYTES}"),
+        )?,
+    };
+    Ok((batching, concurrency))
+}
+
+/// `ACKD_ORDERING`.
+fn ordering(raw: &RawSettings) -> Result<ProcessingOrder, SettingError> {
+    match raw.get("ordering").to_ascii_lowercase().as_str() {
+        "partition" => Ok(ProcessingOrder::Partition),
+        "key" => Ok(ProcessingOrder::Key),
+        "none" => Ok(ProcessingOrder::None),
+        _ => Err(raw.error(
+            "ordering",
+            "expected partition (one message of a partition at a time, the default), key (each key in order, keys concurrently) or none",
+        )),
     }
 }
 
 /// Ordering and concurrency together: partition ordering is one call at a time, so a
 /// concurrency set by hand would silently do nothing (a value equal to the default is
 /// not "by hand"); and a partition must be able to hold as many messages as run at once.
-pub(super) fn ordering_fits_concurrency(settings: &Settings) -> Result<(), SettingError> {
+pub(super) fn ordering_fits_concurrency(c: &ConcurrencySettings) -> Result<(), SettingError> {
     let default_concurrency = default_config().and_then(|c| c.get_int("concurrency").ok());
-    let by_partition = settings.ordering == ProcessingOrder::Partition;
-    if by_partition && default_concurrency != Some(settings.concurrency as i64) {
+    let by_partition = c.ordering == ProcessingOrder::Partition;
+    if by_partition && default_concurrency != Some(c.max_in_flight as i64) {
         return Err(SettingError::new(
             env_name("concurrency"),
-            Some(&settings.concurrency.to_string()),
+            Some(&c.max_in_flight.to_string()),
             "needs ACKD_ORDERING=key or none: with ACKD_ORDERING=partition (the default) a partition processes one message at a time".to_string(),
         ));
     }
-    if !by_partition && settings.max_pending < settings.concurrency {
+    if !by_partition && c.max_pending < c.max_in_flight {
         return Err(SettingError::new(
             env_name("max_pending"),
-            Some(&settings.max_pending.to_string()),
+            Some(&c.max_pending.to_string()),
             format!(
                 "is below ACKD_CONCURRENCY={}: a partition could never have that many messages in flight",
-                settings.concurrency
+                c.max_in_flight
             ),
         ));
     }
@@ -103,7 +155,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
-            (s.batch_max_messages, s.batch_max_wait),
+            (s.batching.max_messages, s.batching.max_wait),
             (500, Duration::ZERO)
         );
         for bad in ["0", "-1", "10001", "many", ""] {
@@ -114,29 +166,40 @@ mod tests {
         let e = err(&[("ACKD_BATCH_MAX_WAIT_MS", "60001")]);
         assert_eq!(e.setting, "ACKD_BATCH_MAX_WAIT_MS");
         let s = Settings::from_vars(vars(&[("ACKD_BATCH_MAX_BYTES", "1048576")])).unwrap();
-        assert_eq!(s.batch_max_bytes, 1 << 20);
+        assert_eq!(s.batching.max_bytes, 1 << 20);
         for bad in ["-1", "1073741825", "1MB", ""] {
             let e = err(&[("ACKD_BATCH_MAX_BYTES", bad)]);
             assert_eq!(e.setting, "ACKD_BATCH_MAX_BYTES", "{bad:?}");
             assert!(e.problem.contains("0 (no limit) to 1073741824"), "{e}");
         }
         // A raw http body is one value: it cannot carry a batch.
-        let s = Settings::from_vars(vars(&[
+        let raw_batch = [
+            ("ACKD_PROCESSOR", "http"),
             ("ACKD_HTTP_URL", "http://127.0.0.1:1/"),
             ("ACKD_HTTP_BODY", "raw"),
             ("ACKD_BATCH_MAX_MESSAGES", "10"),
-        ]))
-        .unwrap();
-        let e = crate::processors::http::HttpConfig::from_settings(&s).unwrap_err();
+        ];
+        let e = err(&raw_batch);
         assert_eq!(e.setting, "ACKD_HTTP_BODY");
+        assert_eq!(e.value.as_deref(), Some("raw"));
         assert!(e.problem.contains("ACKD_BATCH_MAX_MESSAGES=10"), "{e}");
+        // Only the http processor's body counts; without a URL the processor names that.
+        assert!(Settings::from_vars(vars(&[
+            ("ACKD_PROCESSOR", "log"),
+            raw_batch[1],
+            raw_batch[2],
+            raw_batch[3]
+        ]))
+        .is_ok());
+        assert!(Settings::from_vars(vars(&[raw_batch[0], raw_batch[2], raw_batch[3]])).is_ok());
     }
 
     #[test]
     fn ordering_and_concurrency_are_validated_together() {
         let s = Settings::from_vars(vars(&[])).unwrap();
+        let c = s.concurrency;
         assert_eq!(
-            (s.ordering, s.concurrency, s.max_pending),
+            (c.ordering, c.max_in_flight, c.max_pending),
             (ProcessingOrder::Partition, 16, 1000)
         );
         let s = Settings::from_vars(vars(&[
@@ -145,8 +208,9 @@ mod tests {
             ("ACKD_MAX_PENDING", "100"),
         ]))
         .unwrap();
+        let c = s.concurrency;
         assert_eq!(
-            (s.ordering, s.concurrency, s.max_pending),
+            (c.ordering, c.max_in_flight, c.max_pending),
             (ProcessingOrder::Key, 100, 100)
         );
         assert_eq!(err(&[("ACKD_ORDERING", "random")]).setting, "ACKD_ORDERING");

@@ -6,70 +6,67 @@ use crate::config::failure::OnFailure;
 use crate::config::settings::keys::{env_name, KEYS};
 use crate::config::settings::raw::RawSettings;
 
-impl RawSettings {
-    /// Every required setting that is missing, in one error (one at a time makes a new
-    /// user start ackd once per setting). What a built-in processor or the dead-letter
-    /// policy requires counts too; alone, those are reported where they are checked.
-    pub(super) fn missing(&self) -> Result<(), SettingError> {
-        let mut missing: Vec<(String, String)> = KEYS
-            .iter()
-            .filter_map(|k| Some((k.key, k.required?)))
-            .filter(|(key, _)| self.get(key).is_empty())
-            .map(|(key, what)| (env_name(key), what.to_string()))
-            .collect();
-        let required_always = missing.len();
-        let processor = self.get("processor").to_ascii_lowercase();
-        for (processor_name, key, what) in [
-            (
-                "exec",
-                "exec_command",
-                "with ACKD_PROCESSOR=exec, the handler's command line",
-            ),
-            (
-                "http",
-                "http_url",
-                "with ACKD_PROCESSOR=http, the URL messages are POSTed to",
-            ),
-        ] {
-            if processor == processor_name && self.get(key).is_empty() {
-                missing.push((env_name(key), what.to_string()));
-            }
+/// Every required setting that is missing, in one error (one at a time makes a new
+/// user start ackd once per setting). What a built-in processor or the dead-letter
+/// policy requires counts too; alone, those are reported where they are checked.
+pub(super) fn missing(raw: &RawSettings) -> Result<(), SettingError> {
+    let mut missing: Vec<(String, String)> = KEYS
+        .iter()
+        .filter_map(|k| Some((k.key, k.required?)))
+        .filter(|(key, _)| raw.get(key).is_empty())
+        .map(|(key, what)| (env_name(key), what.to_string()))
+        .collect();
+    let required_always = missing.len();
+    let processor = raw.get("processor").to_ascii_lowercase();
+    for (processor_name, key, what) in [
+        (
+            "exec",
+            "exec_command",
+            "with ACKD_PROCESSOR=exec, the handler's command line",
+        ),
+        (
+            "http",
+            "http_url",
+            "with ACKD_PROCESSOR=http, the URL messages are POSTed to",
+        ),
+    ] {
+        if processor == processor_name && raw.get(key).is_empty() {
+            missing.push((env_name(key), what.to_string()));
         }
-        if OnFailure::parse(&self.get("on_failure").to_ascii_lowercase())
-            == Some(OnFailure::DeadLetter)
-            && self.get("dead_letter_topic").is_empty()
-        {
-            missing.push((
-                env_name("dead_letter_topic"),
-                "with ACKD_ON_FAILURE=dead-letter, the topic failed messages go to".into(),
-            ));
-        }
-        match missing.len() {
-            0 => Ok(()),
-            // One alone: the same error as the check that finds it.
-            1 if required_always == 1 => Err(SettingError::new(
-                &missing[0].0,
-                None,
-                format!("is required: {}", missing[0].1),
-            )),
-            1 => Ok(()),
-            _ => Err(SettingError::new(
+    }
+    if OnFailure::parse(&raw.get("on_failure").to_ascii_lowercase()) == Some(OnFailure::DeadLetter)
+        && raw.get("dead_letter_topic").is_empty()
+    {
+        missing.push((
+            env_name("dead_letter_topic"),
+            "with ACKD_ON_FAILURE=dead-letter, the topic failed messages go to".into(),
+        ));
+    }
+    match missing.len() {
+        0 => Ok(()),
+        // One alone: the same error as the check that finds it.
+        1 if required_always == 1 => Err(SettingError::new(
+            &missing[0].0,
+            None,
+            format!("is required: {}", missing[0].1),
+        )),
+        1 => Ok(()),
+        _ => Err(SettingError::new(
+            missing
+                .iter()
+                .map(|(name, _)| name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            None,
+            format!(
+                "are required: {}",
                 missing
                     .iter()
-                    .map(|(name, _)| name.as_str())
+                    .map(|(name, what)| format!("{name}: {what}"))
                     .collect::<Vec<_>>()
-                    .join(","),
-                None,
-                format!(
-                    "are required: {}",
-                    missing
-                        .iter()
-                        .map(|(name, what)| format!("{name}: {what}"))
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ),
-            )),
-        }
+                    .join("; ")
+            ),
+        )),
     }
 }
 
