@@ -10,16 +10,14 @@
 //! - a second SIGINT (Ctrl-C twice) exits at once, saying what was not committed;
 //! - if the deadline passes, ackd exits non-zero with the same account.
 
-mod running;
 mod session;
 mod start;
-mod stop;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::settings::Settings;
-use crate::consumer::signals;
+use crate::consumer::{stop, supervisor};
 use crate::exit;
 use crate::processors::processor::Processor;
 
@@ -64,7 +62,7 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let memory_limit = crate::consumer::memory::resolve(settings.memory);
     start::log_start(&settings, &processor, memory_limit.as_ref());
     // Signals first: a SIGTERM that arrives while we connect must not kill us.
-    let mut signals = signals::install()?;
+    let mut signals = stop::install()?;
     // The daemon keeps a handle to call the processor's shutdown hook after the final commit.
     let processor = Arc::new(processor);
     let dead_letter = start::dead_letter(&settings)?;
@@ -75,12 +73,17 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let worker = start::worker_config(&settings, processor.clone(), &parts, dead_letter);
     let consumer = start::create_consumer(&settings, &parts, worker)?;
     start::subscribe(&consumer, &settings, &mut signals).await?;
-    let (supervisor, ticks) =
-        running::start_supervisor(consumer, &parts, settings.shutdown_timeout)?;
-    let ticker = running::spawn_ticker(settings.commit_interval, ticks);
+    let (supervisor, ticks) = supervisor::spawn(
+        consumer,
+        parts.at_end.clone(),
+        parts.limits_wanted.clone(),
+        settings.shutdown_timeout,
+    )?;
+    let ticker = supervisor::spawn_ticker(settings.commit_interval, ticks);
     let stopping = stop::until_stop(
-        &settings,
-        &parts,
+        settings.shutdown_timeout,
+        &parts.stop_clock,
+        &parts.health,
         &mut signals,
         supervisor,
         ticker,
