@@ -23,13 +23,13 @@ use rdkafka::bindings as rdsys;
 use rdkafka::consumer::Consumer;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock::millis;
 use crate::consumer::committer::Reason;
 use crate::consumer::group::{log_release_unmarked, AckdConsumer, Group, Outcome};
-use crate::consumer::supervisor::{log_fatal, serve_until, Control, Supervisor};
+use crate::consumer::supervisor::{log_fatal, serve_until, Control};
 use crate::exit;
 use crate::output::health::{Health, Phase};
 use crate::processors::processor::Processor;
@@ -86,12 +86,19 @@ pub(crate) fn stopped_while_waiting(signal: Option<i32>) -> i32 {
 }
 
 /// The graceful stop's clock: unset until the stop begins, then its deadline and the
-/// points its steps must end by. The daemon starts it on the signal, before anything
-/// else. The supervisor reads the shutdown watch only between polls, and a revoke runs
-/// inside a poll: a revoke under way reads this clock while it waits, so that it cannot
-/// eat the time of the final commit of the partitions it does not release.
-#[derive(Default)]
-pub struct StopClock(Mutex<Option<StopTimes>>);
+/// points its steps must end by; also how the daemon tells the supervisor that the stop
+/// began. The daemon starts it on the signal, before anything else, and wakes the
+/// supervisor's poll loop once its own line is written ([`StopClock::announce`]). The
+/// supervisor learns of the stop only between polls, and a revoke runs inside a poll: a
+/// revoke under way reads this clock while it waits, so that it cannot eat the time of
+/// the final commit of the partitions it does not release.
+pub struct StopClock(watch::Sender<Option<StopTimes>>);
+
+impl Default for StopClock {
+    fn default() -> Self {
+        StopClock(watch::channel(None).0)
+    }
+}
 
 /// When each step of a graceful stop must be over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,22 +116,41 @@ pub struct StopTimes {
 impl StopClock {
     /// Starts the clock for a stop that began at `begun` and must end by `deadline`;
     /// the first call wins. Returns the clock's times.
+    /// Readers see the times at once; the supervisor's poll loop is not woken
+    /// ([`StopClock::announce`] does that).
     pub fn begin(&self, begun: Instant, deadline: Instant) -> StopTimes {
-        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *times.get_or_insert_with(|| {
-            let reserve =
-                crate::config::settings::commit_reserve(deadline.saturating_duration_since(begun));
-            StopTimes {
-                deadline,
-                drain_until: deadline - reserve,
-                revoke_commit_until: deadline - reserve / 2,
-            }
-        })
+        let mut started = None;
+        // `false`: the times change without waking the watch's receivers.
+        self.0.send_if_modified(|times| {
+            started = Some(*times.get_or_insert_with(|| {
+                let reserve = crate::config::settings::commit_reserve(
+                    deadline.saturating_duration_since(begun),
+                );
+                StopTimes {
+                    deadline,
+                    drain_until: deadline - reserve,
+                    revoke_commit_until: deadline - reserve / 2,
+                }
+            }));
+            false
+        });
+        started.expect("set inside the closure")
+    }
+
+    /// Wakes the supervisor's poll loop: the stop began.
+    pub(crate) fn announce(&self) {
+        self.0.send_modify(|_| {});
     }
 
     /// The stop's times, once it began.
     pub fn times(&self) -> Option<StopTimes> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        *self.0.borrow()
+    }
+
+    /// What the supervisor's poll loop waits on. Taken before its thread starts, so that
+    /// no announce can come before it.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<StopTimes>> {
+        self.0.subscribe()
     }
 }
 
@@ -143,17 +169,31 @@ pub(crate) fn sleep_until(until: Instant, deadline: &dyn Fn() -> Instant) {
     }
 }
 
+/// What the supervisor tells the daemon, in this order: the one channel from its
+/// thread to the daemon.
+pub(crate) enum Report {
+    /// It stops on its own (a fatal error): the deadline, which the daemon holds as it
+    /// does after a signal, and the exit code.
+    Stopping { deadline: Instant, code: i32 },
+    /// The final commit is done: the exit code, before the (possibly slow) close.
+    Committed(i32),
+    /// The supervisor returned: the exit code.
+    Done(i32),
+}
+
+/// The daemon's end of the supervisor's reports; closed (`None`) if its thread ended
+/// without a last one.
+pub(crate) type Reports = mpsc::UnboundedReceiver<Report>;
+
 /// A graceful stop under way: its deadline, and what the daemon waits for.
 pub(crate) struct Stopping {
     deadline: Instant,
     /// The supervisor's exit code when it stopped on its own (a fatal error).
     fatal_code: Option<i32>,
     sigints: SigintCount,
-    committed: oneshot::Receiver<i32>,
-    done: oneshot::Receiver<i32>,
-    /// Held until ackd exits, like the supervisor's other channels.
-    _shutdown: watch::Sender<Option<Instant>>,
-    _fatal: oneshot::Receiver<(Instant, i32)>,
+    /// The final commit's exit code, if the supervisor reported it before the stop.
+    committed: Option<i32>,
+    reports: Reports,
 }
 
 /// Running: until a signal, or the supervisor stops on its own (a fatal error: it says
@@ -164,29 +204,31 @@ pub(crate) async fn until_stop<P: Processor>(
     clock: &StopClock,
     health: &Health,
     signals: &mut Signals,
-    supervisor: Supervisor,
+    mut reports: Reports,
     ticker: JoinHandle<()>,
     processor: &Arc<P>,
 ) -> Result<Stopping, i32> {
-    let Supervisor {
-        shutdown,
-        committed,
-        mut done,
-        mut fatal,
-    } = supervisor;
-    let (deadline, fatal_code, sigints) = tokio::select! {
-        s = signals.next() => {
-            let deadline = begin_stop(s, timeout, clock, health, &ticker, &shutdown);
-            (deadline, None, SigintCount::after(s))
-        }
-        Ok((deadline, code)) = &mut fatal => {
-            ticker.abort();
-            (deadline, Some(code), SigintCount::default())
-        }
-        code = &mut done => {
-            ticker.abort();
-            stop_processor(processor.clone(), Instant::now() + timeout).await;
-            return Err(code.unwrap_or(exit::SOFTWARE));
+    // A stop of the supervisor's own without a deadline to hold (`ACKD_STOP_AT_END`)
+    // reports its final commit here, then returns.
+    let mut committed = None;
+    let (deadline, fatal_code, sigints) = loop {
+        tokio::select! {
+            s = signals.next() => {
+                let deadline = begin_stop(s, timeout, clock, health, &ticker);
+                break (deadline, None, SigintCount::after(s));
+            }
+            report = reports.recv() => match report {
+                Some(Report::Stopping { deadline, code }) => {
+                    ticker.abort();
+                    break (deadline, Some(code), SigintCount::default());
+                }
+                Some(Report::Committed(code)) => committed = Some(code),
+                Some(Report::Done(_)) | None => {
+                    ticker.abort();
+                    stop_processor(processor.clone(), Instant::now() + timeout).await;
+                    return Err(done_code(report));
+                }
+            }
         }
     };
     Ok(Stopping {
@@ -194,10 +236,17 @@ pub(crate) async fn until_stop<P: Processor>(
         fatal_code,
         sigints,
         committed,
-        done,
-        _shutdown: shutdown,
-        _fatal: fatal,
+        reports,
     })
+}
+
+/// The exit code the supervisor returned (`Done`), or, if its thread ended without
+/// saying, [`exit::SOFTWARE`].
+fn done_code(report: Option<Report>) -> i32 {
+    match report {
+        Some(Report::Done(code)) => code,
+        _ => exit::SOFTWARE,
+    }
 }
 
 /// `signal` starts the graceful stop: its deadline, `timeout` from now.
@@ -207,13 +256,12 @@ fn begin_stop(
     clock: &StopClock,
     health: &Health,
     ticker: &JoinHandle<()>,
-    shutdown: &watch::Sender<Option<Instant>>,
 ) -> Instant {
     let begun = Instant::now();
     let deadline = begun + timeout;
     // The clock before the line: a revoke holding the supervisor reads only the
     // clock, and writing a line may wait (at most lines::STALL) on a slow stdout.
-    // The line before the watch: the supervisor's lines of the stop come after it.
+    // The line before the announce: the supervisor's lines of the stop come after it.
     health.set_phase(Phase::Stopping);
     clock.begin(begun, deadline);
     ticker.abort();
@@ -223,7 +271,7 @@ fn begin_stop(
         deadline_ms = timeout.as_millis() as u64,
         "graceful stop: stop fetching, finish in-flight messages, commit, leave the group"
     );
-    let _ = shutdown.send(Some(deadline));
+    clock.announce();
     deadline
 }
 
@@ -236,24 +284,30 @@ pub(crate) async fn finish_stop<P: Processor>(
     processor: Arc<P>,
 ) -> i32 {
     let deadline = stopping.deadline;
-    let mut committed_code = None;
+    let mut committed_code = stopping.committed;
     // The processor's shutdown runs once the final commit is done, beside the close.
-    let mut processor_stop = None;
+    let mut processor_stop =
+        committed_code.map(|_| tokio::spawn(stop_processor(processor.clone(), deadline)));
     loop {
         tokio::select! {
-            code = &mut stopping.done => {
-                match processor_stop.take() {
-                    Some(task) => {
-                        let _ = task.await;
-                    }
-                    None => stop_processor(processor, deadline).await,
+            report = stopping.reports.recv() => match report {
+                // Its own stop's report, crossing the signal's: the signal's deadline holds.
+                Some(Report::Stopping { .. }) => {}
+                Some(Report::Committed(code)) => {
+                    committed_code = Some(code);
+                    processor_stop =
+                        Some(tokio::spawn(stop_processor(processor.clone(), deadline)));
                 }
-                return code.unwrap_or(exit::SOFTWARE);
-            }
-            code = &mut stopping.committed, if committed_code.is_none() => {
-                committed_code = Some(code.unwrap_or(exit::SOFTWARE));
-                processor_stop = Some(tokio::spawn(stop_processor(processor.clone(), deadline)));
-            }
+                Some(Report::Done(_)) | None => {
+                    match processor_stop.take() {
+                        Some(task) => {
+                            let _ = task.await;
+                        }
+                        None => stop_processor(processor, deadline).await,
+                    }
+                    return done_code(report);
+                }
+            },
             s = signals.next() => {
                 if stopping.sigints.forces(s) {
                     tracing::warn!(at = "signal", signal = "SIGINT", "second SIGINT: exiting now");
@@ -409,7 +463,7 @@ pub(crate) fn sequence<P: Processor>(
     if !ctx.metrics_interval.is_zero() {
         ctx.summarize(true);
     }
-    let _ = control.committed.send(code);
+    let _ = control.reports.send(Report::Committed(code));
 
     // Close: leaves the group, so the partitions move at once, not after the session
     // timeout. librdkafka's final revoke finds nothing left to drain.
@@ -481,9 +535,7 @@ fn stop_terms(
         Stop::Shutdown(deadline) => (deadline, exit::OK, true),
         Stop::Fatal { code, commit } => {
             let deadline = Instant::now() + shutdown_timeout;
-            if let Some(fatal) = control.fatal.take() {
-                let _ = fatal.send((deadline, code));
-            }
+            let _ = control.reports.send(Report::Stopping { deadline, code });
             (deadline, code, commit)
         }
     }

@@ -18,10 +18,10 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
 use crate::consumer::group::AckdConsumer;
-use crate::consumer::stop::{self, Stop};
+use crate::consumer::stop::{self, Report, Reports, Stop, StopTimes};
 use crate::exit;
 use crate::output::health::Busy;
 use crate::processors::processor::Processor;
@@ -33,15 +33,12 @@ pub(crate) struct Control {
     pub(crate) commit_ticks: mpsc::Receiver<()>,
     /// A worker wants its dispatch limit raised now (src/consumer/dispatch_limit.rs).
     pub(crate) limits_wanted: Arc<Notify>,
-    /// Set to the deadline when a graceful stop begins.
-    pub(crate) shutdown: watch::Receiver<Option<Instant>>,
+    /// The stop's clock: announced when a graceful stop begins.
+    pub(crate) stop: watch::Receiver<Option<StopTimes>>,
     /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
     pub(crate) at_end: Option<Arc<Notify>>,
-    /// Told the exit code once the final commit is done, before the (possibly slow) close.
-    pub(crate) committed: oneshot::Sender<i32>,
-    /// Told the deadline and the exit code when the supervisor stops on its own (a fatal
-    /// error): the daemon holds the deadline as it does after a signal.
-    pub(crate) fatal: Option<oneshot::Sender<(Instant, i32)>>,
+    /// What the stop tells the daemon ([`Report`]).
+    pub(crate) reports: mpsc::UnboundedSender<Report>,
 }
 
 /// Runs the supervisor to the end; returns the exit code: its poll loop until a stop,
@@ -55,57 +52,35 @@ pub fn run<P: Processor>(
     stop::sequence(consumer, stop, control, shutdown_timeout)
 }
 
-/// The daemon's ends of the channels to the supervisor thread.
-pub(crate) struct Supervisor {
-    /// Told the deadline when a graceful stop begins.
-    pub(crate) shutdown: watch::Sender<Option<Instant>>,
-    /// The exit code once the final commit is done, before the (possibly slow) close.
-    pub(crate) committed: oneshot::Receiver<i32>,
-    /// The exit code once the supervisor has returned.
-    pub(crate) done: oneshot::Receiver<i32>,
-    /// The deadline and the exit code when the supervisor stops on its own (a fatal
-    /// error).
-    pub(crate) fatal: oneshot::Receiver<(Instant, i32)>,
-}
-
-/// Hands the consumer to the supervisor thread: its channels, and the sender of the
+/// Hands the consumer to the supervisor thread: its reports, and the sender of the
 /// commit ticks. `Err(code)`: the thread could not be started.
 pub(crate) fn spawn<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     at_end: Option<Arc<Notify>>,
     limits_wanted: Arc<Notify>,
     timeout: Duration,
-) -> Result<(Supervisor, mpsc::Sender<()>), i32> {
+) -> Result<(Reports, mpsc::Sender<()>), i32> {
     let (tick_tx, commit_ticks) = mpsc::channel(1);
-    let (shutdown_tx, shutdown) = watch::channel(None);
-    let (committed_tx, committed_rx) = oneshot::channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    let (fatal_tx, fatal_rx) = oneshot::channel();
+    let (reports, reports_rx) = mpsc::unbounded_channel();
+    let done = reports.clone();
     let control = Control {
         commit_ticks,
         at_end,
         limits_wanted,
-        shutdown,
-        committed: committed_tx,
-        fatal: Some(fatal_tx),
+        stop: consumer.context().stop_clock.subscribe(),
+        reports,
     };
     let spawned = std::thread::Builder::new()
         .name("ackd-supervisor".into())
         .spawn(move || {
             let code = run(consumer, control, timeout);
-            let _ = done_tx.send(code);
+            let _ = done.send(Report::Done(code));
         });
     if let Err(e) = spawned {
         tracing::error!(at = "start_failed", error = %e, "cannot start the supervisor thread");
         return Err(exit::SOFTWARE);
     }
-    let supervisor = Supervisor {
-        shutdown: shutdown_tx,
-        committed: committed_rx,
-        done: done_rx,
-        fatal: fatal_rx,
-    };
-    Ok((supervisor, tick_tx))
+    Ok((reports_rx, tick_tx))
 }
 
 /// A tick to the supervisor every `interval` (ACKD_COMMIT_INTERVAL_MS): a commit is due.
@@ -197,10 +172,10 @@ async fn poll_loop<P: Processor>(
     loop {
         let stop = tokio::select! {
             biased;
-            changed = control.shutdown.changed() => {
-                let deadline = *control.shutdown.borrow();
-                match (changed, deadline) {
-                    (_, Some(deadline)) => Some(Stop::Shutdown(deadline)),
+            changed = control.stop.changed() => {
+                let times = *control.stop.borrow();
+                match (changed, times) {
+                    (_, Some(times)) => Some(Stop::Shutdown(times.deadline)),
                     (Err(_), None) => Some(Stop::Shutdown(Instant::now())),
                     (Ok(()), None) => None,
                 }

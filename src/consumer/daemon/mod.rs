@@ -73,7 +73,7 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let worker = start::worker_config(&settings, processor.clone(), &parts, dead_letter);
     let consumer = start::create_consumer(&settings, &parts, worker)?;
     start::subscribe(&consumer, &settings, &mut signals).await?;
-    let (supervisor, ticks) = supervisor::spawn(
+    let (reports, ticks) = supervisor::spawn(
         consumer,
         parts.at_end.clone(),
         parts.limits_wanted.clone(),
@@ -85,7 +85,7 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
         &parts.stop_clock,
         &parts.health,
         &mut signals,
-        supervisor,
+        reports,
         ticker,
         &processor,
     )
