@@ -24,7 +24,6 @@ use rdkafka::consumer::Consumer;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 
 use crate::clock::millis;
 use crate::consumer::committer::Reason;
@@ -205,7 +204,6 @@ pub(crate) async fn until_stop<P: Processor>(
     health: &Health,
     signals: &mut Signals,
     mut reports: Reports,
-    ticker: JoinHandle<()>,
     processor: &Arc<P>,
 ) -> Result<Stopping, i32> {
     // A stop of the supervisor's own without a deadline to hold (`ACKD_STOP_AT_END`)
@@ -214,17 +212,15 @@ pub(crate) async fn until_stop<P: Processor>(
     let (deadline, fatal_code, sigints) = loop {
         tokio::select! {
             s = signals.next() => {
-                let deadline = begin_stop(s, timeout, clock, health, &ticker);
+                let deadline = begin_stop(s, timeout, clock, health);
                 break (deadline, None, SigintCount::after(s));
             }
             report = reports.recv() => match report {
                 Some(Report::Stopping { deadline, code }) => {
-                    ticker.abort();
                     break (deadline, Some(code), SigintCount::default());
                 }
                 Some(Report::Committed(code)) => committed = Some(code),
                 Some(Report::Done(_)) | None => {
-                    ticker.abort();
                     stop_processor(processor.clone(), Instant::now() + timeout).await;
                     return Err(done_code(report));
                 }
@@ -255,7 +251,6 @@ fn begin_stop(
     timeout: Duration,
     clock: &StopClock,
     health: &Health,
-    ticker: &JoinHandle<()>,
 ) -> Instant {
     let begun = Instant::now();
     let deadline = begun + timeout;
@@ -264,7 +259,6 @@ fn begin_stop(
     // The line before the announce: the supervisor's lines of the stop come after it.
     health.set_phase(Phase::Stopping);
     clock.begin(begun, deadline);
-    ticker.abort();
     tracing::info!(
         at = "signal",
         signal = signal_name(signal),

@@ -29,8 +29,8 @@ use crate::topic_partition::TopicPartition;
 
 /// What the daemon tells the supervisor.
 pub(crate) struct Control {
-    /// A tick per commit interval.
-    pub(crate) commit_ticks: mpsc::Receiver<()>,
+    /// `ACKD_COMMIT_INTERVAL_MS`: how often a periodic commit is due.
+    pub(crate) commit_interval: Duration,
     /// A worker wants its dispatch limit raised now (src/consumer/dispatch_limit.rs).
     pub(crate) limits_wanted: Arc<Notify>,
     /// The stop's clock: announced when a graceful stop begins.
@@ -52,19 +52,19 @@ pub fn run<P: Processor>(
     stop::sequence(consumer, stop, control, shutdown_timeout)
 }
 
-/// Hands the consumer to the supervisor thread: its reports, and the sender of the
-/// commit ticks. `Err(code)`: the thread could not be started.
+/// Hands the consumer to the supervisor thread: its reports. `Err(code)`: the thread
+/// could not be started.
 pub(crate) fn spawn<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     at_end: Option<Arc<Notify>>,
     limits_wanted: Arc<Notify>,
+    commit_interval: Duration,
     timeout: Duration,
-) -> Result<(Reports, mpsc::Sender<()>), i32> {
-    let (tick_tx, commit_ticks) = mpsc::channel(1);
+) -> Result<Reports, i32> {
     let (reports, reports_rx) = mpsc::unbounded_channel();
     let done = reports.clone();
     let control = Control {
-        commit_ticks,
+        commit_interval,
         at_end,
         limits_wanted,
         stop: consumer.context().stop_clock.subscribe(),
@@ -80,26 +80,18 @@ pub(crate) fn spawn<P: Processor>(
         tracing::error!(at = "start_failed", error = %e, "cannot start the supervisor thread");
         return Err(exit::SOFTWARE);
     }
-    Ok((reports_rx, tick_tx))
+    Ok(reports_rx)
 }
 
-/// A tick to the supervisor every `interval` (ACKD_COMMIT_INTERVAL_MS): a commit is due.
-pub(crate) fn spawn_ticker(
-    interval: Duration,
-    tick_tx: mpsc::Sender<()>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(interval);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        every.tick().await;
-        loop {
-            every.tick().await;
-            // A full channel means a commit is already due: skipping the tick is right.
-            if let Err(mpsc::error::TrySendError::Closed(_)) = tick_tx.try_send(()) {
-                break;
-            }
-        }
-    })
+/// A tick every `interval`, the first one `interval` from now: a periodic commit is due.
+/// Ticks missed while a revoke held this thread make one commit at once, then the ticks
+/// keep to their schedule.
+fn commit_ticks(interval: Duration, runtime: &tokio::runtime::Handle) -> tokio::time::Interval {
+    // tokio's timers are made inside its context; this thread polls them from its own loop.
+    let _context = runtime.enter();
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    every
 }
 
 /// Serves the main queue (rebalances, errors) until `until`, while the shutdown waits for
@@ -169,6 +161,7 @@ async fn poll_loop<P: Processor>(
     control: &mut Control,
     shutdown_timeout: Duration,
 ) -> Stop {
+    let mut ticks = commit_ticks(control.commit_interval, &consumer.context().runtime);
     loop {
         let stop = tokio::select! {
             biased;
@@ -181,8 +174,11 @@ async fn poll_loop<P: Processor>(
                 }
             }
             _ = wait_at_end(control.at_end.as_deref()) => all_at_end(consumer, shutdown_timeout),
-            Some(()) = control.commit_ticks.recv() => {
-                commit_due(consumer);
+            _ = ticks.tick() => {
+                // Not once the stop began: its final commit follows.
+                if control.stop.borrow().is_none() {
+                    commit_due(consumer);
+                }
                 None
             }
             _ = control.limits_wanted.notified() => {

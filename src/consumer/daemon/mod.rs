@@ -73,20 +73,19 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let worker = start::worker_config(&settings, processor.clone(), &parts, dead_letter);
     let consumer = start::create_consumer(&settings, &parts, worker)?;
     start::subscribe(&consumer, &settings, &mut signals).await?;
-    let (reports, ticks) = supervisor::spawn(
+    let reports = supervisor::spawn(
         consumer,
         parts.at_end.clone(),
         parts.limits_wanted.clone(),
+        settings.commit_interval,
         settings.shutdown_timeout,
     )?;
-    let ticker = supervisor::spawn_ticker(settings.commit_interval, ticks);
     let stopping = stop::until_stop(
         settings.shutdown_timeout,
         &parts.stop_clock,
         &parts.health,
         &mut signals,
         reports,
-        ticker,
         &processor,
     )
     .await?;
