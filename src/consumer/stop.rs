@@ -6,10 +6,13 @@
 //!   several), and so is a first SIGINT after a SIGTERM (a process manager's SIGTERM and
 //!   the terminal's Ctrl-C); a second SIGINT (Ctrl-C twice) exits at once, saying what
 //!   was not committed; before anything is consumed, either one exits 0 at once.
-//! - The daemon (the `main` thread's future) starts the [`StopClock`] and tells the
-//!   supervisor; the supervisor ([`sequence`]) stops fetching, drains, commits, reports
-//!   the exit code, and closes. The supervisor may also stop on its own (a fatal error,
-//!   `ACKD_STOP_AT_END`): it starts the clock then, and tells the daemon.
+//! - The daemon (the `main` thread's future) starts the [`StopClock`] and announces it,
+//!   which wakes the supervisor; the supervisor ([`sequence`]) stops fetching, drains,
+//!   commits, reports the exit code, and closes. The supervisor may also stop on its own
+//!   (a fatal error, `ACKD_STOP_AT_END`): it starts the clock then.
+//! - Two channels between the two threads: the clock (a watch, daemon to supervisor) and
+//!   the supervisor's [`Report`]s (an mpsc, supervisor to daemon: its own stop, the final
+//!   commit's exit code, its return).
 //! - The daemon waits for the supervisor's code, a second SIGINT, or the deadline; past
 //!   the deadline ackd exits non-zero with an account of what was not committed.
 //! - A revoke under way when the stop begins reads the clock, and ends by its times.

@@ -267,7 +267,7 @@ pub struct GroupContext<P: Processor> {
     pub metrics_interval: Duration,
     /// Set once the last summary is written: statistics during the close write none.
     pub summaries_done: AtomicBool,
-    /// Authentication failures seen by [`ClientContext::error`]; fatal (src/consumer/auth.rs).
+    /// Authentication failures seen by [`rdkafka::client::ClientContext::error`]; fatal (src/consumer/auth.rs).
     pub auth: crate::consumer::auth::AuthFailures,
     /// Whether the brokers are reachable, as far as librdkafka's errors tell.
     pub connectivity: Connectivity,
