@@ -10,262 +10,95 @@
 //! sends in order, so a periodic commit can never follow a revoke's commit and send an
 //! older offset for a partition that has already moved to another member.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::bindings as rdsys;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
-use crate::clock::millis;
-use crate::consumer::group::{AckdConsumer, Outcome};
+use crate::consumer::group::AckdConsumer;
+use crate::consumer::stop::{self, Report, Reports, Stop, StopTimes};
 use crate::exit;
-use crate::output::health::{Busy, Phase};
+use crate::output::health::Busy;
 use crate::processors::processor::Processor;
 use crate::topic_partition::TopicPartition;
 
 /// What the daemon tells the supervisor.
-pub struct Control {
-    /// A tick per commit interval.
-    pub commit_ticks: mpsc::Receiver<()>,
+pub(crate) struct Control {
+    /// `ACKD_COMMIT_INTERVAL_MS`: how often a periodic commit is due.
+    pub(crate) commit_interval: Duration,
     /// A worker wants its dispatch limit raised now (src/consumer/dispatch_limit.rs).
-    pub limits_wanted: Arc<Notify>,
-    /// Set to the deadline when a graceful stop begins.
-    pub shutdown: watch::Receiver<Option<Instant>>,
+    pub(crate) limits_wanted: Arc<Notify>,
+    /// The stop's clock: announced when a graceful stop begins.
+    pub(crate) stop: watch::Receiver<Option<StopTimes>>,
     /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
-    pub at_end: Option<Arc<Notify>>,
-    /// Told the exit code once the final commit is done, before the (possibly slow) close.
-    pub committed: oneshot::Sender<i32>,
-    /// Told the deadline and the exit code when the supervisor stops on its own (a fatal
-    /// error): the daemon holds the deadline as it does after a signal.
-    pub fatal: Option<oneshot::Sender<(Instant, i32)>>,
+    pub(crate) at_end: Option<Arc<Notify>>,
+    /// What the stop tells the daemon ([`Report`]).
+    pub(crate) reports: mpsc::UnboundedSender<Report>,
 }
 
-/// Why the poll loop ended.
-enum Stop {
-    Shutdown(Instant),
-    /// ackd cannot go on (a fatal librdkafka error, an invariant broken): stop gracefully
-    /// with this exit code, committing what was acknowledged only if `commit`.
-    Fatal {
-        code: i32,
-        commit: bool,
-    },
-}
-
-/// Runs the supervisor to the end; returns the exit code. The stop, once the poll loop
-/// ended: start the [`crate::consumer::stop_clock::StopClock`] (unless the signal did) → stop
-/// fetching → release every partition ([`crate::consumer::group::GroupContext::shutdown`]:
-/// drain, final commit, forget) → report per partition → tell the daemon the code → close.
+/// Runs the supervisor to the end; returns the exit code: its poll loop until a stop,
+/// then the stop's own sequence ([`stop::sequence`]).
 pub fn run<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     mut control: Control,
     shutdown_timeout: Duration,
 ) -> i32 {
     let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
-    let (deadline, mut code, commit) = stop_terms(&stop, &mut control, shutdown_timeout);
-    consumer.context().health.set_phase(match stop {
-        Stop::Shutdown(_) => Phase::Stopping,
-        Stop::Fatal { .. } => Phase::Fatal,
-    });
-    let started = Instant::now();
-    let ctx = consumer.context();
-    // On a signal the daemon started the clock already (a revoke under way read it);
-    // a stop of the supervisor's own starts it here.
-    let times = ctx.stop_clock.begin(started, deadline);
-    ctx.stopping.store(true, Ordering::Release);
-    let (tps, halted) = owned_and_halted(&consumer);
-    tracing::info!(
-        at = "shutdown_begun",
-        partitions = tps.len(),
-        halted = halted.len()
-    );
-
-    stop_fetching(&consumer);
-
-    // In-flight messages still finish (their effects are under way), but a member that
-    // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
-    let serve = |until: Instant| serve_until(&consumer, until);
-    let drained = ctx.shutdown(&tps, times, commit, &serve);
-    // A revoke served while committing may have released partitions uncommitted.
-    let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
-    // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
-    // while this one drains): say so, as when it happens while running.
-    if drained.fatal && code == exit::OK {
-        ctx.health.set_phase(Phase::Fatal);
-        log_fatal(&consumer, None);
-        code = exit::UNAVAILABLE;
-    }
-    let commit = commit && !drained.fatal;
-    tracing::info!(
-        at = "drained",
-        partitions = tps.len(),
-        complete,
-        duration_ms = millis(started.elapsed())
-    );
-    report(&drained, commit, &halted);
-    if code == exit::OK && (!complete || !halted.is_empty()) {
-        code = exit::INCOMPLETE;
-    }
-    if !ctx.metrics_interval.is_zero() {
-        ctx.summarize(true);
-    }
-    let _ = control.committed.send(code);
-
-    // Close: leaves the group, so the partitions move at once, not after the session
-    // timeout. librdkafka's final revoke finds nothing left to drain.
-    let closing = Instant::now();
-    match close(&consumer) {
-        Ok(()) => tracing::info!(at = "closed", duration_ms = millis(closing.elapsed())),
-        Err(e) => tracing::info!(at = "closed", error = e, "the group was not left"),
-    }
-    // Never dropped: rust-rdkafka's drop would close again (and log that it failed) and
-    // then wait for librdkafka's threads. Only the daemon runs this, and the process
-    // ends with `_exit` right after (src/exit.rs): librdkafka's threads end with it, and
-    // after the close there is nothing left for them to send.
-    std::mem::forget(consumer);
-    code
+    stop::sequence(consumer, stop, control, shutdown_timeout)
 }
 
-/// How often the close looks whether librdkafka has finished it.
-const CLOSE_POLL: Duration = Duration::from_millis(1);
-
-/// Closes the consumer: librdkafka serves the final revoke here, then leaves the group
-/// (sends LeaveGroup; under static membership it does not). rust-rdkafka's drop does the
-/// same with polls of 100 ms, and no event ends the last of them, so the close cost
-/// ~100 ms of every stop: here it takes a few. Until closed, or for ever: past the
-/// stop's deadline the daemon exits without waiting (`at=close_timeout`). `Err`:
-/// librdkafka refused the close (after a fatal error: the member is dead already).
-fn close<P: Processor>(consumer: &AckdConsumer<P>) -> Result<(), String> {
-    let client = consumer.client().native_ptr();
-    // SAFETY: a live client. The close keeps its own reference to the consumer's queue
-    // (where it posts the final revoke), so this handle is released at once.
-    let error = unsafe {
-        let queue = rdsys::rd_kafka_queue_get_consumer(client);
-        if queue.is_null() {
-            return Err("not a group consumer".into());
-        }
-        let error = rdsys::rd_kafka_consumer_close_queue(client, queue);
-        rdsys::rd_kafka_queue_destroy(queue);
-        error
+/// Hands the consumer to the supervisor thread: its reports. `Err(code)`: the thread
+/// could not be started.
+pub(crate) fn spawn<P: Processor>(
+    consumer: Arc<AckdConsumer<P>>,
+    at_end: Option<Arc<Notify>>,
+    limits_wanted: Arc<Notify>,
+    commit_interval: Duration,
+    timeout: Duration,
+) -> Result<Reports, i32> {
+    let (reports, reports_rx) = mpsc::unbounded_channel();
+    let done = reports.clone();
+    let control = Control {
+        commit_interval,
+        at_end,
+        limits_wanted,
+        stop: consumer.context().stop_clock.subscribe(),
+        reports,
     };
-    if !error.is_null() {
-        // SAFETY: an error librdkafka returned, destroyed once after it is read.
-        let text = unsafe {
-            let text = std::ffi::CStr::from_ptr(rdsys::rd_kafka_error_string(error))
-                .to_string_lossy()
-                .into_owned();
-            rdsys::rd_kafka_error_destroy(error);
-            text
-        };
-        return Err(text);
+    let spawned = std::thread::Builder::new()
+        .name("ackd-supervisor".into())
+        .spawn(move || {
+            let code = run(consumer, control, timeout);
+            let _ = done.send(Report::Done(code));
+        });
+    if let Err(e) = spawned {
+        tracing::error!(at = "start_failed", error = %e, "cannot start the supervisor thread");
+        return Err(exit::SOFTWARE);
     }
-    // SAFETY: a live client.
-    while unsafe { rdsys::rd_kafka_consumer_closed(client) } == 0 {
-        let next = Instant::now() + CLOSE_POLL;
-        serve_until(consumer, next);
-        // The serve ends early after a fatal error: never spin.
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-    }
-    Ok(())
+    Ok(reports_rx)
 }
 
-/// What a stop means: its deadline, the exit code so far, and whether the final commit
-/// is made. A stop of the supervisor's own (a fatal error) tells the daemon its deadline
-/// and code.
-fn stop_terms(
-    stop: &Stop,
-    control: &mut Control,
-    shutdown_timeout: Duration,
-) -> (Instant, i32, bool) {
-    match *stop {
-        Stop::Shutdown(deadline) => (deadline, exit::OK, true),
-        Stop::Fatal { code, commit } => {
-            let deadline = Instant::now() + shutdown_timeout;
-            if let Some(fatal) = control.fatal.take() {
-                let _ = fatal.send((deadline, code));
-            }
-            (deadline, code, commit)
-        }
-    }
-}
-
-/// The partitions owned as the stop begins, and those of them halted by a failure.
-fn owned_and_halted<P: Processor>(
-    consumer: &AckdConsumer<P>,
-) -> (Vec<TopicPartition>, Vec<TopicPartition>) {
-    let ctx = consumer.context();
-    let tps: Vec<TopicPartition> = ctx.lock().owned.keys().cloned().collect();
-    let halted: Vec<TopicPartition> = ctx
-        .lock()
-        .owned
-        .iter()
-        .filter(|(_, p)| p.worker.shared.halted_at().is_some())
-        .map(|(tp, _)| tp.clone())
-        .collect();
-    (tps, halted)
-}
-
-/// Stops fetching: nothing new is handed out, what is prefetched stays unprocessed.
-fn stop_fetching<P: Processor>(consumer: &AckdConsumer<P>) {
-    if let Ok(assignment) = consumer.assignment() {
-        if assignment.count() > 0 {
-            if let Err(e) = consumer.pause(&assignment) {
-                tracing::warn!(at = "pause_failed", error = %e);
-            }
-        }
-    }
-}
-
-/// The stop's account, per partition: the final commit, or what is left uncommitted
-/// (and redelivered), and the partitions a processor failure halted.
-fn report(drained: &Outcome, commit: bool, halted: &[TopicPartition]) {
-    for (tp, offset) in drained.committed() {
-        tracing::info!(
-            at = "final_commit",
-            topic = &*tp.0,
-            partition = tp.1,
-            offset
-        );
-    }
-    for c in drained.left_uncommitted() {
-        tracing::error!(
-            at = "not_committed",
-            topic = &*c.tp.0,
-            partition = c.tp.1,
-            acked_offset = c.offset,
-            "acknowledged but not committed (refused, or no commit after a fatal error): the partition's next owner redelivers from its last committed offset"
-        );
-    }
-    for (tp, released) in &drained.partitions {
-        if commit && released.committed.is_none() && released.left.is_none() {
-            tracing::info!(
-                at = "final_commit",
-                topic = &*tp.0,
-                partition = tp.1,
-                "nothing acknowledged, nothing committed"
-            );
-        }
-    }
-    for tp in halted {
-        tracing::error!(
-            at = "halted",
-            topic = &*tp.0,
-            partition = tp.1,
-            "a processor failure stopped this partition"
-        );
-    }
+/// A tick every `interval`, the first one `interval` from now: a periodic commit is due.
+/// Ticks missed while a revoke held this thread make one commit at once, then the ticks
+/// keep to their schedule.
+fn commit_ticks(interval: Duration, runtime: &tokio::runtime::Handle) -> tokio::time::Interval {
+    // tokio's timers are made inside its context; this thread polls them from its own loop.
+    let _context = runtime.enter();
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    every
 }
 
 /// Serves the main queue (rebalances, errors) until `until`, while the shutdown waits for
 /// a rebalance to finish before it commits again. Every partition with a worker has its
 /// own queue; a message here belongs to a partition assigned while stopping, which is
 /// not processed: it is dropped uncommitted, for the next owner.
-fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
+pub(crate) fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
     let ctx = consumer.context();
     let serve = async {
         loop {
@@ -291,7 +124,7 @@ fn serve_until<P: Processor>(consumer: &AckdConsumer<P>, until: Instant) {
 
 /// The `at=kafka_fatal` line: librdkafka declared the consumer dead (`code` if it does not
 /// say why).
-fn log_fatal<P: Processor>(consumer: &AckdConsumer<P>, code: Option<RDKafkaErrorCode>) {
+pub(crate) fn log_fatal<P: Processor>(consumer: &AckdConsumer<P>, code: Option<RDKafkaErrorCode>) {
     let (cause, reason) = match (consumer.client().fatal_error(), code) {
         (Some((c, r)), _) => (c, r),
         (None, Some(c)) => (c, String::new()),
@@ -328,20 +161,24 @@ async fn poll_loop<P: Processor>(
     control: &mut Control,
     shutdown_timeout: Duration,
 ) -> Stop {
+    let mut ticks = commit_ticks(control.commit_interval, &consumer.context().runtime);
     loop {
         let stop = tokio::select! {
             biased;
-            changed = control.shutdown.changed() => {
-                let deadline = *control.shutdown.borrow();
-                match (changed, deadline) {
-                    (_, Some(deadline)) => Some(Stop::Shutdown(deadline)),
+            changed = control.stop.changed() => {
+                let times = *control.stop.borrow();
+                match (changed, times) {
+                    (_, Some(times)) => Some(Stop::Shutdown(times.deadline)),
                     (Err(_), None) => Some(Stop::Shutdown(Instant::now())),
                     (Ok(()), None) => None,
                 }
             }
             _ = wait_at_end(control.at_end.as_deref()) => all_at_end(consumer, shutdown_timeout),
-            Some(()) = control.commit_ticks.recv() => {
-                commit_due(consumer);
+            _ = ticks.tick() => {
+                // Not once the stop began: its final commit follows.
+                if control.stop.borrow().is_none() {
+                    commit_due(consumer);
+                }
                 None
             }
             _ = control.limits_wanted.notified() => {

@@ -18,7 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use signal_hook_tokio::Signals;
 
 use crate::config::settings::Settings;
-use crate::consumer::signals::stopped_while_waiting;
+use crate::consumer::stop::stopped_while_waiting;
 use crate::exit;
 
 /// One metadata request may take this long (the brokers may still be starting).

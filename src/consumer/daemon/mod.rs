@@ -1,29 +1,22 @@
 //! The daemon: settings in, exit code out.
 //!
-//! It creates the consumer (`start`), hands it to the supervisor thread and drives the
-//! commit schedule (`running`), and turns signals into the shutdown sequence (`stop`;
-//! what each signal does: [`crate::consumer::signals`]):
-//! - the first SIGTERM or SIGINT starts a graceful stop with a deadline of
-//!   `ACKD_SHUTDOWN_TIMEOUT_MS`;
-//! - more SIGTERMs are logged and ignored (Heroku may send several), and so is a first
-//!   SIGINT after a SIGTERM (a process manager's SIGTERM and the terminal's Ctrl-C);
-//! - a second SIGINT (Ctrl-C twice) exits at once, saying what was not committed;
-//! - if the deadline passes, ackd exits non-zero with the same account.
+//! It starts ackd (`startup`: the clients, the health endpoint, the subscription; `session`:
+//! the membership lease), hands the consumer to the supervisor thread
+//! ([`crate::consumer::supervisor`]), and waits for a stop and its end: what each signal
+//! does, the deadline and the exit code are the stop's ([`crate::consumer::stop`]).
 
-mod running;
 mod session;
-mod start;
-mod stop;
+mod startup;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::settings::Settings;
-use crate::consumer::signals;
+use crate::consumer::{stop, supervisor};
 use crate::exit;
 use crate::processors::processor::Processor;
 
-pub(crate) use start::report_client_error;
+pub(crate) use startup::report_client_error;
 
 /// Runs ackd until it is stopped; returns the process exit code.
 pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
@@ -62,28 +55,32 @@ async fn run_async<P: Processor>(settings: Settings, processor: P) -> i32 {
 /// exit code of a start that failed, or of a stop before anything was consumed.
 async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result<i32, i32> {
     let memory_limit = crate::consumer::memory::resolve(settings.memory);
-    start::log_start(&settings, &processor, memory_limit.as_ref());
+    startup::log_start(&settings, &processor, memory_limit.as_ref());
     // Signals first: a SIGTERM that arrives while we connect must not kill us.
-    let mut signals = signals::install()?;
+    let mut signals = stop::install()?;
     // The daemon keeps a handle to call the processor's shutdown hook after the final commit.
     let processor = Arc::new(processor);
-    let dead_letter = start::dead_letter(&settings)?;
-    let memory = start::plan_memory(&settings, memory_limit, &mut signals).await?;
-    let parts = start::Parts::new(&settings, memory);
-    start::serve_health(&settings, &parts.health)?;
-    start::lease(&settings, &parts, &mut signals).await?;
-    let worker = start::worker_config(&settings, processor.clone(), &parts, dead_letter);
-    let consumer = start::create_consumer(&settings, &parts, worker)?;
-    start::subscribe(&consumer, &settings, &mut signals).await?;
-    let (supervisor, ticks) =
-        running::start_supervisor(consumer, &parts, settings.shutdown_timeout)?;
-    let ticker = running::spawn_ticker(settings.commit_interval, ticks);
+    let dead_letter = startup::dead_letter(&settings)?;
+    let memory = startup::plan_memory(&settings, memory_limit, &mut signals).await?;
+    let parts = startup::Parts::new(&settings, memory);
+    startup::serve_health(&settings, &parts.health)?;
+    startup::lease(&settings, &parts, &mut signals).await?;
+    let worker = startup::worker_config(&settings, processor.clone(), &parts, dead_letter);
+    let consumer = startup::create_consumer(&settings, &parts, worker)?;
+    startup::subscribe(&consumer, &settings, &mut signals).await?;
+    let reports = supervisor::spawn(
+        consumer,
+        parts.at_end.clone(),
+        parts.limits_wanted.clone(),
+        settings.commit_interval,
+        settings.shutdown_timeout,
+    )?;
     let stopping = stop::until_stop(
-        &settings,
-        &parts,
+        settings.shutdown_timeout,
+        &parts.stop_clock,
+        &parts.health,
         &mut signals,
-        supervisor,
-        ticker,
+        reports,
         &processor,
     )
     .await?;

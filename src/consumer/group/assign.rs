@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::generation::generation;
+use super::rdkafka_context::generation;
 use super::{AckdConsumer, Group, GroupContext, Owned};
 use crate::config::settings::StartFrom;
 use crate::consumer::handover::{self, MetadataState, Previous, ReadMetadata};
@@ -430,7 +430,7 @@ mod tests {
         read_metadata(m.as_bytes(), Some(o)).previous.unwrap()
     }
 
-    /// Issue 23: the window a new owner flags, from numbers anyone can write.
+    /// The window a new owner flags, from numbers anyone can write.
     #[test]
     fn the_window_is_the_limit_or_the_release_and_never_overflows() {
         let crashed = previous("ackd/3:o=30;p=41;l=1040;a=2-4;end", 30);

@@ -1,10 +1,13 @@
 //! The callbacks librdkafka makes on ackd's consumer: its log, its errors, its
-//! statistics, and the rebalance.
+//! statistics (which pace the interval summary and carry the lag), and the rebalance
+//! (assign: assign.rs; revoke: release.rs); and the group generation as librdkafka
+//! knows it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use rdkafka::bindings as rdsys;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
@@ -15,6 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::GroupContext;
 use crate::consumer::membership;
 use crate::output::health::Busy;
+use crate::output::metrics;
 use crate::processors::processor::Processor;
 
 impl<P: Processor> ClientContext for GroupContext<P> {
@@ -106,5 +110,90 @@ impl<P: Processor> ConsumerContext for GroupContext<P> {
                 budget.log(Some(self.lock().owned.len()));
             }
         }
+    }
+}
+
+impl<P: Processor> GroupContext<P> {
+    /// Writes the summary of the interval that ends now, and the lag of the partitions
+    /// that have some or whose lag changed ([`metrics::LagLines`]).
+    pub fn summarize(&self, last: bool) {
+        if self.summaries_done.load(Ordering::Acquire) {
+            return;
+        }
+        if last {
+            self.summaries_done.store(true, Ordering::Release);
+        }
+        let mut group = self.lock();
+        let mut interval = std::mem::take(&mut group.retired);
+        let mut in_flight = 0;
+        let mut waiting = None;
+        let mut lag_total = None;
+        let mut lags = Vec::new();
+        let mut halted = Vec::new();
+        for (tp, p) in &group.owned {
+            p.worker.shared.metrics.take_into(&mut interval);
+            if let Some(offset) = p.worker.shared.halted_at() {
+                halted.push((tp.clone(), offset));
+            }
+            in_flight += p.worker.shared.in_flight_count();
+            if let Some(w) = p.worker.shared.waiting() {
+                *waiting.get_or_insert(0) += w;
+            }
+            if let Some(lag) = metrics::lag(p.high_watermark, p.next_to_process()) {
+                *lag_total.get_or_insert(0) += lag;
+                lags.push((tp.clone(), lag));
+            }
+        }
+        let partitions = group.owned.len();
+        let (lag_lines, lag_omitted) = group.lag_lines.select(&lags);
+        drop(group);
+        metrics::emit_summary(
+            &mut interval,
+            &self.commit_metrics,
+            &self.source,
+            self.metrics_interval.as_millis() as u64,
+            partitions,
+            metrics::InFlight {
+                calls: in_flight,
+                waiting,
+            },
+            halted.len(),
+            lag_total,
+            last,
+        );
+        // Repeated every interval: a stopped partition must not look like a quiet one.
+        for ((topic, partition), offset) in halted {
+            tracing::error!(
+                at = "halted",
+                topic = &*topic,
+                partition,
+                offset,
+                "partition stopped on a processor failure; nothing past this offset is processed or committed"
+            );
+        }
+        for ((topic, partition), lag) in &lag_lines {
+            metrics::emit_lag(topic, *partition, *lag, &self.source);
+        }
+        if lag_omitted > 0 {
+            metrics::emit_lag_omitted(lag_omitted, &self.source);
+        }
+        self.health.set_lags(lags);
+    }
+}
+
+/// The group generation this member is in, as librdkafka knows it: in an assignment the
+/// one that made it, in an eager revoke the one being left. On `assigned`/`revoked`
+/// lines, so that who owned a partition when can be read across processes' logs.
+pub(super) fn generation<C: ConsumerContext>(base: &BaseConsumer<C>) -> Option<i32> {
+    // SAFETY: rd_kafka_consumer_group_metadata returns a copy the caller owns (or null
+    // when the consumer is in no group), destroyed right after reading it.
+    unsafe {
+        let metadata = rdsys::rd_kafka_consumer_group_metadata(base.client().native_ptr());
+        if metadata.is_null() {
+            return None;
+        }
+        let generation = rdsys::rd_kafka_consumer_group_metadata_generation_id(metadata);
+        rdsys::rd_kafka_consumer_group_metadata_destroy(metadata);
+        (generation >= 0).then_some(generation)
     }
 }
