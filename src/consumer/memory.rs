@@ -39,11 +39,10 @@
 //! 2Q + 3F + P/8 = P. Every limit is capped at the configured one (ackd's default, or a
 //! value set by hand with `auto`), so a budget never raises the prefetch above what
 //! ackd does without one. A message larger than its share still comes whole (a fetch
-//! returns at least one record batch): the share bounds what piles up, not a message,
-//! and a partition of messages over about half its share holds two (the one its worker
-//! took, the one librdkafka fetched behind it). Holding reading back there would take a
-//! gate across partitions (which may take a message out of its queue), not librdkafka's
-//! limits: not done; docs/performance.md has the figures.
+//! returns at least one record batch): the share bounds what piles up, not a message.
+//! Behind a message larger than Q + F, librdkafka's limits would still let it fetch one
+//! more whole batch, so the worker pauses its partition while it holds such a message
+//! (src/consumer/partition_queue.rs): a partition of large messages holds one at a time.
 
 mod cgroup;
 
