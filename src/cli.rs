@@ -3,8 +3,8 @@
 //! (EX_USAGE) with the usage. The subcommands `ackd check` and `ackd status` ask the
 //! brokers and exit; they take no options (settings come from the environment).
 //!
-//! Hand-rolled: two flags do not need a parser crate (nor its build time); once
-//! subcommands take options, lexopt is the small step up.
+//! Hand-rolled: two flags and two bare subcommands do not need a parser crate (nor its
+//! build time); once subcommands take options, lexopt is the small step up.
 
 use std::ffi::OsString;
 use std::fmt::{self, Write as _};

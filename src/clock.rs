@@ -1,7 +1,7 @@
 //! Time as lines show it and as the hot path reads it: [`millis`], a duration as a
 //! line's `duration_ms`-style field; and the coarse clock ([`now_ms`]) the health
-//! endpoint starts (src/output/health.rs), which workers read when a processor call
-//! begins.
+//! endpoint starts (src/output/health/server.rs), which workers read when a processor
+//! call begins.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -1,6 +1,7 @@
 //! How ackd ends: its exit codes (after sysexits.h where one fits; docs/observability.md's
-//! table explains each), the end of the process once every line is written
-//! (`end_process`), and the panic hook that makes a panic one line.
+//! table explains each, by these names, and tests/docs_formats.rs keeps the two equal),
+//! the end of the process once every line is written (`end_process`), and the panic hook
+//! that makes a panic one line.
 
 use crate::output;
 
@@ -14,7 +15,7 @@ pub const OK: i32 = 0;
 /// dispatch window, as after a crash; exit 0 promises it a clean release.
 pub const INCOMPLETE: i32 = 1;
 /// The command line was wrong (EX_USAGE): ackd takes no argument, or one of `check`,
-/// `status`, `--help` (`-h`), `--version` (`-V`); the usage went to stderr.
+/// `status`, `--help` (`-h`, `help`), `--version` (`-V`); the usage went to stderr.
 pub const USAGE: i32 = 64;
 /// An internal invariant broke (EX_SOFTWARE); ackd stopped without committing past it.
 pub const SOFTWARE: i32 = 70;

@@ -1,4 +1,4 @@
-//! Issue 14, item 3, on Apache Kafka: with concurrent ordering, the offsets acknowledged
+//! On Apache Kafka: with concurrent ordering, the offsets acknowledged
 //! above the committed one travel in the commit's metadata (`;a=`, relative to the
 //! committed offset), and after a SIGKILL the next owner skips them: only the messages
 //! that were in flight come again.

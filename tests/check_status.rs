@@ -1,4 +1,4 @@
-//! `ackd check` and `ackd status` (issue 15, items 1 and 2) against the real broker: the
+//! `ackd check` and `ackd status` against the real broker: the
 //! lines they print, their exit codes (the daemon's for the same problem), and that they
 //! never join the group, never commit, never create a topic. Status figures are compared
 //! with what the harness knows: the offsets it produced and the group's committed offsets
@@ -509,7 +509,7 @@ fn status_and_check_describe_a_kip848_group_too() {
 }
 
 /// A member's client id is the broker's to report, anyone's to set: `ackd status` on a
-/// terminal shows its control characters escaped, never raw (issue 19, item 13).
+/// terminal shows its control characters escaped, never raw.
 #[test]
 fn status_on_a_terminal_escapes_control_characters_of_a_member() {
     let (topic, group) = fresh_topic("st-esc", 1);

@@ -1,4 +1,4 @@
-//! Command-line arguments (issue 13, item 12): they never start consuming. `--help`
+//! Command-line arguments: they never start consuming. `--help`
 //! lists every setting with its default, `--version` prints the version, anything else
 //! exits 64 (EX_USAGE) with the usage. Checked with the environment fully set against the
 //! real broker, so that a binary that ignored its arguments would visibly consume.

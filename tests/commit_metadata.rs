@@ -333,7 +333,7 @@ fn a_release_past_what_was_committed_says_how_much_comes_again() {
     );
 }
 
-/// Commit metadata another client wrote is ignored (issue 13, item 10). Kafka decodes
+/// Commit metadata another client wrote is ignored. Kafka decodes
 /// metadata as UTF-8 and stores what it got, so bytes that are not UTF-8 come back as
 /// U+FFFD: the crash such bytes caused is staged in `tests/mock_cluster.rs`, whose broker
 /// keeps them as they are.
@@ -385,7 +385,7 @@ fn metadata_another_client_wrote_is_ignored() {
     );
 }
 
-// Issue 19, items 1, 2 and 16: commit metadata that does not describe the offset it sits
+// Commit metadata that does not describe the offset it sits
 // beside (moved by a tool, copied from another group, left by another ackd version) must
 // never make ackd skip a message; metadata that does keeps its ranges across owners.
 
@@ -413,8 +413,8 @@ fn processed_offsets(lines: &[String]) -> Vec<i64> {
     got
 }
 
-/// The issue's first sequence: a tool (MirrorMaker 2's offset sync, an admin client's
-/// alterConsumerGroupOffsets) set the group's offset to 5 and kept metadata that an
+/// A tool (MirrorMaker 2's offset sync, an admin client's alterConsumerGroupOffsets)
+/// set the group's offset to 5 and kept metadata that an
 /// older ackd wrote beside another offset. Its ranges name offsets relative to an
 /// offset it does not record: nothing may be skipped. Likewise metadata of a later
 /// ackd's format (here with a field this one does not know), and this format's cut
@@ -447,8 +447,8 @@ fn metadata_moved_to_another_offset_skips_nothing() {
     }
 }
 
-/// The issue's second sequence: ackd's own metadata (a key-ordered run SIGKILLed while
-/// offset 20 was held, its ranges naming 21..=79) copied byte for byte beside offset 5
+/// ackd's own metadata (a key-ordered run SIGKILLed while offset 20 was held, its ranges
+/// naming 21..=79) copied byte for byte beside offset 5
 /// of another group, as MirrorMaker 2 writes a translated offset with the upstream
 /// metadata. The copy skips nothing; the original still skips what it names.
 #[test]
@@ -535,7 +535,7 @@ fn predecessor_metadata(offset: i64, processed: i64, acked: &str, released: bool
     format!("ackd/2:o={offset};p={processed};a={acked}{released};end")
 }
 
-/// Item 16: the ranges a key-ordered predecessor left survive the commits of a next
+/// The ranges a key-ordered predecessor left survive the commits of a next
 /// owner that has not passed them yet, and its crash: the third owner still skips them.
 /// Offset 10 fails once, and the next owner waits minutes to retry it: under partition
 /// ordering it stops there; under key ordering it also finishes 11..=19 and skips
@@ -608,7 +608,7 @@ fn inherited_ranges_survive_a_commit_and_a_crash_of_the_next_owner() {
     }
 }
 
-/// Item 2: a topic deleted and created again under the same name. Kafka 4.4's group
+/// A topic deleted and created again under the same name. Kafka 4.4's group
 /// coordinator deletes the group's committed offsets (metadata with them) of a deleted
 /// topic's partitions, so the group starts the new topic by its start policy: whatever
 /// ackd's metadata named of the old topic, no message of the new one is skipped.

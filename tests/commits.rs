@@ -1,6 +1,6 @@
 //! What the broker does with ackd's commits, per partition, on a real Kafka broker:
 //! a partition whose commit the broker refuses does not fail the commit of the others,
-//! and the ones it accepted are logged and counted as committed (issue 13, item 9).
+//! and the ones it accepted are logged and counted as committed.
 //! (Metadata another client wrote: `tests/commit_metadata.rs`.)
 //!
 //! The broker limits commit metadata to 28 bytes (`offset.metadata.max.bytes`), and
@@ -8,8 +8,8 @@
 //! ackd's `ackd/3:o=O;p=H;l=L;end` (`;r` before `end` on a release) fits while O < 100,
 //! and is refused with OFFSET_METADATA_TOO_LARGE for that partition alone once O >= 100
 //! (a per-partition refusal from a real broker, as a deleted topic or a topic-level ACL
-//! would give). ackd then commits that partition without metadata (issue 23: the offset
-//! matters more than the metadata), and the next owner flags conservatively.
+//! would give). ackd then commits that partition without metadata (the offset matters
+//! more than the metadata), and the next owner flags conservatively.
 
 mod common;
 

@@ -106,8 +106,8 @@ fn missing_required_settings() {
     assert_config_error(&with(&[], &["ACKD_GROUP_ID"]), "ACKD_GROUP_ID", "required");
 }
 
-/// Every missing required setting is named in the one line, not one per run (issue 13,
-/// item 14): a new user fixes them all at once.
+/// Every missing required setting is named in the one line, not one per run: a new user
+/// fixes them all at once.
 #[test]
 fn missing_required_settings_are_reported_together() {
     assert_config_error(
@@ -334,7 +334,7 @@ fn the_consumer_protocol_refuses_classic_only_properties_by_name() {
         "ACKD_GROUP_PROTOCOL",
         "classic",
     );
-    // The pass-through is refused in favour of the setting (it used to exit 70).
+    // The pass-through is refused in favour of the setting: a setting's error, not 70.
     assert_config_error(
         &with(&[("ACKD_RDKAFKA_GROUP_PROTOCOL", "consumer")], &[]),
         "ACKD_RDKAFKA_GROUP_PROTOCOL",
@@ -347,10 +347,10 @@ fn the_consumer_protocol_refuses_classic_only_properties_by_name() {
     );
 }
 
-/// A `,` in KAFKA_URL's password (issue 19, item 8): the URL was split on `,` before the
-/// user info was taken off, and the piece of the password before the `,` was shown as a
-/// port that is not a number, by ackd and by `ackd check`. The error names KAFKA_URL
-/// and what it allows, and nothing of the password or the user name.
+/// A `,` in KAFKA_URL's password: the user info is taken off before the URL is split on
+/// `,`, or the piece of the password before the `,` would be shown as a port that is not
+/// a number, by ackd and by `ackd check`. The error names KAFKA_URL and what it allows,
+/// and nothing of the password or the user name.
 #[test]
 fn a_comma_in_the_kafka_url_password_never_shows_a_fragment_of_it() {
     for url in [
@@ -386,8 +386,8 @@ fn a_comma_in_the_kafka_url_password_never_shows_a_fragment_of_it() {
     }
 }
 
-/// librdkafka's sensitive properties are never shown, whatever their name says (issue
-/// 19, item 9): `value=` of a property librdkafka refuses, and the start line.
+/// librdkafka's sensitive properties are never shown, whatever their name says:
+/// `value=` of a property librdkafka refuses, and the start line.
 #[test]
 fn a_refused_sensitive_property_is_not_shown_whatever_its_name() {
     let env = with(

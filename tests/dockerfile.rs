@@ -1,4 +1,4 @@
-//! The container image (issue 13, item 15). No container engine runs here, so this
+//! The container image. No container engine runs here, so this
 //! checks what the Dockerfile says: PID 1 is an init that reaps orphans (the exec
 //! processor's handlers may leave some) and forwards SIGTERM to ackd, in exec form;
 //! the runtime image can take a handler's runtime (EXTRA_PACKAGES), as docs/deploying.md shows.

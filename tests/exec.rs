@@ -630,7 +630,7 @@ fn child_environment(name: &str, extra: &[(&str, &str)]) -> BTreeMap<String, Str
 }
 
 /// exec children inherit none of ackd's credentials by default; ACKD_EXEC_PASS_SECRETS
-/// names the ones a handler is given (issue 19, item 11). What is no credential stays.
+/// names the ones a handler is given. What is no credential stays.
 #[test]
 fn exec_children_get_ackd_secrets_only_when_named() {
     let env = child_environment("exec-env", &[]);
@@ -667,8 +667,8 @@ fn exec_children_get_ackd_secrets_only_when_named() {
 }
 
 /// A secret with `"`, `\` and a control character, written by a handler to its stderr:
-/// ackd's `at=exec_stderr` line escapes it, and the scrubber still finds it (issue 19,
-/// item 10). Before, it looked for the raw value only.
+/// ackd's `at=exec_stderr` line escapes it, and the scrubber still finds it: it looks for
+/// the escaped form too, not only the raw value.
 #[test]
 fn a_secret_with_quotes_and_backslashes_never_reaches_a_line() {
     const SECRET: &str = "q\"uo\\te\u{1}-Zq9x";
@@ -1260,10 +1260,10 @@ fn stop_with_calls_queued(ackd: AckdBuilder, dir: &Path) -> (Vec<String>, usize,
     (lines, handled_before, handled_first)
 }
 
-/// Issue 19.3: SIGTERM with 15 calls queued behind the one child (1 s each, a 5 s
-/// drain): only the call the child has is finished, the queued ones are dropped, the
-/// drain completes (exit 0), the commit covers exactly what was acknowledged, and a
-/// restart handles the rest: each message handled once.
+/// Calls queued for a child are not in flight: SIGTERM with 15 calls queued behind the
+/// one child (1 s each, a 5 s drain) finishes only the call the child has, drops the
+/// queued ones, and the drain completes (exit 0); the commit covers exactly what was
+/// acknowledged, and a restart handles the rest: each message handled once.
 #[test]
 fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     let (topic, group, dir) = exec_case("exec-queued-stop", 1);
@@ -1301,8 +1301,8 @@ fn sigterm_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
     );
 }
 
-/// Issue 19.3: a revoke (a second member joins) with calls queued behind the first
-/// member's one child: the revoke waits only for the call the child has, the queued
+/// Nor at a revoke: a second member joins while calls are queued behind the first
+/// member's one child; the revoke waits only for the call the child has, the queued
 /// ones go to the new owner, and across both members each message is handled once.
 #[test]
 fn a_revoke_waits_for_the_call_the_child_has_not_for_those_queued_behind_it() {
@@ -1355,7 +1355,7 @@ fn partitions_behind_one_child(topic: &str, group: &str, command: &str) -> AckdB
         .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
 }
 
-/// Issue 19.3 under partition ordering: SIGTERM while 5 partitions' calls wait for the
+/// Queued calls under partition ordering: SIGTERM while 5 partitions' calls wait for the
 /// one child the sixth has: only that call finishes, the waiting ones are dropped (not
 /// one per partition in turn), the drain completes (exit 0), each partition's commit is
 /// what it acknowledged, and a restart handles the rest: each message handled once.
@@ -1568,7 +1568,7 @@ fn orders_in(db: &Path) -> BTreeMap<(i32, i64), usize> {
         .collect()
 }
 
-/// Issue 23: docs/guarantees.md's idempotent handler, exactly as written, while ackd is
+/// docs/guarantees.md's idempotent handler, exactly as written, while ackd is
 /// SIGKILLed three times amid a steady producer: every message's effect is in its store
 /// exactly once, its safety net never fired (no repeat came unflagged), and the repeats
 /// the kills caused came flagged (`at=redelivered flagged=`).

@@ -711,7 +711,7 @@ fn live_through_backlog(ackd: &AckdProcess, port: u16, n: usize) -> (usize, Vec<
     (polls, in_flight_seen)
 }
 
-/// Issue 19.4: a backlog behind one exec child (key ordering, 16 calls a partition,
+/// A backlog behind one exec child (key ordering, 16 calls a partition,
 /// 0.5 s a message, a 1 s exec timeout: stuck after 6 s) is no stuck call: `/live` stays
 /// 200 throughout a run of 30 messages (15 s), polled until the last is acknowledged.
 #[test]
@@ -739,7 +739,7 @@ fn a_backlog_behind_one_exec_child_is_live_while_every_call_ends_in_time() {
     eprintln!("health backlog: live_polls={polls} not_live=0");
 }
 
-/// Issue 19.4 under partition ordering (the default): 16 partitions share one exec
+/// The same under partition ordering (the default): 16 partitions share one exec
 /// child (0.5 s a message, a 1 s exec timeout: stuck after 6 s), so each partition's
 /// one call waits about 7.5 s for it. That wait is no stuck call: `/live` stays 200
 /// throughout the run (32 messages), and in flight is the one call the child has.

@@ -964,8 +964,8 @@ fn stop_with_requests_queued(
     (lines, posted_before, posted)
 }
 
-/// Issue 19.3: key ordering with 16 calls a partition and `ACKD_HTTP_CONCURRENCY=1`
-/// against an endpoint that takes 1 s: on SIGTERM the drain (5 s) waits only for the
+/// Requests waiting for a permit are not in flight: key ordering with 16 calls a
+/// partition and `ACKD_HTTP_CONCURRENCY=1` against an endpoint that takes 1 s: on SIGTERM the drain (5 s) waits only for the
 /// request under way, the ones waiting for the permit are dropped (exit 0, complete),
 /// the commit covers exactly what was acknowledged, and a restart posts the rest: each
 /// message posted once.
@@ -1013,7 +1013,7 @@ fn sigterm_waits_for_the_request_under_way_not_for_those_waiting_for_a_permit() 
     );
 }
 
-/// Issue 19.3 under partition ordering (the default): 6 partitions share
+/// The same under partition ordering (the default): 6 partitions share
 /// `ACKD_HTTP_CONCURRENCY=1` against an endpoint that takes 1 s. On SIGTERM the drain
 /// waits only for the request under way, not for one waiting request per partition in
 /// turn (exit 0, complete); each partition's commit is what it acknowledged, and a

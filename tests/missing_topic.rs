@@ -1,4 +1,4 @@
-//! A topic in ACKD_TOPICS that does not exist on the brokers (issue 13, item 13): ackd
+//! A topic in ACKD_TOPICS that does not exist on the brokers: ackd
 //! never idles silently. By default it stops at once, exit 78, one `at=config_error
 //! setting=ACKD_TOPICS` line naming the missing topic(s); with ACKD_WAIT_FOR_TOPICS=true
 //! it says it waits (and again periodically) and consumes once the topic appears. ackd

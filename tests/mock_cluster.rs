@@ -5,7 +5,7 @@
 //!   it back to say how much it redelivers;
 //! - an out-of-range committed offset follows `ACKD_START_FROM`, and the reset is logged.
 //!
-//! (Both are also staged on Kafka now, with a crash and deleted records: see
+//! (Both are also staged on Kafka, with a crash and deleted records: see
 //! `tests/commit_metadata.rs`.)
 
 mod common;

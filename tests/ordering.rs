@@ -1,4 +1,4 @@
-//! Key-ordered concurrency (issue 14) against the real broker: `ACKD_ORDERING=key` keeps
+//! Key-ordered concurrency against the real broker: `ACKD_ORDERING=key` keeps
 //! every key's order while different keys run at once, `none` loses and repeats nothing,
 //! a graceful stop with many messages in flight commits exactly what was processed, the
 //! committed offset never passes an unacknowledged message, failures and retries hold
@@ -10,8 +10,7 @@
 //! times) and records the call in `calls` (`partition offset key start_ns end_ns
 //! outcome`, CLOCK_MONOTONIC, written before the reply). From those records the tests
 //! measure how many calls of a partition overlapped: every test that claims concurrency
-//! asserts that there was some, so that none of them passes on a sequential worker (each
-//! of those preconditions failed on main before the concurrent worker, 2ffeb0c).
+//! asserts that there was some, so that none of them passes on a sequential worker.
 
 mod common;
 
@@ -572,8 +571,8 @@ fn at_max_pending_a_partition_stops_reading() {
 /// Behind one slow message (offset 0, retried for a second or more) the other messages
 /// finish at once: the partition may read only `ACKD_MAX_PENDING` above its committable
 /// offset, finished ones included, so neither the tracker nor the ranges the commit
-/// metadata names grow with the backlog. (It used to count only unfinished messages and
-/// read all 199 others while offset 0 waited.)
+/// metadata names grow with the backlog (counting only unfinished messages would read
+/// all 199 others while offset 0 waits).
 #[test]
 fn behind_a_slow_message_a_partition_reads_at_most_max_pending_ahead() {
     let (topic, group) = fresh_topic("ahead", 1);
@@ -721,7 +720,7 @@ fn a_graceful_stop_with_many_in_flight_loses_and_repeats_nothing() {
 /// One key (`hot`) for every 20th message of a partition, its own key for every other:
 /// the hot key's messages wait for each other (200 ms apiece) while the rest run ahead,
 /// so at the stop those waiting leave holes below messages already processed. Those are
-/// acknowledged above the final commit, named in its metadata (issue 14 item 3), and the
+/// acknowledged above the final commit, named in its metadata, and the
 /// restart must skip them.
 #[test]
 fn a_graceful_stop_with_keys_waiting_loses_and_repeats_nothing() {

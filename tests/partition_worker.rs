@@ -1,4 +1,4 @@
-//! The partition worker on the real broker (issue 13, items 1, 3 and 7): a partition
+//! The partition worker on the real broker: a partition
 //! that cannot read a message is not committed past it; every jump forward in a
 //! partition's offsets is a line with from/to and a count; a partition that comes back
 //! to this process while its previous worker is stuck is read only once that worker is
@@ -35,7 +35,7 @@ fn number(line: &str, key: &str) -> i64 {
         .unwrap_or_else(|| panic!("no {key}= in {line}"))
 }
 
-/// Item 3: retention passes the position of a partition being consumed. librdkafka's
+/// Retention passes the position of a partition being consumed. librdkafka's
 /// next fetch is out of range and resets to the log start (ACKD_START_FROM=earliest):
 /// the offsets between are committed past, and the line says so, with from, to and the
 /// count, as a gap (no message there), not as messages that failed.
@@ -133,7 +133,7 @@ fn a_jump_forward_mid_stream_is_a_line_with_from_to_and_count() {
     );
 }
 
-/// Item 7: a partition revoked while its processor is stuck in a blocking call (the
+/// A partition revoked while its processor is stuck in a blocking call (the
 /// drain times out, the abort cannot take effect) comes back to the same process. Its
 /// new worker must not read it while the old one still holds a handle on its queue:
 /// when that handle finally drops, it unhooks the queue's wake-up, and a new worker
@@ -311,7 +311,7 @@ fn a_partition_that_comes_back_is_read_only_once_its_stuck_worker_ended() {
     );
 }
 
-/// Item 1: a record batch on disk whose bytes no longer match its CRC (corrupted while
+/// A record batch on disk whose bytes no longer match its CRC (corrupted while
 /// the broker was stopped; a clean restart does not re-check it). With `check.crcs=true`
 /// librdkafka reports the batch as a fetch error (and, 2.12 does, fetches it again and
 /// again). The partition must halt there and say so: the messages before it are
@@ -392,9 +392,9 @@ fn a_batch_that_fails_its_crc_check_halts_the_partition_at_it() {
     );
 }
 
-/// Item 3, the other side: on a transactional topic every transaction leaves a marker
-/// (one offset), and an aborted transaction's records are never delivered
-/// (read_committed). Markers are counted, not a line each; the aborted transaction's
+/// Offsets without a message, the ordinary way: on a transactional topic every
+/// transaction leaves a marker (one offset), and an aborted transaction's records are
+/// never delivered (read_committed). Markers are counted, not a line each; the aborted transaction's
 /// gap is one info line; everything committed is processed once and the commit ends
 /// one past the last message.
 #[test]

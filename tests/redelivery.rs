@@ -1,4 +1,4 @@
-//! Redelivery known in advance (issue 23), on a real broker: every message handed to a
+//! Redelivery known in advance, on a real broker: every message handed to a
 //! processor a second time, by any process, says `redelivered=true`; after a crash the
 //! next owner's `at=assigned` states `redelivery_at_most=N` and `flagged_through=B`, and
 //! per partition it repeats at most N messages, none above B; nothing is lost.

@@ -1,5 +1,5 @@
-//! SIGTERM while a revoke drains a stuck partition (issue 13.5): the shutdown deadline
-//! holds from the signal, and the partitions that were not revoked get their final commit.
+//! SIGTERM while a revoke drains a stuck partition: the stop's deadline holds from the
+//! signal, and the partitions that were not revoked get their final commit.
 //!
 //! Member `a` reads two topics: `keep` (3 partitions) and `move` (1 partition, whose
 //! processor blocks on a message). Member `b` joins reading `move` only, so the

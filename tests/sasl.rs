@@ -306,7 +306,7 @@ fn a_wrong_plain_password_is_one_auth_failed_line_and_exit_77() {
     assert_login_refused(builder, "PLAIN", "Invalid username or password");
 }
 
-/// `ackd check` (issue 15.1) over SASL_SSL: the right password passes every check, a
+/// `ackd check` over SASL_SSL: the right password passes every check, a
 /// wrong one is the daemon's `at=auth_failed` line, `check=auth ok=false` and exit 77.
 #[test]
 fn ackd_check_over_sasl_passes_with_the_right_password_and_exits_77_with_a_wrong_one() {

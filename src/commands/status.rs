@@ -298,7 +298,7 @@ mod tests {
     use super::*;
 
     /// Broker-supplied member ids, client ids and hosts reach a terminal: no control
-    /// character of theirs may (issue 19, item 13).
+    /// character of theirs may.
     #[test]
     fn the_table_shows_control_characters_escaped() {
         let settings = Settings::from_vars(

@@ -1,7 +1,9 @@
-//! The consumer core: the daemon (signals, schedule, exit code), the supervisor thread that
-//! owns the consumer and the group, one worker task per assigned partition, the offset
-//! tracker, the committer thread, and what a worker does when the processor fails (retry,
-//! halt, skip, dead letter).
+//! The consumer core: the daemon (start, exit code), the graceful stop (signals, its
+//! clock and sequence), the supervisor thread that owns the consumer, the group (what is
+//! owned, assignments, the release that revokes and the stop share), one worker task per
+//! assigned partition, the offset tracker, the committer thread, what a commit hands to
+//! the next owner, and what a worker does when the processor fails (retry, halt, skip,
+//! dead letter).
 
 pub(crate) mod auth;
 pub(crate) mod committer;

@@ -394,19 +394,18 @@ fn log_uncommitted(group: &Mutex<Group>) {
 
 /// Why the poll loop ended.
 pub(crate) enum Stop {
-    Shutdown(Instant),
+    /// A stop asked for (a signal, `ACKD_STOP_AT_END`): drain and commit by this
+    /// deadline; exit 0 unless something is left uncommitted.
+    Graceful(Instant),
     /// ackd cannot go on (a fatal librdkafka error, an invariant broken): stop gracefully
     /// with this exit code, committing what was acknowledged only if `commit`.
-    Fatal {
-        code: i32,
-        commit: bool,
-    },
+    Fatal { code: i32, commit: bool },
 }
 
 /// The supervisor's side of the stop, once its poll loop ended; returns the exit code:
 /// start the [`StopClock`] (unless the signal did) → stop fetching → release every
-/// partition ([`crate::consumer::group::GroupContext::shutdown`]: drain, final commit, forget) → report per
-/// partition → tell the daemon the code → close.
+/// partition ([`crate::consumer::group::GroupContext::release_at_stop`]: drain, final
+/// commit, forget) → report per partition → tell the daemon the code → close.
 pub(crate) fn sequence<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     stop: Stop,
@@ -415,7 +414,7 @@ pub(crate) fn sequence<P: Processor>(
 ) -> i32 {
     let (deadline, mut code, commit) = stop_terms(&stop, &mut control, shutdown_timeout);
     consumer.context().health.set_phase(match stop {
-        Stop::Shutdown(_) => Phase::Stopping,
+        Stop::Graceful(_) => Phase::Stopping,
         Stop::Fatal { .. } => Phase::Fatal,
     });
     let started = Instant::now();
@@ -436,7 +435,7 @@ pub(crate) fn sequence<P: Processor>(
     // In-flight messages still finish (their effects are under way), but a member that
     // librdkafka declared dead (fenced) commits nothing: its partitions are someone else's.
     let serve = |until: Instant| serve_until(&consumer, until);
-    let drained = ctx.shutdown(&tps, times, commit, &serve);
+    let drained = ctx.release_at_stop(&tps, times, commit, &serve);
     // A revoke served while committing may have released partitions uncommitted.
     let complete = drained.complete && !ctx.released_incomplete.load(Ordering::Acquire);
     // Fenced while stopping (Heroku starts the replacement dyno, with the same DYNO,
@@ -529,7 +528,7 @@ fn stop_terms(
     shutdown_timeout: Duration,
 ) -> (Instant, i32, bool) {
     match *stop {
-        Stop::Shutdown(deadline) => (deadline, exit::OK, true),
+        Stop::Graceful(deadline) => (deadline, exit::OK, true),
         Stop::Fatal { code, commit } => {
             let deadline = Instant::now() + shutdown_timeout;
             let _ = control.reports.send(Report::Stopping { deadline, code });

@@ -2,9 +2,9 @@
 //!
 //! It polls librdkafka's main queue (which serves rebalances, statistics and errors;
 //! messages never arrive there, each partition has its own queue), queues the periodic
-//! commit, and on shutdown runs the stop sequence: stop fetching, drain, commit
-//! synchronously, close (leave the group). It is a plain thread, not a tokio worker,
-//! because the rebalance callbacks it serves block while partitions drain.
+//! commit, and on a stop runs its sequence: stop fetching, drain, commit synchronously,
+//! close (leave the group). It is a plain thread, not one of the runtime's, because the
+//! rebalance callbacks it serves block while partitions drain.
 //!
 //! Periodic commits are queued from this thread and revokes run on it, and the committer
 //! sends in order, so a periodic commit can never follow a revoke's commit and send an
@@ -94,7 +94,7 @@ fn commit_ticks(interval: Duration, runtime: &tokio::runtime::Handle) -> tokio::
     every
 }
 
-/// Serves the main queue (rebalances, errors) until `until`, while the shutdown waits for
+/// Serves the main queue (rebalances, errors) until `until`, while the stop waits for
 /// a rebalance to finish before it commits again. Every partition with a worker has its
 /// own queue; a message here belongs to a partition assigned while stopping, which is
 /// not processed: it is dropped uncommitted, for the next owner.
@@ -168,8 +168,8 @@ async fn poll_loop<P: Processor>(
             changed = control.stop.changed() => {
                 let times = *control.stop.borrow();
                 match (changed, times) {
-                    (_, Some(times)) => Some(Stop::Shutdown(times.deadline)),
-                    (Err(_), None) => Some(Stop::Shutdown(Instant::now())),
+                    (_, Some(times)) => Some(Stop::Graceful(times.deadline)),
+                    (Err(_), None) => Some(Stop::Graceful(Instant::now())),
                     (Ok(()), None) => None,
                 }
             }
@@ -205,7 +205,7 @@ fn all_at_end<P: Processor>(
             partitions = group.owned.len(),
             "every assigned partition reached its end: stopping"
         );
-        return Some(Stop::Shutdown(Instant::now() + shutdown_timeout));
+        return Some(Stop::Graceful(Instant::now() + shutdown_timeout));
     }
     None
 }

@@ -1,4 +1,4 @@
-//! Every delivery a processor saw, with its `redelivered` flag and `attempt` (issue 23):
+//! Every delivery a processor saw, with its `redelivered` flag and `attempt`:
 //! read from the `log` processor's per-message lines or from a file an `exec` handler
 //! ([`recorder_command`]) appends to, and checked against what `at=assigned` stated.
 
@@ -260,7 +260,7 @@ pub fn run_repeats(runs: &[(Vec<Delivery>, Vec<String>)]) -> Vec<RunRepeats> {
     out
 }
 
-/// Asserts the guarantee of issue 23 on `runs` (each run's deliveries in order, and its
+/// Asserts docs/guarantees.md's redelivery guarantee on `runs` (each run's deliveries in order, and its
 /// lines): no repeat without the flag, nothing lost, per run and partition no more
 /// repeats than stated and none outside the stated window, and `at=redelivered` counts
 /// that agree with the deliveries ([`redelivered_line_problems`]). Every violation is
@@ -366,7 +366,7 @@ pub fn redelivered_line_problems(
     problems
 }
 
-/// The summary table the closing note of issue 23 quotes: one line per case.
+/// A summary table of the runs: one line per case.
 pub fn summary(case: &str, kills: usize, f: &Findings, rows: &[RunRepeats]) -> String {
     let stated: i64 = rows.iter().filter_map(|r| r.stated).sum();
     let unknown = rows.iter().filter(|r| r.stated.is_none()).count();

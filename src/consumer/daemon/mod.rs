@@ -23,7 +23,7 @@ pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
     let started = Instant::now();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_name("ackd-worker")
+        .thread_name("ackd-runtime")
         .build()
     {
         Ok(rt) => rt,
@@ -33,7 +33,7 @@ pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
         }
     };
     let code = runtime.block_on(run_async(settings, processor));
-    // Workers of an abandoned shutdown may still be parked; they must not hold up exit.
+    // Workers of an abandoned stop may still be parked; they must not hold up exit.
     runtime.shutdown_timeout(Duration::from_millis(100));
     let dropped = crate::output::lines::dropped_lines();
     tracing::info!(

@@ -197,7 +197,7 @@ impl<P: Processor> GroupContext<P> {
     }
 }
 
-/// The shutdown serves a rebalance to commit; what it gets now it will not process (its
+/// The stop serves a rebalance to commit; what it gets now it will not process (its
 /// acks could not be committed by a consumer that is closing).
 fn ignore_while_stopping(tpl: &TopicPartitionList) {
     for e in tpl.elements() {

@@ -2,7 +2,7 @@
 //!
 //! [`GroupContext`] is the rdkafka context of ackd's one consumer. librdkafka calls its
 //! rebalance hooks on the thread that polls the main queue, which is the supervisor's
-//! own thread (never a tokio worker), so they may block:
+//! own thread (never one of the runtime's), so they may block:
 //! - on assign, each new partition gets its own queue (split *before* librdkafka starts
 //!   fetching it, so no message can reach the main queue) and its own worker;
 //! - on revoke, the revoked partitions' workers are told to stop, their in-flight
@@ -269,7 +269,7 @@ pub struct GroupContext<P: Processor> {
     pub auth: crate::consumer::auth::AuthFailures,
     /// Whether the brokers are reachable, as far as librdkafka's errors tell.
     pub connectivity: Connectivity,
-    /// Set when the shutdown begins: partitions assigned after that get no worker.
+    /// Set when the stop begins: partitions assigned after that get no worker.
     pub stopping: AtomicBool,
     /// What the health endpoint reports (kept current even when it is off: it is cheap).
     pub health: Arc<Health>,

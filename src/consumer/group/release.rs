@@ -142,11 +142,11 @@ impl<P: Processor> GroupContext<P> {
     /// not commit) until its deadline, serving the group with `serve` while a commit is
     /// refused for a rebalance in progress.
     ///
-    /// **A revoke while the shutdown serves the group** runs inside `serve` and releases
+    /// **A revoke while the stop serves the group** runs inside `serve` and releases
     /// some of these very partitions itself (commits them under the new generation, logs
-    /// `at=revoked`, sets `released_incomplete` if it could not). The shutdown's commit
+    /// `at=revoked`, sets `released_incomplete` if it could not). The stop's commit
     /// then goes on with what it still owns, and its outcome leaves those out.
-    pub fn shutdown(
+    pub fn release_at_stop(
         &self,
         tps: &[TopicPartition],
         times: StopTimes,
@@ -166,7 +166,7 @@ impl<P: Processor> GroupContext<P> {
         )
     }
 
-    /// Releases `tps`, for a revoke or the shutdown: one drain, one rule, in four steps.
+    /// Releases `tps`, for a revoke or the stop: one drain, one rule, in four steps.
     /// 1. [`GroupContext::drain`]: stop the workers, wait for their in-flight messages
     ///    until `deadlines.drain`.
     /// 2. Commit what they acknowledged until `deadlines.commit`
@@ -262,7 +262,7 @@ impl<P: Processor> GroupContext<P> {
     }
 
     /// Step 3 of a release: after the commit, `tps` are no longer ours. Returns those
-    /// that were still owned (a revoke served during the shutdown's commit may have
+    /// that were still owned (a revoke served during the stop's commit may have
     /// released some already).
     fn forget(
         &self,
@@ -325,7 +325,7 @@ impl<P: Processor> GroupContext<P> {
     ///
     /// A commit refused because a rebalance is under way ([`Refusal::Rebalancing`]) can
     /// succeed once the rebalance is over (Kafka's advice: serve the group, then commit
-    /// again). With [`CommitRetry::Serve`] (the shutdown, which owns the poll loop) that
+    /// again). With [`CommitRetry::Serve`] (the stop, which owns the poll loop) that
     /// is what happens: the partitions stay owned meanwhile, so a revoke that arrives
     /// while serving commits them itself, under the new generation. A commit refused for a
     /// stale member epoch ([`Refusal::StaleEpoch`]) or while the coordinator moves
@@ -374,7 +374,7 @@ impl<P: Processor> GroupContext<P> {
                     retrying.log("commit refused for a stale member epoch: the partitions are still ours; committing again once librdkafka's heartbeat has the current epoch");
                     // librdkafka heartbeats on its own thread (it hastens the next one on
                     // this error): a revoke, which runs inside the rebalance callback, can
-                    // wait for it; the shutdown serves the group meanwhile.
+                    // wait for it; the stop serves the group meanwhile.
                     retry.wait(until, deadline);
                 }
                 // librdkafka finds the new coordinator on its own thread: waiting is enough,
@@ -462,7 +462,7 @@ enum Refusal {
     /// REBALANCE_IN_PROGRESS): once it completes, a member that still owns the
     /// partitions can commit them under the new generation (KIP-429; the Java client
     /// calls these retriable: "complete the rebalance by calling poll() and then retry").
-    /// Only the shutdown, which owns the poll loop, can complete it.
+    /// Only the stop, which owns the poll loop, can complete it.
     Rebalancing,
     /// The consumer protocol's STALE_MEMBER_EPOCH: the member's epoch moved on (a new
     /// assignment) since librdkafka last heard it. The member is still in the group and
@@ -512,7 +512,7 @@ fn coordinator_moving(error: &KafkaError) -> bool {
     )
 }
 
-/// How long the shutdown serves a rebalance before committing again, at first and at most.
+/// How long the stop serves a rebalance before committing again, at first and at most.
 const REBALANCE_WAIT_FIRST: Duration = Duration::from_millis(250);
 const REBALANCE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// How long a revoke waits before committing again, at first (doubling up to the
@@ -523,7 +523,7 @@ const REVOKE_WAIT_FIRST: Duration = Duration::from_millis(50);
 /// How a commit refused for a passing reason is tried again (see [`Refusal`]).
 #[derive(Clone, Copy)]
 pub(super) enum CommitRetry<'a> {
-    /// The shutdown owns the poll loop: it serves the group (this function, until the
+    /// The stop owns the poll loop: it serves the group (this function, until the
     /// instant given) so that a rebalance in progress completes, then commits again.
     Serve(&'a dyn Fn(Instant)),
     /// A revoke runs inside the rebalance callback and cannot serve the group: it only
