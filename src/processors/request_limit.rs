@@ -8,6 +8,7 @@
 //! lowest window mean seen) grows the limit by one, if the limit was used; a 429, a 503
 //! or a timeout, or a window slower than that, shrinks it by [`BACKOFF`], once per
 //! round: answers to requests started before a decrease do not decrease it again.
+//! Near the limit of the last refusal it grows once in [`CAREFUL`] windows.
 //! Why these two signals: an endpoint says it is full only by slowing down or refusing.
 //! Netflix's concurrency-limits (its AIMD and gradient limiters) and Envoy's adaptive
 //! concurrency filter (a gradient against a measured minimum round trip) read the same
@@ -25,6 +26,9 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 const TOLERANCE: f64 = 2.0;
 /// What a decrease multiplies the limit by (Netflix's AIMD default).
 const BACKOFF: f64 = 0.9;
+/// Near the limit where the endpoint last refused, the limit grows once in this many
+/// windows: each probe past that point costs a refused request.
+const CAREFUL: u32 = 4;
 /// Where an adaptive limit starts (or at its maximum, if lower): low, so that a small
 /// endpoint is not flooded before the first window says how it copes.
 const INITIAL: usize = 4;
@@ -63,6 +67,10 @@ struct State {
     /// Decreases so far: a request remembers the count it started under.
     round: u64,
     window: Window,
+    /// The limit at the last refusal (429, 503, timeout), until the limit passes it.
+    ceiling: Option<f64>,
+    /// Windows that held since the last careful increase.
+    held: u32,
 }
 
 #[derive(Default)]
@@ -101,6 +109,8 @@ impl RequestLimit {
                 base: None,
                 round: 0,
                 window: Window::default(),
+                ceiling: None,
+                held: 0,
             }),
             gauge: gauge.filter(|_| settings.adaptive),
         };
@@ -188,6 +198,19 @@ impl RequestLimit {
             }
         } else if used && state.granted < self.settings.max {
             let limit = (state.limit + 1.0).min(self.settings.max as f64);
+            if let Some(ceiling) = state.ceiling {
+                if limit >= ceiling {
+                    state.held += 1;
+                    if state.held < CAREFUL {
+                        return;
+                    }
+                    state.held = 0;
+                }
+                if limit >= ceiling + 1.0 {
+                    // Past it without a refusal: the endpoint has more room now.
+                    state.ceiling = None;
+                }
+            }
             self.resize(state, limit);
         }
     }
@@ -198,6 +221,8 @@ impl RequestLimit {
         }
         let mut state = self.lock();
         if round == state.round {
+            state.ceiling = Some(state.limit);
+            state.held = 0;
             self.decrease(&mut state);
         }
     }
@@ -314,7 +339,18 @@ mod tests {
         assert_eq!(limit.current(), 18);
         cohort[1].overloaded();
         assert_eq!(limit.current(), 18, "same round: no second decrease");
+        // Refused at 20: back up to 19 at once, then once in 4 windows.
         drop(cohort);
+        windows(&limit, 1, |_| 10).await;
+        assert_eq!(limit.current(), 19);
+        windows(&limit, 3, |_| 10).await;
+        assert_eq!(limit.current(), 19, "careful near the refusal");
+        windows(&limit, 1, |_| 10).await;
+        assert_eq!(limit.current(), 20);
+        windows(&limit, 4, |_| 10).await;
+        assert_eq!(limit.current(), 21);
+        windows(&limit, 1, |_| 10).await;
+        assert_eq!(limit.current(), 22, "past it: the endpoint has room");
         for _ in 0..100 {
             limit.acquire().await.overloaded();
         }
