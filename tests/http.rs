@@ -111,6 +111,8 @@ type Responder = dyn Fn(&Request, usize) -> Response + Send + Sync;
 #[derive(Default)]
 struct Recorded {
     requests: Mutex<Vec<Request>>,
+    /// Requests so far per message (partition, offset): what the responder is told.
+    counts: Mutex<std::collections::HashMap<(i32, i64), usize>>,
     changed: Condvar,
 }
 
@@ -191,9 +193,12 @@ fn serve(conn: TcpStream, recorded: &Recorded, respond: &Responder) {
             at: Instant::now(),
         };
         let before = {
-            let mut reqs = recorded.requests.lock().unwrap();
             let pos = request.position();
-            let before = reqs.iter().filter(|r| r.position() == pos).count();
+            let mut reqs = recorded.requests.lock().unwrap();
+            let mut counts = recorded.counts.lock().unwrap();
+            let seen = counts.entry(pos).or_default();
+            let before = *seen;
+            *seen += 1;
             reqs.push(request.clone());
             recorded.changed.notify_all();
             before
@@ -1179,4 +1184,252 @@ fn a_retried_http_batch_says_so_in_its_headers_and_for_each_message() {
         processed(&lines),
         (0..10).map(|o| (0, o)).collect::<Vec<_>>()
     );
+}
+
+// ---- adaptive concurrency, Retry-After for the whole pool, trace context ----
+
+/// An endpoint that serves 20 requests at once and answers 429 above that, each taking
+/// 5 ms plus 0.5 ms per request in flight (its latency grows with load). With
+/// `ACKD_HTTP_CONCURRENCY_MODE=adaptive` (up to 64) and 64 calls wanted at once (4
+/// partitions, 16 each), the limit on the summary lines settles near 20 (within 10 to
+/// 21 after its first second), few requests get a 429, and every message is processed
+/// once and committed.
+#[test]
+fn adaptive_concurrency_settles_near_the_endpoints_capacity() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let (topic, group) = fresh_topic("http-adaptive", 4);
+    let (in_flight, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (busy, no) = (in_flight.clone(), refused.clone());
+    let endpoint = Endpoint::start(move |_, _| {
+        let n = busy.fetch_add(1, SeqCst) + 1;
+        let response = if n > 20 {
+            no.fetch_add(1, SeqCst);
+            status(429, "full")
+        } else {
+            thread::sleep(Duration::from_micros(5_000 + 500 * n as u64));
+            ok()
+        };
+        busy.fetch_sub(1, SeqCst);
+        response
+    });
+    let n = 6000;
+    let delivered = produce_keyed(&topic, n, 0);
+    let health = free_port();
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_HEALTH_PORT", health.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .env("ACKD_HTTP_BODY", "raw")
+        .env("ACKD_HTTP_CONCURRENCY", "64")
+        .env("ACKD_HTTP_CONCURRENCY_MODE", "adaptive")
+        .env("ACKD_ORDERING", "none")
+        .env("ACKD_CONCURRENCY", "16")
+        .env("ACKD_METRICS_INTERVAL_MS", "250")
+        .spawn();
+    ackd.wait_for_count(is_processed, n, Duration::from_secs(180));
+    let scraped = metrics_page(health);
+    let scraped: u64 = scraped
+        .lines()
+        .find_map(|l| l.strip_prefix("ackd_http_limit "))
+        .unwrap_or_else(|| panic!("no ackd_http_limit on /metrics:\n{scraped}"))
+        .parse()
+        .unwrap();
+    assert!((1..=64).contains(&scraped), "{scraped}");
+    let lines = ackd.stop(0, WAIT);
+    // The limit of each summary with requests answered in its interval.
+    let limits: Vec<u64> = lines
+        .iter()
+        .filter(|l| at(l, "summary") && field(l, "count#ackd.processed").as_deref() != Some("0"))
+        .filter_map(|l| field(l, "sample#ackd.http.limit")?.parse().ok())
+        .collect();
+    assert!(limits.len() > 4, "{limits:?}");
+    let settled = &limits[4..];
+    let mut sorted = settled.to_vec();
+    sorted.sort_unstable();
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+    let requests = endpoint.requests().len();
+    let refused = refused.load(SeqCst);
+    eprintln!(
+        "adaptive: limits={limits:?} median={median} requests={requests} refused_429={refused}"
+    );
+    assert!(
+        limits.iter().any(|l| *l >= 12),
+        "the limit grew: {limits:?}"
+    );
+    assert!((10..=21).contains(&median), "{limits:?}");
+    assert!(
+        settled.iter().all(|l| *l <= 24),
+        "never far above the capacity: {limits:?}"
+    );
+    assert!(
+        refused * 100 <= requests * 3,
+        "{refused} of {requests} requests answered 429"
+    );
+    let counts = processed_counts(&lines);
+    assert_eq!(counts.len(), n);
+    assert!(counts.values().all(|c| *c == 1), "each processed once");
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
+}
+
+/// 4 partitions and 4 requests at once (fixed): one request, the 30th, gets a 429 with
+/// `Retry-After: 1`. In the second after the endpoint answered it, only requests ackd
+/// had sent before it read the answer arrive: at most one per other partition (each
+/// has at most one in flight), none of the refused message's partition. Every message
+/// is processed once.
+#[test]
+fn a_retry_after_holds_back_every_request_to_the_endpoint() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let (topic, group) = fresh_topic("http-pause", 4);
+    let count = Arc::new(AtomicUsize::new(0));
+    let refused_at: Arc<Mutex<Option<(Instant, i32)>>> = Arc::default();
+    let (c, at_) = (count.clone(), refused_at.clone());
+    let endpoint = Endpoint::start(move |r, _| {
+        if c.fetch_add(1, SeqCst) == 29 {
+            *at_.lock().unwrap() = Some((Instant::now(), r.position().0));
+            let mut resp = status(429, "slow down");
+            resp.headers.push(("Retry-After".into(), "1".into()));
+            return resp;
+        }
+        Response {
+            delay: Duration::from_millis(2),
+            ..ok()
+        }
+    });
+    let n = 200;
+    let delivered = produce_keyed(&topic, n, 0);
+    let ackd = http_ackd(&topic, &group, &endpoint.url())
+        .env("ACKD_HTTP_CONCURRENCY", "4")
+        .env("ACKD_RETRY_MAX_MS", "5000")
+        .spawn();
+    ackd.wait_for_count(is_processed, n, WAIT);
+    let lines = ackd.stop(0, WAIT);
+    let (refused, partition) = refused_at.lock().unwrap().expect("a 429 was sent");
+    let within: Vec<(i32, i64)> = endpoint
+        .requests()
+        .iter()
+        .filter(|r| r.at > refused && r.at < refused + Duration::from_secs(1))
+        .map(Request::position)
+        .collect();
+    eprintln!("within the Retry-After: {within:?}");
+    let mut partitions: Vec<i32> = within.iter().map(|p| p.0).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    assert!(
+        within.len() <= 3 && partitions.len() == within.len(),
+        "{within:?}"
+    );
+    assert!(!partitions.contains(&partition), "{within:?}");
+    let counts = processed_counts(&lines);
+    assert_eq!(counts.len(), n);
+    assert!(counts.values().all(|c| *c == 1));
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
+}
+
+/// A message's `traceparent` and `tracestate` Kafka headers arrive as HTTP headers of
+/// the same names, with raw and json bodies; a message without them sends none.
+#[test]
+fn trace_context_headers_become_http_headers() {
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const STATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+    for body in ["raw", "json"] {
+        let (topic, group) = fresh_topic(&format!("http-trace-{body}"), 1);
+        let endpoint = Endpoint::start(|_, _| ok());
+        let traced: &[(&str, &[u8])] = &[
+            ("traceparent", PARENT.as_bytes()),
+            ("tracestate", STATE.as_bytes()),
+        ];
+        produce_values(&topic, &[(None, b"a", traced), (None, b"b", &[])]);
+        let ackd = http_ackd(&topic, &group, &endpoint.url())
+            .env("ACKD_HTTP_BODY", body)
+            .spawn();
+        ackd.wait_for_count(is_processed, 2, WAIT);
+        ackd.stop(0, WAIT);
+        let requests = endpoint.requests();
+        assert_eq!(requests.len(), 2, "{body}");
+        assert_eq!(requests[0].header("traceparent"), Some(PARENT), "{body}");
+        assert_eq!(requests[0].header("tracestate"), Some(STATE), "{body}");
+        assert_eq!(requests[1].header("traceparent"), None, "{body}");
+        assert_eq!(requests[1].header("tracestate"), None, "{body}");
+    }
+}
+
+/// Adaptive mode keeps the stop's promise: 6 partitions against an endpoint that takes
+/// 1 s, the limit at its start (4). On SIGTERM the requests sent are answered,
+/// acknowledged and committed (exit 0, drain complete); those waiting for a permit are
+/// dropped unsent. A restart posts the rest: each message posted once.
+#[test]
+fn sigterm_in_adaptive_mode_drains_the_requests_sent_and_drops_those_waiting() {
+    let (topic, group) = fresh_topic("http-adaptive-stop", 6);
+    let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let endpoint = slow_until_fast(&fast);
+    let values: Vec<(i32, String)> = (0..6)
+        .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
+        .collect();
+    let records: Vec<common::produce::Record<'_>> = values
+        .iter()
+        .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(&topic, &records);
+    let adaptive = || {
+        http_ackd(&topic, &group, &endpoint.url())
+            .env("ACKD_HTTP_CONCURRENCY_MODE", "adaptive")
+            .env("ACKD_HTTP_CONCURRENCY", "64")
+            .env("ACKD_HTTP_TIMEOUT_MS", "3000")
+            .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
+    };
+    let first = adaptive().spawn();
+    first.wait_for_count(is_processed, 4, WAIT);
+    let lines = first.stop(0, WAIT);
+    assert!(
+        lines
+            .iter()
+            .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true")),
+        "{}",
+        lines.join("\n")
+    );
+    let mut acked = processed(&lines);
+    acked.sort_unstable();
+    let mut posted: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
+    posted.sort_unstable();
+    assert_eq!(posted, acked, "every request posted was acknowledged");
+    let committed_first = committed(&group, &topic, 6);
+    for p in 0..6 {
+        let n = acked.iter().filter(|a| a.0 == p).count() as i64;
+        assert_eq!(committed_first[&p], Some(n), "partition {p}");
+    }
+
+    fast.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = adaptive().spawn();
+    second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
+    second.stop(0, WAIT);
+    let mut all: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
+    all.sort_unstable();
+    let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();
+    assert_eq!(all, expected, "each posted exactly once");
+}
+
+/// An `ACKD_HTTP_CONCURRENCY_MODE` other than fixed or adaptive is a configuration
+/// error naming it (exit 78).
+#[test]
+fn a_bad_concurrency_mode_is_a_configuration_error() {
+    let ackd = AckdBuilder::new("t", "g")
+        .env("ACKD_PROCESSOR", "http")
+        .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
+        .env("ACKD_HTTP_CONCURRENCY_MODE", "auto")
+        .spawn();
+    let line = ackd.assert_config_error("ACKD_HTTP_CONCURRENCY_MODE", WAIT);
+    assert!(line.contains("adaptive"), "{line}");
+}
+
+/// The `/metrics` page of the health endpoint on `port`.
+fn metrics_page(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut page = String::new();
+    s.read_to_string(&mut page).expect("read /metrics");
+    page
 }

@@ -474,6 +474,17 @@ fn mean_p99(h: &Histogram<u64>) -> (Option<String>, Option<String>) {
     )
 }
 
+/// The `http` processor's adaptive in-flight limit (`ACKD_HTTP_CONCURRENCY_MODE=adaptive`)
+/// as it moves: the summary's `sample#http.limit`, `/metrics`' `<prefix>_http_limit`.
+/// Process-wide, as the processor is: it stores, the summary and the scrape read, and
+/// no one waits. 0 while no limit adapts: the line and the page leave it out.
+pub static HTTP_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// [`HTTP_LIMIT`], when a limit adapts.
+pub fn http_limit() -> Option<u64> {
+    Some(HTTP_LIMIT.load(Ordering::Relaxed)).filter(|l| *l > 0)
+}
+
 /// What the workers hold now.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct InFlight {
@@ -515,6 +526,7 @@ pub fn emit_summary(
         "measure#commit.duration.mean" = commit_mean.as_deref(),
         "measure#commit.duration.p99" = commit_p99.as_deref(),
         "sample#in_flight" = in_flight.calls as u64,
+        "sample#http.limit" = http_limit(),
         "sample#waiting" = in_flight.waiting.map(|w| w as u64),
         "sample#partitions" = partitions as u64,
         "sample#partitions.halted" = halted as u64,

@@ -1,9 +1,11 @@
 //! The `http` processor: every message POSTed to `ACKD_HTTP_URL`.
 //!
 //! - One [`reqwest::Client`] (a pool of keep-alive connections), at most
-//!   `ACKD_HTTP_CONCURRENCY` requests in flight (a semaphore). The partition workers
-//!   send a message only after the previous one of its partition (or of its key, with
-//!   `ACKD_ORDERING=key`) was answered, so that order holds with any concurrency.
+//!   `ACKD_HTTP_CONCURRENCY` requests in flight, or with
+//!   `ACKD_HTTP_CONCURRENCY_MODE=adaptive` a limit up to it that follows the endpoint's
+//!   capacity ([`RequestLimit`]). The partition workers send a message only after the
+//!   previous one of its partition (or of its key, with `ACKD_ORDERING=key`) was
+//!   answered, so that order holds with any concurrency.
 //! - Body `json` (default): the object of [`super::json`] (the exec processor's request
 //!   line), `Content-Type: application/json`. Body `raw`: the value bytes,
 //!   `Content-Type: application/octet-stream`, metadata in `Ackd-*` headers (see
@@ -13,8 +15,11 @@
 //!   and the batch's attempt.
 //! - `ACKD_HTTP_HEADERS` are added to every request; their values are secrets (marked
 //!   sensitive, registered with [`crate::config::secret`], redacted from failure reasons).
+//! - A message's W3C trace context (`traceparent`, `tracestate` Kafka headers) goes
+//!   as the request's headers of the same names ([`trace_headers`]), in both bodies.
 //! - 2xx acks. 408, 429, 5xx, timeouts and connection errors are retryable, with the
-//!   response's `Retry-After` (seconds or an HTTP-date) as the least wait. Any other
+//!   response's `Retry-After` (seconds or an HTTP-date) as the least wait; on a 429 or
+//!   a 503 it also holds back every request to the endpoint, not only that message's. Any other
 //!   status (other 4xx, and 3xx: redirects are not followed) fails permanently. A
 //!   failure's reason is the status and at most 200 bytes of the response body.
 //! - A batch's refusal names its failed message in an `Ackd-Failed-Offset` header (the
@@ -23,14 +28,14 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use tokio::sync::Semaphore;
-
 use crate::config::error::SettingError;
 use crate::config::secret::REDACTED;
-use crate::config::settings::{shown_url, HttpBody, HttpSettings};
+use crate::config::settings::{shown_url, ConcurrencyMode, HttpBody, HttpSettings};
+use crate::output::metrics::HTTP_LIMIT;
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
+use crate::processors::request_limit::{LimitSettings, Permit, RequestLimit};
+use base64::Engine as _;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
 /// Bytes of a response body a failure's reason shows at most.
 const BODY_EXCERPT: usize = 200;
@@ -45,7 +50,7 @@ pub struct Http {
     headers: HeaderMap,
     /// The values of `ACKD_HTTP_HEADERS`, removed from any failure reason.
     secrets: Vec<String>,
-    permits: Semaphore,
+    limit: RequestLimit,
 }
 
 impl fmt::Debug for Http {
@@ -54,6 +59,8 @@ impl fmt::Debug for Http {
             .field("url", &self.settings.url)
             .field("body", &self.settings.body)
             .field("concurrency", &self.settings.concurrency)
+            .field("concurrency_mode", &self.settings.concurrency_mode)
+            .field("limit", &self.limit.current())
             .field("timeout", &self.settings.timeout)
             .finish()
     }
@@ -89,6 +96,7 @@ impl Http {
             url = shown_url(&settings.url.0),
             body = settings.body.as_str(),
             concurrency = settings.concurrency,
+            concurrency_mode = settings.concurrency_mode.as_str(),
             timeout_ms = settings.timeout.as_millis() as u64,
             // Names only: the values are secrets.
             headers = settings
@@ -107,17 +115,25 @@ impl Http {
                 .filter(|v| !v.is_empty())
                 .collect(),
             headers,
-            permits: Semaphore::new(settings.concurrency),
+            limit: RequestLimit::new(
+                LimitSettings {
+                    adaptive: settings.concurrency_mode == ConcurrencyMode::Adaptive,
+                    max: settings.concurrency,
+                    pause_max: settings.pause_max,
+                },
+                Some(&HTTP_LIMIT),
+            ),
             settings,
         })
     }
 
     pub async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
         let raw = self.settings.body == HttpBody::Raw;
-        let (content_type, metadata) = match raw {
+        let (content_type, mut metadata) = match raw {
             false => ("application/json", Vec::new()),
             true => ("application/octet-stream", raw_headers(message)),
         };
+        metadata.extend(trace_headers(message));
         let body = || match raw {
             false => super::json::encode(message),
             true => message.payload().unwrap_or_default().to_vec(),
@@ -155,14 +171,10 @@ impl Http {
             error,
             offset: None,
         };
-        // The call starts when it has a permit, not while it waits for one.
+        // The call starts when it has a permit, not while it waits for one (or for a
+        // Retry-After's pause to pass).
         let queued = queued();
-        // Never closed: acquire fails only if it were.
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| refused(ProcessError::retryable("http processor is stopped")))?;
+        let permit = self.limit.acquire().await;
         // Declared after the permit, so dropped before it: the call ends before the
         // permit is free for the next one.
         let Some(_taken) = queued.take() else {
@@ -176,9 +188,12 @@ impl Http {
         let response = match request.send().await {
             Ok(r) => r,
             Err(e) => {
+                if e.is_timeout() {
+                    permit.overloaded();
+                }
                 return Err(refused(ProcessError::retryable(
                     self.redact(self.describe(&e)),
-                )))
+                )));
             }
         };
         let status = response.status();
@@ -187,9 +202,11 @@ impl Http {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        self.overload(&permit, status, retry_after);
         let failed_offset = failed_offset(response.headers());
         let body = read_start(response).await;
         if status.is_success() {
+            permit.succeeded();
             return Ok(());
         }
         Err(Refused {
@@ -198,22 +215,36 @@ impl Http {
         })
     }
 
+    /// A 429 or a 503 says the endpoint is full: the limit shrinks, and its Retry-After
+    /// holds back every request, not only the one it answered.
+    fn overload(&self, permit: &Permit<'_>, status: reqwest::StatusCode, after: Option<Duration>) {
+        if !matches!(status.as_u16(), 429 | 503) {
+            return;
+        }
+        permit.overloaded();
+        if let Some(after) = after {
+            self.limit.pause(after);
+        }
+    }
+
     /// The POST of `body`: the configured headers, the request's own (`metadata`: its
-    /// delivery, and a raw body's metadata), and `content_type` unless ACKD_HTTP_HEADERS
-    /// gives one.
+    /// delivery, a raw body's metadata, the trace context, each replacing a configured
+    /// header of its name), and `content_type` unless ACKD_HTTP_HEADERS gives one.
     fn request(
         &self,
         content_type: &'static str,
         body: Vec<u8>,
         (delivery, metadata): (Delivery, Vec<(&'static str, HeaderValue)>),
     ) -> reqwest::RequestBuilder {
+        let mut own = HeaderMap::new();
+        for (name, value) in delivery.headers().into_iter().chain(metadata) {
+            own.insert(HeaderName::from_static(name), value);
+        }
         let mut request = self
             .client
             .post(self.settings.url.0.clone())
-            .headers(self.headers.clone());
-        for (name, value) in delivery.headers().into_iter().chain(metadata) {
-            request = request.header(name, value);
-        }
+            .headers(self.headers.clone())
+            .headers(own);
         // ACKD_HTTP_HEADERS may give the bodies their own Content-Type.
         if !self.headers.contains_key(CONTENT_TYPE) {
             request = request.header(CONTENT_TYPE, content_type);
@@ -420,6 +451,29 @@ pub fn raw_headers(m: &Message<'_>) -> Vec<(&'static str, HeaderValue)> {
         h.push(("ackd-headers", text_value(&ascii_json(&json))));
     }
     h
+}
+
+/// The W3C trace context headers a message's Kafka headers may carry.
+const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// A message's W3C trace context as request headers: its first Kafka header named
+/// `traceparent` (any case), and `tracestate`, each when it has a value that is a valid
+/// HTTP header value, as it is (the endpoint's tracing judges it). A batch carries
+/// none: its messages may belong to different traces, and each one's headers are in
+/// the body.
+pub fn trace_headers(m: &Message<'_>) -> Vec<(&'static str, HeaderValue)> {
+    let mut out = Vec::new();
+    for name in TRACE_HEADERS {
+        let value = m
+            .headers()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| h.value)
+            .and_then(|v| HeaderValue::from_bytes(v).ok());
+        if let Some(value) = value {
+            out.push((name, value));
+        }
+    }
+    out
 }
 
 /// A header value from text that is printable ASCII (topic names, base64, escaped JSON).

@@ -7,6 +7,7 @@ pub mod exec;
 pub mod http;
 pub mod json;
 pub mod processor;
+pub(crate) mod request_limit;
 
 use std::sync::Arc;
 use std::time::Instant;

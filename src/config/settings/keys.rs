@@ -232,7 +232,12 @@ pub(super) const KEYS: &[Key] = &[
     Key {
         key: "http_concurrency",
         required: None,
-        help: "http: requests in flight at most (1-1024)",
+        help: "http: requests in flight at most (1-1024); with adaptive, the limit's upper bound",
+    },
+    Key {
+        key: "http_concurrency_mode",
+        required: None,
+        help: "http: fixed | adaptive: a limit that grows while the endpoint keeps up and shrinks on 429, 503, timeouts or rising latency",
     },
     Key {
         key: "http_timeout_ms",

@@ -31,7 +31,7 @@ pub use validate::exec::{ExecSettings, MAX_EXEC_LINE_BYTES};
 pub use validate::failure::FailureSettings;
 pub use validate::group::{GroupProtocol, GroupSettings, StartFrom};
 pub(crate) use validate::http::shown_url;
-pub use validate::http::{HttpBody, HttpSettings, HttpUrl};
+pub use validate::http::{ConcurrencyMode, HttpBody, HttpSettings, HttpUrl};
 pub use validate::memory::{MemorySetting, MAX_MEMORY_MB};
 pub use validate::processing::{
     BatchSettings, ConcurrencySettings, ProcessingOrder, MAX_BATCH, MAX_BATCH_BYTES,

@@ -105,7 +105,14 @@ fn gauges(out: &mut String, p: &str, scrape: &Scrape<'_>) {
             scrape.halted,
         ),
     ];
-    for (name, help, value) in gauges {
+    let limit = crate::output::metrics::http_limit().map(|l| {
+        (
+            "http_limit",
+            "The http processor's in-flight limit as it adapts (ACKD_HTTP_CONCURRENCY_MODE=adaptive).",
+            l,
+        )
+    });
+    for (name, help, value) in gauges.into_iter().chain(limit) {
         let _ = writeln!(out, "# HELP {p}_{name} {help}");
         let _ = writeln!(out, "# TYPE {p}_{name} gauge");
         let _ = writeln!(out, "{p}_{name} {value}");

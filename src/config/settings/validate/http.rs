@@ -20,8 +20,13 @@ pub struct HttpSettings {
     /// `ACKD_HTTP_HEADERS`: added to every request (`Name: value` lines). The values are
     /// secrets (an auth token): never shown.
     pub headers: Vec<(String, Secret)>,
-    /// `ACKD_HTTP_CONCURRENCY`: requests in flight at most.
+    /// `ACKD_HTTP_CONCURRENCY`: requests in flight at most (the adaptive limit's bound).
     pub concurrency: usize,
+    /// `ACKD_HTTP_CONCURRENCY_MODE`: whether the limit finds the endpoint's capacity.
+    pub concurrency_mode: ConcurrencyMode,
+    /// `ACKD_RETRY_MAX_MS`: the longest a `Retry-After` holds every request back, as a
+    /// message waits no longer for its own retry.
+    pub pause_max: Duration,
     /// `ACKD_HTTP_TIMEOUT_MS`: how long one request may take, response body included.
     pub timeout: Duration,
 }
@@ -40,6 +45,25 @@ impl HttpBody {
         match self {
             HttpBody::Json => "json",
             HttpBody::Raw => "raw",
+        }
+    }
+}
+
+/// `ACKD_HTTP_CONCURRENCY_MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConcurrencyMode {
+    /// `ACKD_HTTP_CONCURRENCY` requests in flight at most, always.
+    Fixed,
+    /// A limit that grows while the endpoint keeps up and shrinks when it does not, up
+    /// to `ACKD_HTTP_CONCURRENCY` (src/processors/request_limit.rs).
+    Adaptive,
+}
+
+impl ConcurrencyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConcurrencyMode::Fixed => "fixed",
+            ConcurrencyMode::Adaptive => "adaptive",
         }
     }
 }
@@ -78,12 +102,27 @@ impl HttpSettings {
             1..=1024,
             "expected a whole number from 1 to 1024",
         )?;
+        let concurrency_mode = match raw.get("http_concurrency_mode").to_ascii_lowercase().as_str()
+        {
+            "fixed" => ConcurrencyMode::Fixed,
+            "adaptive" => ConcurrencyMode::Adaptive,
+            _ => {
+                return Err(raw.error(
+                    "http_concurrency_mode",
+                    "expected fixed (ACKD_HTTP_CONCURRENCY requests in flight) or adaptive (a limit that finds the endpoint's capacity, up to ACKD_HTTP_CONCURRENCY)",
+                ))
+            }
+        };
         let timeout = timeout(raw)?;
+        // Checked with the failure settings; read here for the pause's cap.
+        let pause_max = raw.millis("retry_max_ms", 1, 3_600_000)?;
         Ok(url.map(|url| HttpSettings {
             url,
             body,
             headers,
             concurrency,
+            concurrency_mode,
+            pause_max,
             timeout,
         }))
     }
@@ -220,7 +259,9 @@ mod tests {
                 "Authorization: Bearer hunter2-token\r\n\nX-Tenant:  acme \n",
             ),
             ("ACKD_HTTP_CONCURRENCY", "4"),
+            ("ACKD_HTTP_CONCURRENCY_MODE", "Adaptive"),
             ("ACKD_HTTP_TIMEOUT_MS", "1500"),
+            ("ACKD_RETRY_MAX_MS", "7000"),
         ]))
         .unwrap();
         let http = s.http.as_ref().unwrap();
@@ -231,6 +272,8 @@ mod tests {
         assert_eq!(http.headers[0].1.expose(), "Bearer hunter2-token");
         assert_eq!(http.headers[1].1.expose(), "acme");
         assert_eq!(http.concurrency, 4);
+        assert_eq!(http.concurrency_mode, ConcurrencyMode::Adaptive);
+        assert_eq!(http.pause_max, Duration::from_secs(7));
         assert_eq!(http.timeout, Duration::from_millis(1500));
         assert!(!format!("{s:?}").contains("hunter2"));
         assert!(s
@@ -243,6 +286,7 @@ mod tests {
         let http = s.http.unwrap();
         assert_eq!((http.body, http.headers.len()), (HttpBody::Json, 0));
         assert_eq!(http.concurrency, 16);
+        assert_eq!(http.concurrency_mode, ConcurrencyMode::Fixed);
         assert_eq!(http.timeout, Duration::from_secs(15));
 
         for bad in [
@@ -268,5 +312,8 @@ mod tests {
             err(&[("ACKD_HTTP_CONCURRENCY", "0")]).setting,
             "ACKD_HTTP_CONCURRENCY"
         );
+        let e = err(&[("ACKD_HTTP_CONCURRENCY_MODE", "auto")]);
+        assert_eq!(e.setting, "ACKD_HTTP_CONCURRENCY_MODE");
+        assert!(e.to_string().contains("fixed") && e.to_string().contains("adaptive"));
     }
 }
