@@ -10,10 +10,9 @@ use tokio::sync::watch;
 
 use super::config::WorkerConfig;
 use super::progress::Progress;
-use super::redelivery::Flagging;
-use super::resume::Resume;
 use super::shared::WorkerShared;
 use crate::config::settings::ProcessingOrder;
+use crate::consumer::handover::{Flagging, Resume};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
 use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::Processor;
@@ -51,7 +50,7 @@ pub(super) async fn consume<C, P>(
         .clone()
         .unwrap_or_else(|| topic.clone());
     let Resume {
-        committed: resume,
+        resume_from,
         acked,
         window,
         ..
@@ -59,12 +58,19 @@ pub(super) async fn consume<C, P>(
     let mut worker = Worker {
         messages: queue.messages(config.taken_max_bytes),
         held: None,
-        progress: Progress::new(shared, (&topic, partition), &source, &config, resume, acked),
+        progress: Progress::new(
+            shared,
+            (&topic, partition),
+            &source,
+            &config,
+            resume_from,
+            acked,
+        ),
         config: &config,
         shared,
         topic: &topic,
         partition,
-        resume,
+        resume_from,
         stop,
         rng: fastrand::Rng::new(),
         ready: 0,
@@ -125,7 +131,8 @@ pub(super) struct Worker<'a, P> {
     pub(super) shared: &'a WorkerShared,
     pub(super) topic: &'a Arc<str>,
     pub(super) partition: i32,
-    pub(super) resume: Option<i64>,
+    /// The committed offset the assignment resumed from, if any.
+    pub(super) resume_from: Option<i64>,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) rng: fastrand::Rng,
     /// Messages taken in a row without waiting for the queue (see `read::YIELD_EVERY`).

@@ -10,8 +10,7 @@
 //! (the state machine: read, halt, end, stop), `read` (the queue, one message at a time),
 //! `batch` (gathering batches), `concurrent` (`ACKD_ORDERING=key`/`none`), `handler` (the
 //! processor call) and `failure` (retries and the failure policy), `progress` (offsets
-//! between queue and commit, with `gaps` and `fetch_error`), `resume` (where the
-//! partition starts), `shared` (what the supervisor and health endpoint read), `hold`.
+//! between queue and commit, with `gaps` and `fetch_error`), `shared` (what the supervisor and health endpoint read), `hold`.
 
 mod batch;
 mod concurrent;
@@ -25,14 +24,9 @@ pub(crate) mod hold;
 mod latch;
 mod progress;
 mod read;
-mod redelivery;
-mod resume;
 mod shared;
-mod skip;
 mod start;
 
 pub use config::{Batching, Concurrency, WorkerConfig};
-pub use redelivery::RedeliveryWindow;
-pub use resume::Resume;
 pub use shared::WorkerShared;
 pub use start::{spawn, Predecessor, WorkerHandle};

@@ -10,8 +10,8 @@ use super::config::WorkerConfig;
 use super::gaps::GapLines;
 use super::handler::Acks;
 use super::shared::WorkerShared;
-use super::skip::Skip;
 use crate::config::failure::OnFailure;
+use crate::consumer::handover::Skip;
 use crate::consumer::tracker::OffsetTracker;
 use crate::fetched_message::FetchedMessage;
 use crate::output::metrics;
@@ -59,7 +59,7 @@ pub(super) struct Progress<'a> {
     pub(super) source: &'a str,
     pub(super) log_messages: bool,
     /// The committed offset the assignment resumed from, if any.
-    pub(super) resume: Option<i64>,
+    pub(super) resume_from: Option<i64>,
     pub(super) on_failure: OnFailure,
     /// A fetch error since the last message: offsets missing after it may be messages
     /// librdkafka could not read, not offsets that hold none.
@@ -71,13 +71,13 @@ pub(super) struct Progress<'a> {
 
 impl<'a> Progress<'a> {
     /// The partition's offsets as its assignment starts, from the committed offset
-    /// `resume`; `acked`: the ranges its previous owner acknowledged above it.
+    /// `resume_from`; `acked`: the ranges its previous owner acknowledged above it.
     pub(super) fn new<P>(
         shared: &'a WorkerShared,
         (topic, partition): (&'a str, i32),
         source: &'a str,
         config: &WorkerConfig<P>,
-        resume: Option<i64>,
+        resume_from: Option<i64>,
         acked: Vec<(i64, i64)>,
     ) -> Self {
         Progress {
@@ -87,7 +87,7 @@ impl<'a> Progress<'a> {
             partition,
             source,
             log_messages: config.log_messages,
-            resume,
+            resume_from,
             on_failure: config.on_failure,
             fetch_error: None,
             gaps: GapLines::default(),
@@ -103,7 +103,7 @@ impl Progress<'_> {
         self.tracker
             .last_dispatched()
             .map(|o| o + 1)
-            .or(self.resume)
+            .or(self.resume_from)
     }
 
     /// `offset` goes to the processor. `Err(at)` (logged): it may not, and the
@@ -215,7 +215,7 @@ pub(super) mod testing {
             partition: 0,
             source: "t",
             log_messages: false,
-            resume: Some(0),
+            resume_from: Some(0),
             on_failure,
             fetch_error: None,
             gaps: GapLines::default(),

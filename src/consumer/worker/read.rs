@@ -11,8 +11,8 @@ use rdkafka::error::{KafkaError, KafkaResult};
 
 use super::consume::{Step, Worker};
 use super::handler::{Handled, Handler};
-use super::resume::resumed;
 use super::shared::NONE;
+use crate::consumer::handover::resumed;
 use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
 
@@ -55,14 +55,21 @@ impl<'a, P: Processor> Worker<'a, P> {
     pub(super) fn note_first(&mut self, offset: i64) {
         if self.first {
             self.first = false;
-            resumed(
-                self.shared,
-                self.topic,
-                self.partition,
-                self.resume,
+            self.shared.first_offset.store(offset, Ordering::Release);
+            let (topic, partition) = (self.topic, self.partition);
+            if resumed(
+                topic,
+                partition,
+                self.resume_from,
                 offset,
                 &mut self.progress.skip,
-            );
+            ) {
+                self.shared
+                    .acked_above
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+            }
         }
     }
 

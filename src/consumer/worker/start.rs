@@ -10,8 +10,8 @@ use tokio::sync::watch;
 
 use super::config::WorkerConfig;
 use super::consume::consume;
-use super::resume::Resume;
 use super::shared::{SetOnDrop, WorkerShared};
+use crate::consumer::handover::Resume;
 use crate::consumer::partition_queue::PartitionQueue;
 use crate::processors::processor::Processor;
 
