@@ -30,7 +30,7 @@ pub struct LimitPolicy {
     /// `ACKD_COMMIT_INTERVAL_MS`: the window is about two of them.
     pub commit_interval: Duration,
     /// Notified when a worker wants its limit raised now: the supervisor commits.
-    pub wanted: Arc<Notify>,
+    pub commit_wanted: Arc<Notify>,
 }
 
 /// The defaults (`ACKD_REDELIVERY_WINDOW_MAX`, `ACKD_COMMIT_INTERVAL_MS`), for a worker
@@ -40,7 +40,7 @@ impl Default for LimitPolicy {
         LimitPolicy {
             window_max: 100_000,
             commit_interval: Duration::from_secs(5),
-            wanted: Arc::new(Notify::new()),
+            commit_wanted: Arc::new(Notify::new()),
         }
     }
 }
@@ -134,7 +134,7 @@ impl DispatchLimit {
     /// Asks the supervisor for a commit, unless one is asked for already.
     fn ask(&self) {
         if !self.wanted.swap(true, Ordering::AcqRel) {
-            self.policy().wanted.notify_one();
+            self.policy().commit_wanted.notify_one();
         }
     }
 
@@ -256,7 +256,7 @@ mod tests {
         LimitPolicy {
             window_max: max,
             commit_interval: Duration::from_secs(5),
-            wanted: Arc::new(Notify::new()),
+            commit_wanted: Arc::new(Notify::new()),
         }
     }
 

@@ -32,7 +32,7 @@ pub(crate) struct Control {
     /// `ACKD_COMMIT_INTERVAL_MS`: how often a periodic commit is due.
     pub(crate) commit_interval: Duration,
     /// A worker wants its dispatch limit raised now (src/consumer/dispatch_limit.rs).
-    pub(crate) limits_wanted: Arc<Notify>,
+    pub(crate) commit_wanted: Arc<Notify>,
     /// The stop's clock: announced when a graceful stop begins.
     pub(crate) stop: watch::Receiver<Option<StopTimes>>,
     /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
@@ -57,7 +57,7 @@ pub fn run<P: Processor>(
 pub(crate) fn spawn<P: Processor>(
     consumer: Arc<AckdConsumer<P>>,
     at_end: Option<Arc<Notify>>,
-    limits_wanted: Arc<Notify>,
+    commit_wanted: Arc<Notify>,
     commit_interval: Duration,
     timeout: Duration,
 ) -> Result<Reports, i32> {
@@ -66,7 +66,7 @@ pub(crate) fn spawn<P: Processor>(
     let control = Control {
         commit_interval,
         at_end,
-        limits_wanted,
+        commit_wanted,
         stop: consumer.context().stop_clock.subscribe(),
         reports,
     };
@@ -181,7 +181,7 @@ async fn poll_loop<P: Processor>(
                 }
                 None
             }
-            _ = control.limits_wanted.notified() => {
+            _ = control.commit_wanted.notified() => {
                 limits_due(consumer);
                 None
             }

@@ -71,7 +71,7 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let reports = supervisor::spawn(
         consumer,
         parts.at_end.clone(),
-        parts.limits_wanted.clone(),
+        parts.commit_wanted.clone(),
         settings.commit_interval,
         settings.shutdown_timeout,
     )?;

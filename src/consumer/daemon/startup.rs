@@ -165,7 +165,7 @@ pub(super) struct Parts {
     /// With `ACKD_STOP_AT_END`: notified when a partition reached its end.
     pub(super) at_end: Option<Arc<Notify>>,
     /// Notified when a worker wants its dispatch limit raised now: the supervisor commits.
-    pub(super) limits_wanted: Arc<Notify>,
+    pub(super) commit_wanted: Arc<Notify>,
     pub(super) commit_metrics: Arc<CommitMetrics>,
     pub(super) health: Arc<Health>,
     pub(super) memory: Option<memory::Budget>,
@@ -178,7 +178,7 @@ impl Parts {
             group: Arc::new(Mutex::new(Group::default())),
             stop_clock: Arc::new(StopClock::default()),
             at_end: settings.stop_at_end.then(|| Arc::new(Notify::new())),
-            limits_wanted: Arc::new(Notify::new()),
+            commit_wanted: Arc::new(Notify::new()),
             health: Arc::new(Health::new(
                 commit_metrics.clone(),
                 settings.health_stuck_after(),
@@ -263,7 +263,7 @@ pub(super) fn worker_config<P: Processor>(
         limits: LimitPolicy {
             window_max: i64::try_from(settings.redelivery_window_max).unwrap_or(i64::MAX),
             commit_interval: settings.commit_interval,
-            wanted: parts.limits_wanted.clone(),
+            commit_wanted: parts.commit_wanted.clone(),
         },
         taken_max_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
     }

@@ -12,10 +12,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::rdkafka_context::generation;
 use super::{AckdConsumer, Group, GroupContext, Owned};
 use crate::config::settings::StartFrom;
-use crate::consumer::handover::{self, MetadataState, Previous, ReadMetadata};
+use crate::consumer::handover::{
+    self, MetadataState, Previous, ReadMetadata, RedeliveryWindow, Resume,
+};
 use crate::consumer::membership;
 use crate::consumer::partition_queue::PartitionQueue;
-use crate::consumer::worker::{self, RedeliveryWindow};
+use crate::consumer::worker;
 use crate::processors::processor::Processor;
 use crate::topic_partition::TopicPartition;
 
@@ -25,7 +27,7 @@ struct ResumePoint {
     committed: Option<i64>,
     acked_above: Vec<(i64, i64)>,
     window: RedeliveryWindow,
-    /// See [`worker::Resume::existed_through`].
+    /// See [`Resume::existed_through`].
     existed_through: Option<i64>,
 }
 
@@ -167,8 +169,8 @@ impl<P: Processor> GroupContext<P> {
             queue,
             tp.0.clone(),
             partition,
-            worker::Resume {
-                committed: point.committed,
+            Resume {
+                resume_from: point.committed,
                 acked: point.acked_above,
                 window: point.window,
                 existed_through: point.existed_through,
@@ -185,7 +187,7 @@ impl<P: Processor> GroupContext<P> {
             Owned {
                 worker,
                 committed: point.committed,
-                assigned_at: point.committed,
+                resume_from: point.committed,
                 cap: None,
                 high_watermark: -1,
                 released: false,

@@ -137,7 +137,7 @@ pub struct Owned {
     /// The offset the group has committed, as far as this process knows.
     pub committed: Option<i64>,
     /// The committed offset at assignment, where the partition was meant to resume.
-    pub assigned_at: Option<i64>,
+    pub resume_from: Option<i64>,
     /// Never commit beyond this offset (set when a message could not be accounted for).
     pub cap: Option<i64>,
     /// The partition's high watermark, from librdkafka's statistics.
@@ -168,8 +168,8 @@ impl Owned {
         // After a reset to before the committed offset (it was out of range), that
         // offset is no baseline: what was acknowledged since is what must be committed.
         let first = self.worker.shared.first_offset();
-        let reset_back = matches!((first, self.assigned_at), (Some(f), Some(a)) if f < a);
-        let baseline = if reset_back && self.committed == self.assigned_at {
+        let reset_back = matches!((first, self.resume_from), (Some(f), Some(a)) if f < a);
+        let baseline = if reset_back && self.committed == self.resume_from {
             None
         } else {
             self.committed

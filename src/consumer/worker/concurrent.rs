@@ -34,9 +34,9 @@ use futures::{FutureExt, StreamExt};
 use rdkafka::error::{KafkaError, KafkaResult};
 use tokio::sync::watch;
 
-use super::consume::{Step, Worker};
 use super::handler::{Acks, BatchEnd, Handled, Handler};
 use super::shared::NONE;
+use super::task::{Batching, Step, Worker};
 use crate::config::settings::ProcessingOrder;
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
 use crate::fetched_message::FetchedMessage;
@@ -272,7 +272,7 @@ impl<'q, P: Processor> Worker<'q, P> {
         &mut self,
         next: Option<KafkaResult<FetchedMessage<'q>>>,
         run: &mut Concurrent<'q>,
-        batching: &super::Batching,
+        batching: &Batching,
     ) {
         match next {
             None => run.stopping(),
@@ -319,7 +319,7 @@ impl<'q, P: Processor> Worker<'q, P> {
         m: FetchedMessage<'q>,
         order: &mut KeyOrder<Unit<'q>>,
         open: &mut Option<Open<'q>>,
-        batching: &super::Batching,
+        batching: &Batching,
     ) -> Result<bool, i64> {
         let offset = m.offset();
         self.note_first(offset);

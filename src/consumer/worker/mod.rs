@@ -6,33 +6,19 @@
 //! and publishes the committable offset after every ack. When told to stop it finishes
 //! the message in hand and returns; it never starts a new one.
 //!
-//! Its parts: `start` (spawning it, after a predecessor that has not ended), `consume`
-//! (the state machine: read, halt, end, stop), `read` (the queue, one message at a time),
-//! `batch` (gathering batches), `concurrent` (`ACKD_ORDERING=key`/`none`), `handler` (the
-//! processor call) and `failure` (retries and the failure policy), `progress` (offsets
-//! between queue and commit, with `gaps` and `fetch_error`), `resume` (where the
-//! partition starts), `shared` (what the supervisor and health endpoint read), `hold`.
+//! Its parts: `task` (its configuration, spawning it, the state machine, the read loop,
+//! a single message's call and batches), `concurrent` (the read loop of
+//! `ACKD_ORDERING=key`/`none`), `handler` (the processor call, its retries and the
+//! failure policy), `progress` (offsets between queue and commit, gaps and fetch errors
+//! included), `shared` (what the supervisor and the health endpoint read, and the hold).
+//! What the previous owner left behind (where it resumes, what it skips and flags) is
+//! src/consumer/handover/'s.
 
-mod batch;
 mod concurrent;
-mod config;
-mod consume;
-mod failure;
-mod fetch_error;
-mod gaps;
 mod handler;
-pub(crate) mod hold;
-mod latch;
 mod progress;
-mod read;
-mod redelivery;
-mod resume;
 mod shared;
-mod skip;
-mod start;
+mod task;
 
-pub use config::{Batching, Concurrency, WorkerConfig};
-pub use redelivery::RedeliveryWindow;
-pub use resume::Resume;
 pub use shared::WorkerShared;
-pub use start::{spawn, Predecessor, WorkerHandle};
+pub use task::{spawn, Batching, Concurrency, Predecessor, WorkerConfig, WorkerHandle};

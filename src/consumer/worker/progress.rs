@@ -1,20 +1,23 @@
 //! A partition's offsets between its queue and the commit: what was handed to the
 //! processor, what was acknowledged, what may be committed, and the acknowledged ranges
-//! above it published for the commit's metadata.
+//! above it published for the commit's metadata; the offsets with no message that
+//! reached ackd (gaps, counted and logged at a bounded rate), and fetch errors on the
+//! queue with the offsets they may leave unread.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 
-use super::config::WorkerConfig;
-use super::gaps::GapLines;
 use super::handler::Acks;
 use super::shared::WorkerShared;
-use super::skip::Skip;
+use super::task::WorkerConfig;
 use crate::config::failure::OnFailure;
+use crate::consumer::handover::Skip;
 use crate::consumer::tracker::OffsetTracker;
 use crate::fetched_message::FetchedMessage;
-use crate::output::metrics;
+use crate::output::metrics::{self, PartitionMetrics};
 use crate::processors::processor::{Kafka, Message};
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
@@ -59,7 +62,7 @@ pub(super) struct Progress<'a> {
     pub(super) source: &'a str,
     pub(super) log_messages: bool,
     /// The committed offset the assignment resumed from, if any.
-    pub(super) resume: Option<i64>,
+    pub(super) resume_from: Option<i64>,
     pub(super) on_failure: OnFailure,
     /// A fetch error since the last message: offsets missing after it may be messages
     /// librdkafka could not read, not offsets that hold none.
@@ -71,13 +74,13 @@ pub(super) struct Progress<'a> {
 
 impl<'a> Progress<'a> {
     /// The partition's offsets as its assignment starts, from the committed offset
-    /// `resume`; `acked`: the ranges its previous owner acknowledged above it.
+    /// `resume_from`; `acked`: the ranges its previous owner acknowledged above it.
     pub(super) fn new<P>(
         shared: &'a WorkerShared,
         (topic, partition): (&'a str, i32),
         source: &'a str,
         config: &WorkerConfig<P>,
-        resume: Option<i64>,
+        resume_from: Option<i64>,
         acked: Vec<(i64, i64)>,
     ) -> Self {
         Progress {
@@ -87,7 +90,7 @@ impl<'a> Progress<'a> {
             partition,
             source,
             log_messages: config.log_messages,
-            resume,
+            resume_from,
             on_failure: config.on_failure,
             fetch_error: None,
             gaps: GapLines::default(),
@@ -103,7 +106,7 @@ impl Progress<'_> {
         self.tracker
             .last_dispatched()
             .map(|o| o + 1)
-            .or(self.resume)
+            .or(self.resume_from)
     }
 
     /// `offset` goes to the processor. `Err(at)` (logged): it may not, and the
@@ -191,6 +194,79 @@ impl Progress<'_> {
             }
         }
     }
+
+    /// Offsets `from..to` are missing after a fetch error: they may be messages
+    /// librdkafka could not read and moved past. The failure policy decides: with
+    /// `skip` they are passed (a line says so), else the partition halts at `from`.
+    fn unread(&mut self, from: i64, to: i64, error: &KafkaError) -> Result<(), i64> {
+        let skipped = (to - from) as u64;
+        if self.on_failure == OnFailure::Skip {
+            self.shared.metrics.offsets_skipped(skipped);
+            self.shared.metrics.skipped();
+            tracing::warn!(
+                at = "skipped",
+                topic = self.topic,
+                partition = self.partition,
+                offset = from,
+                to,
+                skipped,
+                error = %error,
+                "offsets left unread after a fetch error, passed without processing (ACKD_ON_FAILURE=skip)"
+            );
+            return Ok(());
+        }
+        self.fetch_halt(from, Some(to), error);
+        Err(from)
+    }
+
+    /// The line of a partition halted by a fetch error at `offset`.
+    fn fetch_halt(&self, offset: i64, to: Option<i64>, error: &KafkaError) {
+        tracing::error!(
+            at = "fetch_failed",
+            topic = self.topic,
+            partition = self.partition,
+            offset,
+            to,
+            on_failure = self.on_failure.as_str(),
+            error = %error,
+            "messages from this offset could not be read: partition halted, its offset is not committed past them (a corrupt batch halts whatever ACKD_ON_FAILURE says; nothing unreadable can be dead-lettered)"
+        );
+    }
+
+    /// A fetch error on the partition's queue. A batch that fails its CRC check
+    /// (`check.crcs=true`) halts the partition at once, whatever `ACKD_ON_FAILURE` says:
+    /// librdkafka fetches that batch again and again and never delivers what follows,
+    /// so there is nothing to skip to (and nothing to dead-letter). Any other error is
+    /// logged, and the offsets missing before the next message are then treated as
+    /// unread ([`Progress::unread`]: an unsupported format, which librdkafka does move
+    /// past, is skipped with `skip` and halts the partition otherwise). `Err(at)`: halt
+    /// at `at`.
+    pub(super) fn fetch_failed(&mut self, error: KafkaError) -> Result<(), i64> {
+        // The end of the log is no error, and no message is missing after it.
+        if let KafkaError::PartitionEOF(_) = error {
+            return Ok(());
+        }
+        if matches!(
+            error,
+            KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage)
+        ) {
+            // Without a known position (no message yet, no committed offset) nothing
+            // can be committed by this worker anyway.
+            let at = self.expected().unwrap_or(0);
+            self.fetch_halt(at, None, &error);
+            return Err(at);
+        }
+        tracing::warn!(
+            at = "fetch_error",
+            topic = self.topic,
+            partition = self.partition,
+            expected_offset = self.expected(),
+            error = %error,
+            "offsets missing before the next message are treated as unread (ACKD_ON_FAILURE applies)"
+        );
+        self.fetch_error = Some(error);
+        Ok(())
+    }
 }
 
 impl Acks for Progress<'_> {
@@ -199,15 +275,73 @@ impl Acks for Progress<'_> {
     }
 }
 
+/// How often a partition writes an `at=offset_gap` line at most (see [`GapLines::gap`]).
+const GAP_LINE_EVERY: Duration = Duration::from_secs(10);
+
+/// The rate limit of a partition's `at=offset_gap` lines.
+#[derive(Default)]
+pub(super) struct GapLines {
+    last_line: Option<Instant>,
+    /// Gaps, and offsets in them, since the last line that had no line of their own.
+    unlogged: u64,
+    unlogged_skipped: u64,
+}
+
+impl GapLines {
+    /// Offsets `from..to` hold no message that reached ackd, and no fetch error came
+    /// before them: compaction, transaction markers and aborted transactions
+    /// (`isolation.level=read_committed`) leave such gaps as a matter of course;
+    /// retention passing the position, an offset reset (`ACKD_START_FROM`) or a
+    /// truncated log leave them too. Every gap is counted (`count#offsets.skipped`);
+    /// one of a single offset (a transaction's marker) is a debug line; a longer one is
+    /// an info line, at most one per partition every [`GAP_LINE_EVERY`], which counts
+    /// the gaps since the previous line that had none.
+    /// `metrics` and `(topic, partition)`: the partition's.
+    pub(super) fn gap(
+        &mut self,
+        metrics: &PartitionMetrics,
+        (topic, partition): (&str, i32),
+        from: i64,
+        to: i64,
+    ) {
+        let skipped = (to - from) as u64;
+        metrics.offsets_skipped(skipped);
+        let now = Instant::now();
+        let quiet = skipped == 1
+            || self
+                .last_line
+                .is_some_and(|t| now.duration_since(t) < GAP_LINE_EVERY);
+        if quiet {
+            self.unlogged += 1;
+            self.unlogged_skipped += skipped;
+            tracing::debug!(at = "offset_gap", topic, partition, from, to, skipped);
+            return;
+        }
+        tracing::info!(
+            at = "offset_gap",
+            topic,
+            partition,
+            from,
+            to,
+            skipped,
+            earlier_gaps = self.unlogged,
+            earlier_skipped = self.unlogged_skipped,
+            "no message at these offsets reached ackd (compacted, transaction markers, aborted transactions, deleted by retention, or passed by an offset reset): the committed offset passes them; none was a message that failed"
+        );
+        *self = GapLines {
+            last_line: Some(now),
+            unlogged: 0,
+            unlogged_skipped: 0,
+        };
+    }
+}
+
 #[cfg(test)]
-pub(super) mod testing {
-    //! Helpers of the tests of a partition's progress.
+mod tests {
     use super::*;
 
-    pub(in crate::consumer::worker) fn progress<'a>(
-        shared: &'a WorkerShared,
-        on_failure: OnFailure,
-    ) -> Progress<'a> {
+    /// A partition's progress from the committed offset 0, with `on_failure`.
+    fn progress<'a>(shared: &'a WorkerShared, on_failure: OnFailure) -> Progress<'a> {
         Progress {
             tracker: OffsetTracker::new(),
             shared,
@@ -215,7 +349,7 @@ pub(super) mod testing {
             partition: 0,
             source: "t",
             log_messages: false,
-            resume: Some(0),
+            resume_from: Some(0),
             on_failure,
             fetch_error: None,
             gaps: GapLines::default(),
@@ -223,20 +357,15 @@ pub(super) mod testing {
         }
     }
 
-    pub(in crate::consumer::worker) fn counted(shared: &WorkerShared) -> (u64, u64) {
+    /// Offsets passed and messages skipped, as counted since the last call.
+    fn counted(shared: &WorkerShared) -> (u64, u64) {
         let mut i = metrics::Interval::default();
         shared.metrics.take_into(&mut i);
         (i.offsets_skipped, i.skipped)
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::testing::progress;
-    use super::*;
-
-    /// Issue 19, item 16: the previous owner's ranges stay published until this owner
-    /// passes them, merged with its own acks.
+    /// The previous owner's ranges stay published until this owner passes them, merged
+    /// with its own acks.
     #[test]
     fn published_ranges_keep_the_previous_owners_until_passed() {
         let shared = WorkerShared::new();
@@ -257,8 +386,8 @@ mod tests {
         assert_eq!(shared.acked_above(), vec![(11, 29), (40, 49)]);
     }
 
-    /// Issue 19, item 15: however many ranges are pending, what is published (and then
-    /// copied by each commit) is what the metadata can hold.
+    /// However many ranges are pending, what is published (and then copied by each
+    /// commit) is what the metadata can hold.
     #[test]
     fn published_ranges_are_bounded_by_what_the_metadata_holds() {
         let shared = WorkerShared::new();
@@ -287,5 +416,85 @@ mod tests {
         assert_eq!(out, vec![(0, 3), (10, 12)]);
         union_into(&mut out, &[], std::iter::empty(), 2);
         assert!(out.is_empty());
+    }
+
+    fn transient() -> KafkaError {
+        KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)
+    }
+
+    #[test]
+    fn offsets_missing_after_a_fetch_error_halt_the_partition_unless_skip() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.dispatch(1), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(5), Err(2), "halted at the first unread offset");
+
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::DeadLetter);
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(3), Err(0), "unread from the committed offset");
+
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Skip);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(counted(&shared), (3, 1), "3 offsets passed, as one skip");
+    }
+
+    #[test]
+    fn a_fetch_error_with_nothing_missing_after_it_is_forgotten() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.fetch_failed(transient()), Ok(()));
+        assert_eq!(p.dispatch(1), Ok(()));
+        // A later gap is an ordinary one.
+        assert_eq!(p.dispatch(9), Ok(()));
+        assert_eq!(counted(&shared), (7, 0));
+    }
+
+    #[test]
+    fn a_corrupt_batch_halts_at_the_next_offset_whatever_the_policy() {
+        for policy in [OnFailure::Halt, OnFailure::Skip, OnFailure::DeadLetter] {
+            let shared = WorkerShared::new();
+            let mut p = progress(&shared, policy);
+            assert_eq!(p.dispatch(0), Ok(()));
+            let crc = KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage);
+            assert_eq!(p.fetch_failed(crc), Err(1), "{policy:?}");
+        }
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        assert_eq!(p.fetch_failed(KafkaError::PartitionEOF(0)), Ok(()));
+        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(
+            p.dispatch(3),
+            Ok(()),
+            "the end of the log is no fetch error"
+        );
+    }
+
+    #[test]
+    fn gaps_are_counted_and_single_offsets_are_quiet() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        // The first message's distance from the committed offset: counted, no gap line
+        // (at=offset_reset says it).
+        assert_eq!(p.dispatch(2), Ok(()));
+        // Transaction markers: one offset each.
+        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(p.dispatch(6), Ok(()));
+        assert!(p.gaps.last_line.is_none());
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (2, 2));
+        // A longer gap is a line, which counts the quiet ones before it.
+        assert_eq!(p.dispatch(20), Ok(()));
+        assert!(p.gaps.last_line.is_some());
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (0, 0));
+        // The next within GAP_LINE_EVERY waits for the next line.
+        assert_eq!(p.dispatch(30), Ok(()));
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (1, 9));
+        assert_eq!(counted(&shared), (2 + 1 + 1 + 13 + 9, 0));
     }
 }

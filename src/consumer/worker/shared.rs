@@ -1,13 +1,15 @@
 //! What a worker shares with the supervisor and the health endpoint: its offsets, its
-//! calls, and whether it has returned.
+//! calls, whether it has returned (a latch), and the hold the group puts on it while the
+//! membership is in doubt.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use super::hold::Hold;
-use super::latch::Latch;
+use tokio::sync::{watch, Notify};
+
 use crate::consumer::dispatch_limit::DispatchLimit;
+use crate::consumer::membership;
 use crate::output::metrics::PartitionMetrics;
 use crate::processors::call_start;
 
@@ -230,6 +232,126 @@ impl Drop for SetOnDrop {
     }
 }
 
+/// A one-way flag that threads can wait on with a deadline (the rebalance callback
+/// waits on plain threads, outside any async runtime), and tasks without blocking (a
+/// partition's next worker waits for its previous one).
+#[derive(Debug, Default)]
+pub(super) struct Latch {
+    set: Mutex<bool>,
+    cond: Condvar,
+    notify: Notify,
+}
+
+impl Latch {
+    pub(super) fn set(&self) {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cond.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    pub(super) fn is_set(&self) -> bool {
+        *self.set.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a set() in between still wakes us.
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub(super) fn wait_until(&self, deadline: Instant) -> bool {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        while !*set {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            set = self
+                .cond
+                .wait_timeout(set, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// A partition held while the group membership is in doubt (see
+/// [`crate::consumer::membership`]): its worker starts no new processor call; the calls
+/// under way finish. Lifted when the membership is confirmed; a stop ends the wait. A
+/// worker that wakes from a stall of the process before the membership's watch does
+/// waits for it.
+#[derive(Debug, Default)]
+pub struct Hold {
+    held: AtomicBool,
+    lifted: Notify,
+}
+
+impl Hold {
+    /// Holds the partition: its worker starts nothing new until [`Hold::lift`].
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    pub fn lift(&self) {
+        self.held.store(false, Ordering::Release);
+        self.lifted.notify_waiters();
+    }
+
+    /// One atomic load.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the hold is lifted (at once if it is not held).
+    pub async fn lifted(&self) {
+        loop {
+            let notified = self.lifted.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a lift() in between still wakes us.
+            notified.as_mut().enable();
+            if !self.is_held() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether a new call may start: not held, and no stall of the process that the
+    /// membership's watch has not seen yet ([`membership::stall_unseen`]).
+    #[inline]
+    pub fn may_start(&self) -> bool {
+        !self.is_held() && !membership::stall_unseen()
+    }
+
+    /// Resolves once a new call may start.
+    pub async fn startable(&self) {
+        while !self.may_start() {
+            membership::stall_seen().await;
+            self.lifted().await;
+        }
+    }
+
+    /// Waits until a new call may start; false if told to stop meanwhile.
+    pub async fn wait_unless_stopped(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        if self.may_start() {
+            return true;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => false,
+            _ = self.startable() => true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -282,5 +404,33 @@ mod tests {
         let t = std::thread::spawn(move || drop(SetOnDrop(s2)));
         assert!(shared.wait_done(Instant::now() + Duration::from_secs(10)));
         t.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_held_partition_waits_until_lifted_or_stopped() {
+        let hold = Arc::new(Hold::default());
+        let (stop_tx, mut stop) = watch::channel(false);
+        assert!(
+            hold.wait_unless_stopped(&mut stop).await,
+            "not held: no wait"
+        );
+
+        hold.hold();
+        let waiting = {
+            let (hold, mut stop) = (hold.clone(), stop.clone());
+            tokio::spawn(async move { hold.wait_unless_stopped(&mut stop).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "held: it waits");
+        hold.lift();
+        assert!(waiting.await.unwrap(), "lifted: it goes on");
+
+        hold.hold();
+        let waiting = tokio::spawn({
+            let hold = hold.clone();
+            async move { hold.wait_unless_stopped(&mut stop).await }
+        });
+        stop_tx.send(true).unwrap();
+        assert!(!waiting.await.unwrap(), "stopped while held");
     }
 }
