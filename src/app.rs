@@ -4,10 +4,10 @@
 
 use std::process::ExitCode;
 
-use crate::config::error::SettingError;
-use crate::config::settings::Settings;
 use crate::processors::processor::Processor;
-use crate::{cli, commands, config, consumer, exit, output};
+use crate::settings::error::SettingError;
+use crate::settings::Settings;
+use crate::{cli, commands, consumer, exit, output, settings};
 
 /// [`crate::main_with`]: arguments first, then the settings, logging and the panic hook,
 /// then the command or the daemon; the process ends here once the settings are read.
@@ -27,7 +27,7 @@ pub(crate) fn main_with<P: Processor>(
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => consumer::daemon::run(settings, processor),
         Err(e) => {
-            config::error::report_setting_error(&e);
+            settings::error::report_setting_error(&e);
             tracing::info!(at = "exit", code = exit::CONFIG);
             exit::CONFIG
         }
@@ -59,11 +59,11 @@ fn read_settings() -> Result<Settings, SettingError> {
     let settings = Settings::from_env();
     // From here on no line carries a secret value, whatever path it takes: what the
     // variables hold is known even when they are refused (a refusal is a line too).
-    let mut never_shown = config::settings::never_shown_in_vars(utf8_vars());
+    let mut never_shown = settings::never_shown_in_vars(utf8_vars());
     if let Ok(s) = &settings {
         never_shown.extend(s.never_shown());
     }
-    config::secret::register(never_shown);
+    settings::secret::register(never_shown);
     settings
 }
 
@@ -115,7 +115,7 @@ fn run_command<P: Processor>(
         Ok(s) if check => commands::check::run(s),
         Ok(s) => commands::status::run(s),
         Err(e) => {
-            config::error::report_setting_error(e);
+            settings::error::report_setting_error(e);
             if check {
                 tracing::error!(
                     at = "check",

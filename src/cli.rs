@@ -9,7 +9,7 @@
 use std::ffi::OsString;
 use std::fmt::{self, Write as _};
 
-use crate::config::settings::{self, DefaultValue};
+use crate::settings::{self, DefaultValue};
 
 /// What the arguments ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 //! its built-in processors. See `examples/custom_processor.rs`.
 //!
 //! The pieces, one folder per concern:
-//! - [`config`]: every setting, validated ([`config::settings`]), and settings →
+//! - [`settings`]: every setting, validated ([`Settings`]), and settings →
 //!   librdkafka;
 //! - [`processors`]: the [`Processor`] trait and the built-ins (`log`, `noop`, `exec`,
 //!   `http`);
@@ -19,32 +19,32 @@
 //! - [`cli`]: the arguments, answered before any setting is read; `app` (private): the
 //!   process from its arguments to its exit, behind [`main_with`].
 //!
-//! Folders import in one direction: config ← processors, output ← consumer ← commands ←
+//! Folders import in one direction: settings ← processors, output ← consumer ← commands ←
 //! app. Leaves at the root serve all of them: [`logfmt`] (the escaping of every line,
-//! which the redaction of secrets in config knows too), `clock` (durations for lines,
+//! which the redaction of secrets in settings knows too), `clock` (durations for lines,
 //! the coarse clock) and `topic_partition`.
 
 mod app;
 pub mod cli;
 pub(crate) mod clock;
 pub mod commands;
-pub mod config;
 pub mod consumer;
 pub mod exit;
 pub(crate) mod fetched_message;
 pub mod logfmt;
 pub mod output;
 pub mod processors;
+pub mod settings;
 pub(crate) mod topic_partition;
 
 use std::process::ExitCode;
 
-pub use config::error::SettingError;
-pub use config::settings::Settings;
 pub use processors::processor::{
     queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor,
     Queued, Taken,
 };
+pub use settings::error::SettingError;
+pub use settings::Settings;
 
 /// Runs ackd with settings from the environment and the processor `make` builds from
 /// them. Arguments (`--help`, `--version`, usage errors: exit 64) return the exit code

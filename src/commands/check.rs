@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
-use crate::config::settings::Settings;
 use crate::exit;
+use crate::settings::Settings;
 
 use super::connect::{connect, create, partitions, Probe, Unreached};
 use super::describe::describe_group;
@@ -162,7 +162,7 @@ fn metadata_ok(
         check = "auth",
         ok = true,
         security = settings.brokers.security.protocol(),
-        tls = crate::config::security::tls_summary(settings.tls.as_ref()),
-        sasl = crate::config::security::sasl_summary(settings.sasl.as_ref()),
+        tls = crate::settings::security::tls_summary(settings.tls.as_ref()),
+        sasl = crate::settings::security::sasl_summary(settings.sasl.as_ref()),
     );
 }

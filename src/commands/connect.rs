@@ -11,10 +11,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::metadata::Metadata;
 use rdkafka::ClientConfig;
 
-use crate::config::client_config::base_config;
-use crate::config::settings::Settings;
 use crate::consumer::auth::AuthFailures;
 use crate::exit;
+use crate::settings::client_config::base_config;
+use crate::settings::Settings;
 
 /// How long the brokers may stay unreachable before a command gives up (exit 69).
 pub const CONNECT_BOUND: Duration = Duration::from_secs(12);

@@ -11,9 +11,9 @@ use std::io::Write as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::config::settings::{Settings, StartFrom};
 use crate::consumer::handover::{committed_with_metadata, ReadMetadata};
 use crate::exit;
+use crate::settings::{Settings, StartFrom};
 
 use super::connect::{connect, create, partitions, Probe, TopicPartitions, Unreached, REQUEST};
 use super::describe::{describe_group, GroupDescription};

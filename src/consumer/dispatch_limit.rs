@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify};
 
-use crate::config::settings::MIN_REDELIVERY_WINDOW;
+use crate::settings::MIN_REDELIVERY_WINDOW;
 
 /// No limit committed yet: nothing may start.
 const NONE: i64 = -1;

@@ -54,7 +54,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, ClientContext};
 
-use crate::config::settings::{MemorySetting, Settings};
+use crate::settings::{MemorySetting, Settings};
 
 /// The budget with no setting and no cgroup limit, in MiB: enough that 4 partitions keep
 /// ackd's default limits (a share of 4 × 16 MiB and what a partition costs, rounded up).
@@ -172,7 +172,7 @@ impl Caps {
 
     /// config/default.toml's `[rdkafka]` limits (declared there only).
     pub fn defaults() -> Caps {
-        let defaults = crate::config::settings::rdkafka_defaults();
+        let defaults = crate::settings::rdkafka_defaults();
         let limit = |property: &str| -> u64 {
             defaults
                 .iter()
@@ -328,9 +328,10 @@ impl Budget {
 /// refuse ackd's credentials: the consumer reports that (`at=auth_failed`, exit 77)
 /// without this count holding it up.
 pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
-    let consumer: BaseConsumer<CountContext> = crate::config::client_config::base_config(settings)
-        .create_with_context(CountContext::default())
-        .ok()?;
+    let consumer: BaseConsumer<CountContext> =
+        crate::settings::client_config::base_config(settings)
+            .create_with_context(CountContext::default())
+            .ok()?;
     let deadline = Instant::now() + timeout;
     let mut total = 0;
     for topic in &settings.topics {

@@ -108,7 +108,7 @@ pub struct StopTimes {
     /// When the process must have committed (it exits then at the latest).
     pub deadline: Instant,
     /// When draining in-flight messages must end: the deadline less
-    /// [`crate::config::settings::commit_reserve`], kept for the commits and the close.
+    /// [`crate::settings::commit_reserve`], kept for the commits and the close.
     pub drain_until: Instant,
     /// When a revoke's commit under way at the stop must end: half the reserve is left
     /// for the final commit of the other partitions.
@@ -125,9 +125,8 @@ impl StopClock {
         // `false`: the times change without waking the watch's receivers.
         self.0.send_if_modified(|times| {
             started = Some(*times.get_or_insert_with(|| {
-                let reserve = crate::config::settings::commit_reserve(
-                    deadline.saturating_duration_since(begun),
-                );
+                let reserve =
+                    crate::settings::commit_reserve(deadline.saturating_duration_since(begun));
                 StopTimes {
                     deadline,
                     drain_until: deadline - reserve,

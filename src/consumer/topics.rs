@@ -17,9 +17,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use signal_hook_tokio::Signals;
 
-use crate::config::settings::Settings;
 use crate::consumer::stop::stopped_while_waiting;
 use crate::exit;
+use crate::settings::Settings;
 
 /// One metadata request may take this long (the brokers may still be starting).
 const ATTEMPT: Duration = Duration::from_secs(10);

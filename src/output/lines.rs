@@ -89,8 +89,8 @@ pub fn write_direct(render: impl FnOnce(&mut String, &str)) -> bool {
         let line = &mut b.borrow_mut().0;
         line.clear();
         render(line, prefix);
-        // No registered secret reaches a line (src/config/secret.rs).
-        crate::config::secret::scrub(line);
+        // No registered secret reaches a line (src/settings/secret.rs).
+        crate::settings::secret::scrub(line);
         line.push('\n');
         lines.append(line.as_bytes());
         if line.capacity() > KEEP_PER_THREAD {
@@ -408,8 +408,8 @@ where
             let (line, scratch) = &mut *b;
             line.clear();
             self.render(event, line, scratch);
-            // No registered secret reaches a line (src/config/secret.rs).
-            crate::config::secret::scrub(line);
+            // No registered secret reaches a line (src/settings/secret.rs).
+            crate::settings::secret::scrub(line);
             line.push('\n');
             let written = writer.write_str(line);
             for buf in [line, scratch] {

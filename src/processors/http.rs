@@ -14,7 +14,7 @@
 //!   `Ackd-Attempt: N` ([`Delivery`]); a batch's, true if any of its messages may be,
 //!   and the batch's attempt.
 //! - `ACKD_HTTP_HEADERS` are added to every request; their values are secrets (marked
-//!   sensitive, registered with [`crate::config::secret`], redacted from failure reasons).
+//!   sensitive, registered with [`crate::settings::secret`], redacted from failure reasons).
 //! - A message's W3C trace context (`traceparent`, `tracestate` Kafka headers) goes
 //!   as the request's headers of the same names ([`trace_headers`]), in both bodies.
 //! - 2xx acks. 408, 429, 5xx, timeouts and connection errors are retryable, with the
@@ -28,12 +28,12 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use crate::config::error::SettingError;
-use crate::config::secret::REDACTED;
-use crate::config::settings::{shown_url, ConcurrencyMode, HttpBody, HttpSettings};
 use crate::output::metrics::HTTP_LIMIT;
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 use crate::processors::request_limit::{LimitSettings, Permit, RequestLimit};
+use crate::settings::error::SettingError;
+use crate::settings::secret::REDACTED;
+use crate::settings::{shown_url, ConcurrencyMode, HttpBody, HttpSettings};
 use base64::Engine as _;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 
@@ -501,7 +501,7 @@ pub fn ascii_json(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::HttpUrl;
+    use crate::settings::HttpUrl;
 
     #[test]
     fn a_url_password_never_shows() {

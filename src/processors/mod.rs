@@ -12,9 +12,9 @@ pub(crate) mod request_limit;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::error::SettingError;
-use crate::config::settings::{ExecSettings, HttpSettings, Settings};
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
+use crate::settings::error::SettingError;
+use crate::settings::{ExecSettings, HttpSettings, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
 #[cfg(not(feature = "testkit"))]
@@ -42,7 +42,7 @@ pub enum Builtin {
     /// at random), then acknowledges, so tests can have messages in flight when a signal
     /// arrives, or finishing out of order.
     #[cfg(feature = "testkit")]
-    Slow(crate::config::delay::Delay),
+    Slow(crate::settings::delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
     /// panics, `retry:N` fails retryably N times before it succeeds (its reason says the
     /// message's `redelivered` and `attempt`), `block:PATH` blocks

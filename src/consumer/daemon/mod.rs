@@ -11,10 +11,10 @@ mod startup;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::settings::Settings;
 use crate::consumer::{stop, supervisor};
 use crate::exit;
 use crate::processors::processor::Processor;
+use crate::settings::Settings;
 
 pub(crate) use startup::report_client_error;
 

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
-use crate::config::client_config::{base_config, consumer_config};
-use crate::config::settings::{GroupProtocol, Settings};
 use crate::consumer::membership::LeaseTerms;
+use crate::settings::client_config::{base_config, consumer_config};
+use crate::settings::{GroupProtocol, Settings};
 
 /// librdkafka's defaults for the classic protocol.
 const CLASSIC_SESSION: Duration = Duration::from_millis(45_000);

@@ -11,11 +11,6 @@ use rdkafka::error::KafkaError;
 use signal_hook_tokio::Signals;
 use tokio::sync::Notify;
 
-use crate::config::client_config::{base_config, consumer_config};
-use crate::config::error::{report_setting_error, SettingError};
-use crate::config::failure::OnFailure;
-use crate::config::security;
-use crate::config::settings::{ProcessingOrder, Settings};
 use crate::consumer::committer::Committer;
 use crate::consumer::dead_letter::DeadLetter;
 use crate::consumer::dispatch_limit::LimitPolicy;
@@ -28,6 +23,11 @@ use crate::exit;
 use crate::output::health::{self, Health};
 use crate::output::metrics::{self, CommitMetrics};
 use crate::processors::processor::Processor;
+use crate::settings::client_config::{base_config, consumer_config};
+use crate::settings::error::{report_setting_error, SettingError};
+use crate::settings::failure::OnFailure;
+use crate::settings::security;
+use crate::settings::{ProcessingOrder, Settings};
 
 /// The `at=start` line: the settings ackd runs with (none of them shows a secret).
 pub(super) fn log_start<P: Processor>(
@@ -373,7 +373,7 @@ pub(crate) fn report_client_error(settings: &Settings, error: KafkaError) -> i32
     }
     // A PEM librdkafka refused (e.g. a key that is not the certificate's): name its variable.
     if let KafkaError::ClientCreation(message) = &error {
-        if let Some(e) = crate::config::security::creation_error(message) {
+        if let Some(e) = crate::settings::security::creation_error(message) {
             report_setting_error(&e);
             return exit::CONFIG;
         }

@@ -11,7 +11,6 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::rdkafka_context::generation;
 use super::{AckdConsumer, Group, GroupContext, Owned};
-use crate::config::settings::StartFrom;
 use crate::consumer::handover::{
     self, MetadataState, Previous, ReadMetadata, RedeliveryWindow, Resume,
 };
@@ -19,6 +18,7 @@ use crate::consumer::membership;
 use crate::consumer::partition_queue::PartitionQueue;
 use crate::consumer::worker;
 use crate::processors::processor::Processor;
+use crate::settings::StartFrom;
 use crate::topic_partition::TopicPartition;
 
 /// Where a partition resumes: its committed offset (`None`: the start policy applies),

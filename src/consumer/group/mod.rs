@@ -32,13 +32,13 @@ use std::time::Duration;
 
 use rdkafka::consumer::StreamConsumer;
 
-use crate::config::settings::StartFrom;
 use crate::consumer::committer::{CommitOffset, Committer};
 use crate::consumer::membership;
 use crate::consumer::worker::{self, WorkerConfig, WorkerHandle, WorkerShared};
 use crate::output::health::Health;
 use crate::output::metrics::{CommitMetrics, Interval, LagLines};
 use crate::processors::processor::Processor;
+use crate::settings::StartFrom;
 use crate::topic_partition::TopicPartition;
 
 use crate::consumer::stop::StopClock;

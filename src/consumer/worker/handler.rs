@@ -11,12 +11,12 @@ use tokio::sync::watch;
 
 use super::shared::WorkerShared;
 use super::task::WorkerConfig;
-use crate::config::failure::OnFailure;
 use crate::output::metrics::Took;
 use crate::processors::call_start;
 use crate::processors::processor::{
     panicked, BatchError, FailureKind, Message, ProcessError, Processor,
 };
+use crate::settings::failure::OnFailure;
 
 /// What a call to `Processor::process` returned, or its panic.
 pub(super) type Outcome = std::thread::Result<Result<(), ProcessError>>;
@@ -402,9 +402,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::failure::{OnFailure, RetryPolicy};
     use crate::consumer::worker::{Batching, Concurrency};
     use crate::processors::processor::ProcessError;
+    use crate::settings::failure::{OnFailure, RetryPolicy};
 
     /// What each call was handed: (offset, redelivered, attempt) of its messages.
     type Calls = Mutex<Vec<Vec<(i64, bool, u32)>>>;

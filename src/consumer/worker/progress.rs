@@ -13,12 +13,12 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::handler::Acks;
 use super::shared::WorkerShared;
 use super::task::WorkerConfig;
-use crate::config::failure::OnFailure;
 use crate::consumer::handover::Skip;
 use crate::consumer::tracker::OffsetTracker;
 use crate::fetched_message::FetchedMessage;
 use crate::output::metrics::{self, PartitionMetrics};
 use crate::processors::processor::{Kafka, Message};
+use crate::settings::failure::OnFailure;
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
 /// of its [`crate::consumer::handover::RANGES_MAX_BYTES`] (a digit and a comma), so more never fit.

@@ -17,14 +17,14 @@ use tokio::sync::{watch, Notify};
 use super::handler::{BatchEnd, Handled, Handler};
 use super::progress::Progress;
 use super::shared::{SetOnDrop, WorkerShared, NONE};
-use crate::config::failure::{OnFailure, RetryPolicy};
-use crate::config::settings::ProcessingOrder;
 use crate::consumer::dead_letter::DeadLetter;
 use crate::consumer::dispatch_limit::{DispatchLimit, LimitPolicy};
 use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
 use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
+use crate::settings::failure::{OnFailure, RetryPolicy};
+use crate::settings::ProcessingOrder;
 
 /// What a worker needs besides its queue.
 pub struct WorkerConfig<P> {

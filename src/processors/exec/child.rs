@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
-use crate::config::settings::ExecSettings;
+use crate::settings::ExecSettings;
 
 use super::lines::{read_lines, Line};
 
@@ -28,15 +28,15 @@ fn signal_group(pid: u32, signal: libc::c_int) {
 }
 
 /// The variables of ackd's environment that carry its credentials
-/// ([`crate::config::settings::is_secret_variable`]), except those `pass` names.
+/// ([`crate::settings::is_secret_variable`]), except those `pass` names.
 fn withheld_variables(pass: &[String]) -> Vec<std::ffi::OsString> {
     std::env::vars_os()
         .filter(|(name, value)| {
             let (Some(name), value) = (name.to_str(), value.to_string_lossy()) else {
                 return false;
             };
-            crate::config::settings::is_secret_variable(name, &value)
-                && !pass.contains(&crate::config::settings::variable_name(name))
+            crate::settings::is_secret_variable(name, &value)
+                && !pass.contains(&crate::settings::variable_name(name))
         })
         .map(|(name, _)| name)
         .collect()

@@ -52,8 +52,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::config::settings::ExecSettings;
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
+use crate::settings::ExecSettings;
 
 use job::Job;
 use pool::Pool;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::settings::ExecSettings;
+use crate::settings::ExecSettings;
 
 use super::child::Running;
 use super::dispatch::Dispatch;

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::settings::ExecSettings;
 use crate::processors::processor::{BatchError, ProcessError};
+use crate::settings::ExecSettings;
 
 use super::child::{Output, Running};
 use super::dispatch::Dispatch;

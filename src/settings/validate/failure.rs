@@ -1,9 +1,9 @@
 //! The failure policy: retries, then what happens to a message that still fails.
 
-use crate::config::error::SettingError;
-use crate::config::failure::{OnFailure, RetryPolicy};
-use crate::config::settings::raw::RawSettings;
-use crate::config::settings::with_prefix;
+use crate::settings::error::SettingError;
+use crate::settings::failure::{OnFailure, RetryPolicy};
+use crate::settings::raw::RawSettings;
+use crate::settings::with_prefix;
 
 use super::kafka::{valid_topic, Connection};
 
@@ -92,8 +92,8 @@ fn retry_policy(raw: &RawSettings) -> Result<RetryPolicy, SettingError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     #[test]
     fn failure_policy_settings_are_checked_together() {

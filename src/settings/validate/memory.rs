@@ -1,10 +1,10 @@
 //! The memory budget (`ACKD_MEMORY_MB`, src/consumer/memory.rs).
 
-use crate::config::error::SettingError;
-use crate::config::settings::keys::rdkafka_defaults;
-use crate::config::settings::properties::MEMORY_BUDGET_PROPERTIES;
-use crate::config::settings::raw::RawSettings;
-use crate::config::settings::Settings;
+use crate::settings::error::SettingError;
+use crate::settings::keys::rdkafka_defaults;
+use crate::settings::properties::MEMORY_BUDGET_PROPERTIES;
+use crate::settings::raw::RawSettings;
+use crate::settings::Settings;
 
 /// The largest `ACKD_MEMORY_MB`: 1 TiB.
 pub const MAX_MEMORY_MB: usize = 1 << 20;
@@ -64,8 +64,8 @@ pub(super) fn budget_owns_the_prefetch_limits(settings: &Settings) -> Result<(),
 
 #[cfg(test)]
 mod tests {
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::{MemorySetting, Settings};
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::{MemorySetting, Settings};
 
     fn memory(value: &str) -> MemorySetting {
         Settings::from_vars(vars(&[("ACKD_MEMORY_MB", value)]))

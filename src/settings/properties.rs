@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::config::rdkafka_env::is_secret_property;
+use crate::settings::rdkafka_env::is_secret_property;
 
 /// librdkafka properties ackd sets itself, and the setting to use instead.
 pub const OWNED_PROPERTIES: &[(&str, &str)] = &[

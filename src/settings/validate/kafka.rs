@@ -1,11 +1,11 @@
 //! The connection: the brokers, `KAFKA_PREFIX`, the topics and the group, TLS and SASL.
 
-use crate::config::error::SettingError;
-use crate::config::kafka_url::{self, Brokers};
-use crate::config::security::{self, Sasl, Tls};
-use crate::config::settings::keys::required_what;
-use crate::config::settings::raw::RawSettings;
-use crate::config::settings::with_prefix;
+use crate::settings::error::SettingError;
+use crate::settings::kafka_url::{self, Brokers};
+use crate::settings::keys::required_what;
+use crate::settings::raw::RawSettings;
+use crate::settings::security::{self, Sasl, Tls};
+use crate::settings::with_prefix;
 
 /// The settings of the connection, validated.
 pub(super) struct Connection {
@@ -142,8 +142,8 @@ pub(super) fn valid_topic(t: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     #[test]
     fn kafka_prefix_goes_in_front_of_every_topic_and_the_group_once() {
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn heroku_variables_configure_mutual_tls_without_showing_a_pem() {
-        use crate::config::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
+        use crate::settings::security::tests::{assert_no_content, CA, CLIENT, CLIENT_KEY_PEM};
         let s = Settings::from_vars(vars(&[
         ("KAFKA_URL", "kafka+ssl://ec2-1.compute.amazonaws.com:9096,kafka+ssl://ec2-2.compute.amazonaws.com:9096"),
         ("KAFKA_TRUSTED_CERT", CA),
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn pass_through_properties_cannot_contradict_the_security_settings() {
-        use crate::config::security::tests::CA;
+        use crate::settings::security::tests::CA;
         let e = err(&[
             ("KAFKA_URL", "kafka+ssl://b:1"),
             ("KAFKA_TRUSTED_CERT", CA),

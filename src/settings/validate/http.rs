@@ -4,10 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::error::SettingError;
-use crate::config::secret::Secret;
-use crate::config::settings::raw::RawSettings;
-use crate::config::settings::Settings;
+use crate::settings::error::SettingError;
+use crate::settings::raw::RawSettings;
+use crate::settings::secret::Secret;
+use crate::settings::Settings;
 
 /// The `http` processor's settings, as it takes them. `Debug` shows no header value and
 /// no password.
@@ -246,8 +246,8 @@ fn headers(raw: &RawSettings) -> Result<Vec<(String, Secret)>, SettingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     #[test]
     fn http_settings_parse_and_header_values_never_show() {

@@ -14,7 +14,7 @@ pub(super) mod processing;
 mod required;
 pub(super) mod telemetry;
 
-use crate::config::error::SettingError;
+use crate::settings::error::SettingError;
 
 use super::keys::env_name;
 use super::raw::RawSettings;
@@ -117,9 +117,9 @@ pub(super) fn processor_timeout_fits_the_drain(
 
 /// Per-message delay of the testkit's `slow` processor.
 #[cfg(feature = "testkit")]
-fn test_delay(raw: &RawSettings) -> Result<crate::config::delay::Delay, SettingError> {
+fn test_delay(raw: &RawSettings) -> Result<crate::settings::delay::Delay, SettingError> {
     if raw.values.contains_key("test_delay_ms") {
-        crate::config::delay::Delay::parse(raw.get("test_delay_ms"), 3_600_000)
+        crate::settings::delay::Delay::parse(raw.get("test_delay_ms"), 3_600_000)
             .map_err(|problem| raw.error("test_delay_ms", problem))
     } else {
         Ok(Default::default())
@@ -128,10 +128,10 @@ fn test_delay(raw: &RawSettings) -> Result<crate::config::delay::Delay, SettingE
 
 #[cfg(test)]
 mod tests {
-    use crate::config::settings::test_vars::{err, vars};
+    use crate::settings::test_vars::{err, vars};
     use std::time::Duration;
 
-    use crate::config::settings::{commit_reserve, Settings};
+    use crate::settings::{commit_reserve, Settings};
 
     #[test]
     fn invalid_values_name_the_setting_and_what_is_allowed() {
@@ -162,7 +162,7 @@ mod tests {
     #[cfg(feature = "testkit")]
     #[test]
     fn test_delay_is_a_number_or_a_random_range() {
-        use crate::config::delay::Delay;
+        use crate::settings::delay::Delay;
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.test_delay, Delay::default());
         let s = Settings::from_vars(vars(&[("ACKD_TEST_DELAY_MS", "400")])).unwrap();

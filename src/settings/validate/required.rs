@@ -1,10 +1,10 @@
 //! Required settings: every one missing, named in one error.
 
-use crate::config::error::SettingError;
-use crate::config::failure::OnFailure;
+use crate::settings::error::SettingError;
+use crate::settings::failure::OnFailure;
 
-use crate::config::settings::keys::{env_name, KEYS};
-use crate::config::settings::raw::RawSettings;
+use crate::settings::keys::{env_name, KEYS};
+use crate::settings::raw::RawSettings;
 
 /// Every required setting that is missing, in one error (one at a time makes a new
 /// user start ackd once per setting). What a built-in processor or the dead-letter
@@ -72,8 +72,8 @@ pub(super) fn missing(raw: &RawSettings) -> Result<(), SettingError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     #[test]
     fn missing_required_settings_are_named() {

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::config::secret::Secret;
+use crate::settings::secret::Secret;
 
 /// How ackd talks to the brokers, decided by the URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use crate::config::error::SettingError;
-use crate::config::rdkafka_env;
-use crate::config::settings::raw::RawSettings;
-use crate::config::settings::secrets::{is_secret_variable, variable_name, SECRET_VARIABLES};
+use crate::settings::error::SettingError;
+use crate::settings::raw::RawSettings;
+use crate::settings::rdkafka_env;
+use crate::settings::secrets::{is_secret_variable, variable_name, SECRET_VARIABLES};
 
 /// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (three lines of each child may be held).
 pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;
@@ -100,8 +100,8 @@ fn pass_secrets(raw: &RawSettings) -> Result<Vec<String>, SettingError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     fn pass_secrets(extra: &[(&str, &str)]) -> Vec<String> {
         let mut v = vec![("ACKD_EXEC_COMMAND", "cat")];

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 
-use crate::config::error::SettingError;
-use crate::config::rdkafka_env;
+use crate::settings::error::SettingError;
+use crate::settings::rdkafka_env;
 
 use super::keys::{self, env_name, DEFAULT_ORIGIN, KAFKA_VARS, KEYS};
 use super::properties::{PassThrough, OWNED_PROPERTIES};
@@ -287,8 +287,8 @@ fn refuse_owned_properties(rdkafka: &BTreeMap<String, PassThrough>) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::{Settings, StartFrom};
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::{Settings, StartFrom};
 
     #[test]
     fn defaults_come_from_default_toml() {

@@ -4,8 +4,8 @@
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::ClientConfig;
 
-use crate::config::security;
-use crate::config::settings::Settings;
+use crate::settings::security;
+use crate::settings::Settings;
 
 /// What every client of ackd shares: brokers, security, logging.
 pub fn base_config(settings: &Settings) -> ClientConfig {
@@ -77,7 +77,7 @@ pub fn consumer_config(settings: &Settings) -> ClientConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::security::tests::{CA, CLIENT, CLIENT_KEY_PEM, OTHER_CA, OTHER_KEY};
+    use crate::settings::security::tests::{CA, CLIENT, CLIENT_KEY_PEM, OTHER_CA, OTHER_KEY};
     use rdkafka::consumer::BaseConsumer;
 
     fn settings(vars: &[(&str, &str)]) -> Settings {
@@ -229,6 +229,6 @@ mod tests {
         let mapped = security::creation_error(&message)
             .unwrap_or_else(|| panic!("not mapped to a setting: {message}"));
         assert_eq!(mapped.setting, "KAFKA_CLIENT_CERT_KEY", "{message}");
-        crate::config::security::tests::assert_no_content(&message);
+        crate::settings::security::tests::assert_no_content(&message);
     }
 }

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::error::SettingError;
-use crate::config::settings::properties::{PassThrough, CLASSIC_ONLY_PROPERTIES};
-use crate::config::settings::raw::RawSettings;
+use crate::settings::error::SettingError;
+use crate::settings::properties::{PassThrough, CLASSIC_ONLY_PROPERTIES};
+use crate::settings::raw::RawSettings;
 
 /// How this member joins its group (`ACKD_GROUP_ID` is with the connection).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,8 +185,8 @@ fn read_hostname() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     #[test]
     fn static_membership_is_off_by_default_and_takes_dyno_then_the_host_name() {
@@ -223,11 +223,11 @@ mod tests {
             ("DYNO", "consumer.2"),
         ]))
         .unwrap();
-        let config = crate::config::client_config::consumer_config(&s);
+        let config = crate::settings::client_config::consumer_config(&s);
         assert_eq!(config.get("group.instance.id"), Some("consumer.2"));
         let dynamic = Settings::from_vars(vars(&[("DYNO", "consumer.2")])).unwrap();
         assert_eq!(
-            crate::config::client_config::consumer_config(&dynamic).get("group.instance.id"),
+            crate::settings::client_config::consumer_config(&dynamic).get("group.instance.id"),
             None
         );
 

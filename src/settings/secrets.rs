@@ -2,9 +2,9 @@
 
 use std::collections::HashMap;
 
-use crate::config::kafka_url;
-use crate::config::rdkafka_env::{self, is_secret_property};
-use crate::config::security;
+use crate::settings::kafka_url;
+use crate::settings::rdkafka_env::{self, is_secret_property};
+use crate::settings::security;
 
 use super::keys::env_name;
 use super::raw::RawSettings;
@@ -60,7 +60,7 @@ pub fn variable_name(name: &str) -> String {
 }
 
 /// Every value no line may show that `vars` hold, whether or not they make valid
-/// settings: [`crate::config::secret::register`] gets them before validation, so that not even
+/// settings: [`crate::settings::secret::register`] gets them before validation, so that not even
 /// a configuration error can show one. Values from a file (`ACKD_CONFIG_FILE`) count
 /// when the file can be read.
 pub fn never_shown_in_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
@@ -135,8 +135,8 @@ fn secrets_of_variable(name: &str, value: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::vars;
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::vars;
+    use crate::settings::Settings;
 
     #[test]
     fn secrets_never_show() {

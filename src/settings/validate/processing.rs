@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::config::error::SettingError;
-use crate::config::settings::keys::{default_config, env_name};
-use crate::config::settings::raw::RawSettings;
+use crate::settings::error::SettingError;
+use crate::settings::keys::{default_config, env_name};
+use crate::settings::raw::RawSettings;
 
 /// The largest `ACKD_BATCH_MAX_MESSAGES`: a batch is held in memory whole.
 pub const MAX_BATCH: usize = 10_000;
@@ -144,8 +144,8 @@ pub(super) fn ordering_fits_concurrency(c: &ConcurrencySettings) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     #[test]
     fn batch_settings_are_checked() {

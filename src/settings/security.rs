@@ -13,9 +13,9 @@
 //! PEMs go to librdkafka in memory, never to a file. They are checked here first, so that
 //! a malformed one is an error naming its variable; no error ever shows a PEM's content.
 
-use crate::config::error::SettingError;
-use crate::config::kafka_url::{Brokers, Security};
-use crate::config::secret::Secret;
+use crate::settings::error::SettingError;
+use crate::settings::kafka_url::{Brokers, Security};
+use crate::settings::secret::Secret;
 
 /// TLS for `kafka+ssl://` and `kafka+sasl-ssl://`.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ impl std::fmt::Debug for ClientCert {
 }
 
 /// Every PEM in `tls` (CAs, client certificate, private key), for
-/// [`crate::config::secret::register`].
+/// [`crate::settings::secret::register`].
 pub fn pems(tls: &Tls) -> Vec<&str> {
     let mut out = Vec::new();
     if let Some(t) = &tls.trusted {
@@ -543,7 +543,7 @@ pub fn creation_error(message: &str) -> Option<SettingError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::config::kafka_url;
+    use crate::settings::kafka_url;
 
     /// Test-only certificates (tests/fixtures/tls, see its README).
     pub const CA: &str = include_str!("../../tests/fixtures/tls/ca.pem");

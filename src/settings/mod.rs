@@ -1,3 +1,10 @@
+//! Settings: every setting, typed and validated (this file, `keys.rs`, `raw.rs`,
+//! `validate/`), the error a setting gets ([`error`]), the broker address
+//! ([`kafka_url`]), librdkafka pass-through properties ([`rdkafka_env`]), TLS and SASL
+//! ([`security`]), the secrets no line may show ([`secret`], `secrets.rs`), the failure
+//! policy ([`failure`]), and the translation of all of it into librdkafka properties
+//! (`client_config`). Knows nothing of tasks or processing.
+//!
 //! Every setting, typed and validated once at start.
 //!
 //! Layers, later wins: `config/default.toml` (compiled in), the TOML file named by
@@ -8,6 +15,15 @@
 //! with its parse and checks a file of `validate`, the pass-through properties in
 //! `properties`, and what no line may show in `secrets`.
 
+pub(crate) mod client_config;
+pub mod delay;
+pub mod error;
+pub mod failure;
+pub mod kafka_url;
+pub mod rdkafka_env;
+pub mod secret;
+pub mod security;
+
 mod keys;
 mod properties;
 mod raw;
@@ -17,11 +33,11 @@ mod validate;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::config::error::SettingError;
-use crate::config::kafka_url::Brokers;
-use crate::config::security::{self, Sasl, Tls};
+use crate::settings::error::SettingError;
+use crate::settings::kafka_url::Brokers;
+use security::{Sasl, Tls};
 
-pub use crate::config::rdkafka_env::is_secret_property;
+pub use crate::settings::rdkafka_env::is_secret_property;
 pub use keys::{documented, help_line, rdkafka_defaults, DefaultValue, DEFAULT_TOML};
 pub use properties::{
     PassThrough, CLASSIC_ONLY_PROPERTIES, MEMORY_BUDGET_PROPERTIES, OWNED_PROPERTIES,
@@ -99,7 +115,7 @@ pub struct Settings {
     pub memory: MemorySetting,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
-    pub test_delay: crate::config::delay::Delay,
+    pub test_delay: crate::settings::delay::Delay,
 }
 
 /// `name` with `prefix` in front, unless it already starts with it (so a name given
@@ -143,7 +159,7 @@ impl Settings {
         with_prefix(self.kafka_prefix.as_deref(), name)
     }
 
-    /// Every value no line may show, for [`crate::config::secret::register`]: credentials, the
+    /// Every value no line may show, for [`crate::settings::secret::register`]: credentials, the
     /// private key, and the PEMs (public, but never printed).
     pub fn never_shown(&self) -> Vec<String> {
         let mut values: Vec<String> = Vec::new();
@@ -200,7 +216,7 @@ pub fn commit_reserve(budget: Duration) -> Duration {
 #[cfg(test)]
 mod test_vars {
     use super::Settings;
-    use crate::config::error::SettingError;
+    use crate::settings::error::SettingError;
 
     pub(super) fn vars(extra: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = [

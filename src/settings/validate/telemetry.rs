@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config::error::SettingError;
-use crate::config::settings::raw::RawSettings;
+use crate::settings::error::SettingError;
+use crate::settings::raw::RawSettings;
 
 /// Levels `ACKD_LOG_LEVEL` takes.
 pub const LOG_LEVELS: &[&str] = &["error", "warn", "info", "debug", "trace"];
@@ -85,7 +85,7 @@ pub struct HealthSettings {
     /// unset or 0).
     pub listen: Option<SocketAddr>,
     /// `ACKD_HEALTH_STUCK_MS`; `None` (0): derived, see
-    /// [`crate::config::settings::Settings::health_stuck_after`].
+    /// [`crate::settings::Settings::health_stuck_after`].
     pub stuck: Option<Duration>,
 }
 
@@ -118,8 +118,8 @@ impl HealthSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::{err, vars};
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::{err, vars};
+    use crate::settings::Settings;
 
     /// The health endpoint: off by default and with 0, on with a port; its address and
     /// stuck bound validated and derived.

@@ -6,12 +6,12 @@ use std::sync::OnceLock;
 
 use config::{Config, File, FileFormat};
 
-use crate::config::kafka_url;
-use crate::config::rdkafka_env;
-use crate::config::security;
+use crate::settings::kafka_url;
+use crate::settings::rdkafka_env;
+use crate::settings::security;
 
 /// The defaults, compiled in so the binary behaves the same from any directory.
-pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 
 /// Where an `[rdkafka]` property of ackd's compiled-in defaults comes from.
 pub(super) const DEFAULT_ORIGIN: &str = "config/default.toml";
@@ -405,8 +405,8 @@ pub fn rdkafka_defaults() -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings::test_vars::vars;
-    use crate::config::settings::Settings;
+    use crate::settings::test_vars::vars;
+    use crate::settings::Settings;
 
     #[test]
     fn documented_defaults_are_the_defaults_in_force() {
