@@ -2,7 +2,7 @@
 //! `validate/`), the error a setting gets ([`error`]), the broker address
 //! ([`kafka_url`]), librdkafka pass-through properties ([`rdkafka_env`]), TLS and SASL
 //! ([`security`]), the secrets no line may show ([`secret`], `secrets.rs`), the failure
-//! policy ([`failure`]), and the translation of all of it into librdkafka properties
+//! policy (`validate/failure.rs`), and the translation of all of it into librdkafka properties
 //! (`client_config`). Knows nothing of tasks or processing.
 //!
 //! Every setting, typed and validated once at start.
@@ -18,7 +18,6 @@
 pub(crate) mod client_config;
 pub mod delay;
 pub mod error;
-pub mod failure;
 pub mod kafka_url;
 pub mod rdkafka_env;
 pub mod secret;
@@ -44,11 +43,11 @@ pub use properties::{
 };
 pub use secrets::{is_secret_variable, never_shown_in_vars, variable_name, SECRET_VARIABLES};
 pub use validate::exec::{ExecSettings, MAX_EXEC_LINE_BYTES};
-pub use validate::failure::FailureSettings;
+pub use validate::failure::{FailureSettings, OnFailure, RetryPolicy};
 pub use validate::group::{GroupProtocol, GroupSettings, StartFrom};
-pub(crate) use validate::http::shown_url;
-pub use validate::http::{ConcurrencyMode, HttpBody, HttpSettings, HttpUrl};
-pub use validate::memory::{MemorySetting, MAX_MEMORY_MB};
+pub(crate) use validate::http_endpoint::shown_url;
+pub use validate::http_endpoint::{ConcurrencyMode, HttpBody, HttpSettings, HttpUrl};
+pub use validate::memory_budget::{MemorySetting, MAX_MEMORY_MB};
 pub use validate::processing::{
     BatchSettings, ConcurrencySettings, ProcessingOrder, MAX_BATCH, MAX_BATCH_BYTES,
     MAX_CONCURRENCY, MAX_PENDING,

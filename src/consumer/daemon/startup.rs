@@ -25,8 +25,8 @@ use crate::output::metrics::{self, CommitMetrics};
 use crate::processors::processor::Processor;
 use crate::settings::client_config::{base_config, consumer_config};
 use crate::settings::error::{report_setting_error, SettingError};
-use crate::settings::failure::OnFailure;
 use crate::settings::security;
+use crate::settings::OnFailure;
 use crate::settings::{ProcessingOrder, Settings};
 
 /// The `at=start` line: the settings ackd runs with (none of them shows a secret).

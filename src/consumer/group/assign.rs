@@ -24,7 +24,7 @@ use crate::topic_partition::TopicPartition;
 /// Where a partition resumes: its committed offset (`None`: the start policy applies),
 /// the offsets above it to skip, and those to flag as possible repeats.
 struct ResumePoint {
-    committed: Option<i64>,
+    resume_from: Option<i64>,
     acked_above: Vec<(i64, i64)>,
     window: RedeliveryWindow,
     /// See [`Resume::existed_through`].
@@ -108,7 +108,7 @@ impl<P: Processor> GroupContext<P> {
         if let Some((Offset::Offset(o), read)) = committed {
             let (acked_above, window) = resume_from_commit(base, tp, o, &read, generation);
             return ResumePoint {
-                committed: Some(o),
+                resume_from: Some(o),
                 acked_above,
                 window,
                 existed_through: None,
@@ -136,7 +136,7 @@ impl<P: Processor> GroupContext<P> {
             "no committed offset known: the start policy applies"
         );
         ResumePoint {
-            committed: None,
+            resume_from: None,
             acked_above: Vec::new(),
             window,
             existed_through: None,
@@ -170,7 +170,7 @@ impl<P: Processor> GroupContext<P> {
             tp.0.clone(),
             partition,
             Resume {
-                resume_from: point.committed,
+                resume_from: point.resume_from,
                 acked: point.acked_above,
                 window: point.window,
                 existed_through: point.existed_through,
@@ -186,8 +186,8 @@ impl<P: Processor> GroupContext<P> {
             tp,
             Owned {
                 worker,
-                committed: point.committed,
-                resume_from: point.committed,
+                committed: point.resume_from,
+                resume_from: point.resume_from,
                 cap: None,
                 high_watermark: -1,
                 released: false,

@@ -16,7 +16,7 @@ use crate::processors::call_start;
 use crate::processors::processor::{
     panicked, BatchError, FailureKind, Message, ProcessError, Processor,
 };
-use crate::settings::failure::OnFailure;
+use crate::settings::OnFailure;
 
 /// What a call to `Processor::process` returned, or its panic.
 pub(super) type Outcome = std::thread::Result<Result<(), ProcessError>>;
@@ -404,7 +404,7 @@ mod tests {
     use super::*;
     use crate::consumer::worker::{Batching, Concurrency};
     use crate::processors::processor::ProcessError;
-    use crate::settings::failure::{OnFailure, RetryPolicy};
+    use crate::settings::{OnFailure, RetryPolicy};
 
     /// What each call was handed: (offset, redelivered, attempt) of its messages.
     type Calls = Mutex<Vec<Vec<(i64, bool, u32)>>>;

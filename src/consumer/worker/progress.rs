@@ -18,7 +18,7 @@ use crate::consumer::tracker::OffsetTracker;
 use crate::fetched_message::FetchedMessage;
 use crate::output::metrics::{self, PartitionMetrics};
 use crate::processors::processor::{Kafka, Message};
-use crate::settings::failure::OnFailure;
+use crate::settings::OnFailure;
 
 /// The most ranges a worker publishes for the commit metadata: each takes at least 2
 /// of its [`crate::consumer::handover::RANGES_MAX_BYTES`] (a digit and a comma), so more never fit.

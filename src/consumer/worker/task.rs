@@ -23,8 +23,8 @@ use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
 use crate::fetched_message::FetchedMessage;
 use crate::processors::processor::{Kafka, Message, Processor};
-use crate::settings::failure::{OnFailure, RetryPolicy};
 use crate::settings::ProcessingOrder;
+use crate::settings::{OnFailure, RetryPolicy};
 
 /// What a worker needs besides its queue.
 pub struct WorkerConfig<P> {

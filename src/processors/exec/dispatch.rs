@@ -1,13 +1,15 @@
-//! Which child gets a request: of the children serving, the one with the fewest
-//! requests in flight, among those holding fewer than `ACKD_EXEC_IN_FLIGHT`. A request
-//! waits here while every child is full (or being replaced).
+//! A request for a child ([`Job`]) and which child gets it: of the children serving,
+//! the one with the fewest requests in flight, among those holding fewer than
+//! `ACKD_EXEC_IN_FLIGHT`. A request waits here while every child is full (or being
+//! replaced).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use super::job::Job;
+use super::protocol::Sent;
+use crate::processors::processor::{BatchError, Queued};
 
 /// How loaded each child is, and the way to hand it a request.
 pub(super) struct Dispatch {
@@ -140,6 +142,15 @@ impl Dispatch {
             }
         }
     }
+}
+
+/// One request for a child (a message, or a batch), and where its answer goes.
+pub(super) struct Job {
+    pub(super) line: Vec<u8>,
+    pub(super) sent: Sent,
+    pub(super) reply: oneshot::Sender<Result<(), BatchError>>,
+    /// The call starts when a child takes it, not while it waits for one.
+    pub(super) queued: Queued,
 }
 
 #[cfg(test)]

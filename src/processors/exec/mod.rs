@@ -38,8 +38,6 @@
 mod child;
 mod dispatch;
 mod held;
-mod job;
-mod lines;
 mod pool;
 mod protocol;
 mod serve;
@@ -55,7 +53,7 @@ use tokio::sync::{oneshot, Semaphore};
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
 use crate::settings::ExecSettings;
 
-use job::Job;
+use dispatch::Job;
 use pool::Pool;
 pub use protocol::{batch_line, parse_reply, request_line, Offsets, Sent};
 

@@ -11,8 +11,8 @@ use crate::settings::ExecSettings;
 
 use super::child::Running;
 use super::dispatch::Dispatch;
+use super::dispatch::Job;
 use super::held::Held;
-use super::job::Job;
 use super::serve::{child_failed, restart_reason, Ended, Service};
 
 /// First wait before a failed child is started again; doubles per failure in a row.

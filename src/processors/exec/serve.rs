@@ -11,8 +11,8 @@ use crate::settings::ExecSettings;
 
 use super::child::{Output, Running};
 use super::dispatch::Dispatch;
+use super::dispatch::Job;
 use super::held::{Held, HeldRequests};
-use super::job::Job;
 use super::protocol::{shorten, RequestName};
 
 /// Why a child's service ended.

@@ -7,9 +7,9 @@
 pub(super) mod exec;
 pub(super) mod failure;
 pub(super) mod group;
-pub(super) mod http;
+pub(super) mod http_endpoint;
 mod kafka;
-pub(super) mod memory;
+pub(super) mod memory_budget;
 pub(super) mod processing;
 mod required;
 pub(super) mod telemetry;
@@ -22,9 +22,9 @@ use super::{Settings, MAX_REDELIVERY_WINDOW, MIN_REDELIVERY_WINDOW};
 use exec::ExecSettings;
 use failure::FailureSettings;
 use group::GroupSettings;
-use http::HttpSettings;
+use http_endpoint::HttpSettings;
 use kafka::Connection;
-use memory::MemorySetting;
+use memory_budget::MemorySetting;
 use telemetry::{HealthSettings, LoggingSettings};
 
 /// The settings the raw layer makes, or the first setting that is wrong.
@@ -77,9 +77,9 @@ pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
         test_delay: test_delay(raw)?,
     };
     processor_timeout_fits_the_drain(raw, &settings)?;
-    memory::budget_owns_the_prefetch_limits(&settings)?;
+    memory_budget::budget_owns_the_prefetch_limits(&settings)?;
     processing::ordering_fits_concurrency(&settings.concurrency)?;
-    http::body_fits_batching(&settings)?;
+    http_endpoint::body_fits_batching(&settings)?;
     Ok(settings)
 }
 
@@ -94,7 +94,7 @@ pub(super) fn processor_timeout_fits_the_drain(
     let drain = settings.drain_budget();
     let processor_timeout = match settings.processor.as_str() {
         "exec" => Some(("exec_timeout_ms", exec::timeout(raw)?)),
-        "http" => Some(("http_timeout_ms", http::timeout(raw)?)),
+        "http" => Some(("http_timeout_ms", http_endpoint::timeout(raw)?)),
         _ => None,
     };
     if let Some((key, timeout)) = processor_timeout {
