@@ -185,6 +185,11 @@ pub(super) const KEYS: &[Key] = &[
         help: "key and value bytes per batch at most (0: no limit)",
     },
     Key {
+        key: "delay_ms",
+        required: None,
+        help: "process a message no earlier than its timestamp plus this, its partition waiting in order (0: off; up to 604800000, 7 days)",
+    },
+    Key {
         key: "exec_command",
         required: None,
         help: "required with exec: the handler's command line, run with sh -c",

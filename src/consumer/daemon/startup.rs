@@ -266,6 +266,7 @@ pub(super) fn worker_config<P: Processor>(
             commit_wanted: parts.commit_wanted.clone(),
         },
         taken_max_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
+        delay_ms: settings.concurrency.delay.as_millis() as u64,
     }
 }
 

@@ -470,6 +470,7 @@ mod tests {
             concurrency: Concurrency::SEQUENTIAL,
             limits: Default::default(),
             taken_max_bytes: 0,
+            delay_ms: 0,
         }
     }
 

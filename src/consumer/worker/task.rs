@@ -2,16 +2,19 @@
 //! partition that has not ended), the state machine it runs (read, halt, end, stop),
 //! reading its queue one message at a time, a single message's call, and batches
 //! (`ACKD_BATCH_MAX_MESSAGES` above 1: gathering one, and handing it to the processor).
-//! With `ACKD_ORDERING=key`/`none` its read loop is concurrent.rs's.
+//! With `ACKD_ORDERING=key`/`none` its read loop is concurrent.rs's. Every message
+//! passes [`Worker::next`], where it waits for the dispatch limit and, with
+//! `ACKD_DELAY_MS`, for its due time.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::Timestamp;
 use tokio::sync::{watch, Notify};
 
 use super::handler::{BatchEnd, Handled, Handler};
@@ -46,6 +49,8 @@ pub struct WorkerConfig<P> {
     /// (`Budget::taken_bytes`; 0: no budget): a larger message pauses the partition's
     /// fetching while the worker holds it (src/consumer/partition_queue.rs).
     pub taken_max_bytes: usize,
+    /// `ACKD_DELAY_MS`: a message starts no earlier than its timestamp plus this; 0: off.
+    pub delay_ms: u64,
 }
 
 /// How many processor calls of one partition run at once, and in what order.
@@ -96,6 +101,7 @@ impl<P> Clone for WorkerConfig<P> {
             concurrency: self.concurrency,
             limits: self.limits.clone(),
             taken_max_bytes: self.taken_max_bytes,
+            delay_ms: self.delay_ms,
         }
     }
 }
@@ -344,7 +350,8 @@ pub(super) enum Step {
 pub(super) struct Worker<'a, P> {
     pub(super) messages: Messages<'a>,
     /// A message that did not fit in the last batch (ACKD_BATCH_MAX_BYTES): the next
-    /// batch's first. Dropped unprocessed on a stop, like a batch being gathered. Or a
+    /// batch's first. Or one waiting for the dispatch limit or its due time
+    /// (`ACKD_DELAY_MS`). Dropped unprocessed on a stop, like a batch being gathered. Or a
     /// fetch error that ended the last batch, handled before anything after it.
     pub(super) held: Option<KafkaResult<FetchedMessage<'a>>>,
     pub(super) progress: Progress<'a>,
@@ -520,10 +527,46 @@ impl<'a, P: Processor> Worker<'a, P> {
             }
             next = self.held.take();
         }
+        // Off (0): this branch is all it costs, no clock read.
+        if self.config.delay_ms > 0 {
+            if let Some(Ok(m)) = &next {
+                if let Some(wait) = not_due(m, self.config.delay_ms) {
+                    // Kept unstarted while waiting, as for the dispatch limit: a stop
+                    // releases it, and the next owner gets it unflagged.
+                    delay_log(m, wait, self.topic, self.config.delay_ms);
+                    self.held = next;
+                    if !self.wait_due(wait).await {
+                        return None;
+                    }
+                    next = self.held.take();
+                }
+            }
+        }
         let skipped = self.progress.skip.total_skipped();
         self.flagging
             .read(offset, skipped, self.topic, self.partition);
         next
+    }
+
+    /// Waits `wait`, then as long as the held message is still not due (a wall clock
+    /// stepped back); false if told to stop first. After a long wait the process may
+    /// have been stalled: the membership is checked again before it starts.
+    async fn wait_due(&mut self, mut wait: Duration) -> bool {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.stop.wait_for(|s| *s) => return false,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            match &self.held {
+                Some(Ok(m)) => match not_due(m, self.config.delay_ms) {
+                    Some(more) => wait = more,
+                    None => break,
+                },
+                _ => break,
+            }
+        }
+        self.shared.hold.wait_unless_stopped(&mut self.stop).await
     }
 
     /// One message to the processor (`Processor::process`).
@@ -596,7 +639,7 @@ impl<'a, P: Processor> Worker<'a, P> {
             &mut self.messages,
             &self.config.batch,
             self.config.at_end.is_some(),
-            &self.shared.dispatch,
+            (&self.shared.dispatch, self.config.delay_ms),
             &mut self.stop,
         )
         .await;
@@ -703,16 +746,16 @@ enum After {
 
 /// Adds messages to `batch` (which holds its first) until it is full (by count, or by
 /// bytes: the message that does not fit is put in `held`), the queue stays empty for the
-/// rest of `ACKD_BATCH_MAX_WAIT_MS`, the next message is above the dispatch limit (it
-/// goes to `held` too, and waits there), or the partition ends. A backlog fills it
-/// without waiting.
+/// rest of `ACKD_BATCH_MAX_WAIT_MS`, the next message is above the dispatch limit or not
+/// due yet (`ACKD_DELAY_MS`: it goes to `held` too, and waits there), or the partition
+/// ends. A backlog fills it without waiting.
 async fn gather<'q, S>(
     batch: &mut Vec<FetchedMessage<'q>>,
     held: &mut Option<KafkaResult<FetchedMessage<'q>>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
-    dispatch: &DispatchLimit,
+    (dispatch, delay_ms): (&DispatchLimit, u64),
     stop: &mut watch::Receiver<bool>,
 ) -> After
 where
@@ -743,7 +786,9 @@ where
         };
         match next {
             Some(Ok(m)) => {
-                if !dispatch.permits(m.offset()) {
+                if !dispatch.permits(m.offset())
+                    || (delay_ms > 0 && not_due(&m, delay_ms).is_some())
+                {
                     *held = Some(Ok(m));
                     break;
                 }
@@ -768,3 +813,40 @@ where
     }
     After::More
 }
+
+/// How long `message` must still wait under `ACKD_DELAY_MS` (`delay_ms`): until its
+/// timestamp (create or log-append time) plus the delay, by this host's clock. `None`:
+/// due now, or it has no timestamp (not delayed).
+fn not_due(message: &FetchedMessage<'_>, delay_ms: u64) -> Option<Duration> {
+    let (Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms)) = message.timestamp() else {
+        return None;
+    };
+    let due = u64::try_from(ms).ok()?.saturating_add(delay_ms);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    (due > now).then(|| Duration::from_millis(due - now))
+}
+
+/// Says that a message waits for its due time (debug), and warns when its timestamp is
+/// well ahead of this host's clock: the partition then waits longer than the delay.
+fn delay_log(message: &FetchedMessage<'_>, wait: Duration, topic: &str, delay_ms: u64) {
+    let wait_ms = wait.as_millis() as u64;
+    let (partition, offset) = (message.partition(), message.offset());
+    if wait_ms > delay_ms.saturating_add(FUTURE_TIMESTAMP_MS) {
+        tracing::warn!(
+            at = "delay_future_timestamp",
+            topic,
+            partition,
+            offset,
+            wait_ms,
+            "the message's timestamp is ahead of this host's clock: its partition waits longer than ACKD_DELAY_MS"
+        );
+    } else {
+        tracing::debug!(at = "delay_wait", topic, partition, offset, wait_ms);
+    }
+}
+
+/// How far ahead of this host's clock a timestamp may be before a wait for it is
+/// warned of: producers' clocks differ by a little.
+const FUTURE_TIMESTAMP_MS: u64 = 60_000;

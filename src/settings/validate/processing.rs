@@ -1,4 +1,5 @@
-//! Processing: batches, the order of a partition's messages, and how many run at once.
+//! Processing: batches, the order of a partition's messages, how many run at once, and
+//! how long after its timestamp a message may start.
 
 use std::time::Duration;
 
@@ -14,6 +15,9 @@ pub const MAX_BATCH_BYTES: usize = 1 << 30;
 pub const MAX_CONCURRENCY: usize = 10_000;
 /// The largest `ACKD_MAX_PENDING`.
 pub const MAX_PENDING: usize = 1_000_000;
+/// The largest `ACKD_DELAY_MS`: 7 days, Kafka's default retention (a longer delay would
+/// wait for messages the broker has deleted).
+pub const MAX_DELAY_MS: u64 = 7 * 24 * 3_600_000;
 
 /// How many messages one processor call gets (`ACKD_BATCH_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +34,7 @@ pub struct BatchSettings {
     pub max_bytes: usize,
 }
 
-/// In what order a partition's messages are processed, and how many at once.
+/// In what order a partition's messages are processed, how many at once, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConcurrencySettings {
     /// `ACKD_ORDERING`.
@@ -42,6 +46,9 @@ pub struct ConcurrencySettings {
     /// most: in calls, waiting for their key's turn, or finished above an unfinished one
     /// (`key` or `none` ordering); at the cap it stops reading.
     pub max_pending: usize,
+    /// `ACKD_DELAY_MS`: a message starts no earlier than its timestamp plus this; zero:
+    /// off.
+    pub delay: Duration,
 }
 
 /// In what order one partition's messages are processed (`ACKD_ORDERING`).
@@ -66,8 +73,8 @@ impl ProcessingOrder {
     }
 }
 
-/// The batch limits, `ACKD_ORDERING`, `ACKD_CONCURRENCY` and `ACKD_MAX_PENDING`, each
-/// checked alone, then ordering and concurrency together.
+/// The batch limits, `ACKD_ORDERING`, `ACKD_CONCURRENCY`, `ACKD_MAX_PENDING` and
+/// `ACKD_DELAY_MS`, each checked alone (ordering and concurrency together later).
 pub(super) fn parse(
     raw: &RawSettings,
 ) -> Result<(BatchSettings, ConcurrencySettings), SettingError> {
@@ -89,6 +96,7 @@ pub(super) fn parse(
             1..=MAX_PENDING,
             format!("expected a whole number from 1 to {MAX_PENDING}"),
         )?,
+        delay: delay(raw)?,
     };
     let batching = BatchSettings {
         max_messages,
@@ -111,6 +119,19 @@ fn ordering(raw: &RawSettings) -> Result<ProcessingOrder, SettingError> {
         _ => Err(raw.error(
             "ordering",
             "expected partition (one message of a partition at a time, the default), key (each key in order, keys concurrently) or none",
+        )),
+    }
+}
+
+/// `ACKD_DELAY_MS`.
+fn delay(raw: &RawSettings) -> Result<Duration, SettingError> {
+    match raw.get("delay_ms").parse::<u64>() {
+        Ok(ms) if ms <= MAX_DELAY_MS => Ok(Duration::from_millis(ms)),
+        _ => Err(raw.error(
+            "delay_ms",
+            format!(
+                "expected a whole number of milliseconds from 0 (off) to {MAX_DELAY_MS} (7 days)"
+            ),
         )),
     }
 }
@@ -230,5 +251,20 @@ mod tests {
         ]);
         assert_eq!(e.setting, "ACKD_MAX_PENDING");
         assert!(e.problem.contains("ACKD_CONCURRENCY=50"), "{e}");
+    }
+
+    #[test]
+    fn delay_is_checked() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert_eq!(s.concurrency.delay, Duration::ZERO);
+        let s = Settings::from_vars(vars(&[("ACKD_DELAY_MS", "1500")])).unwrap();
+        assert_eq!(s.concurrency.delay, Duration::from_millis(1500));
+        let s = Settings::from_vars(vars(&[("ACKD_DELAY_MS", "604800000")])).unwrap();
+        assert_eq!(s.concurrency.delay, Duration::from_secs(7 * 24 * 3600));
+        for bad in ["-1", "604800001", "1s", "", "1.5"] {
+            let e = err(&[("ACKD_DELAY_MS", bad)]);
+            assert_eq!(e.setting, "ACKD_DELAY_MS", "{bad:?}");
+            assert!(e.problem.contains("0 (off) to 604800000 (7 days)"), "{e}");
+        }
     }
 }
