@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use ackd::settings::delay::Delay;
+use ackd::settings::test_delay::Delay;
 use ackd::{Message, ProcessError, Processor, SettingError};
 
 struct Slow {

@@ -42,7 +42,7 @@ pub enum Builtin {
     /// at random), then acknowledges, so tests can have messages in flight when a signal
     /// arrives, or finishing out of order.
     #[cfg(feature = "testkit")]
-    Slow(crate::settings::delay::Delay),
+    Slow(crate::settings::test_delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
     /// panics, `retry:N` fails retryably N times before it succeeds (its reason says the
     /// message's `redelivered` and `attempt`), `block:PATH` blocks

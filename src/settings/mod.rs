@@ -16,12 +16,12 @@
 //! `properties`, and what no line may show in `secrets`.
 
 pub(crate) mod client_config;
-pub mod delay;
 pub mod error;
 pub mod kafka_url;
 pub mod rdkafka_env;
 pub mod secret;
 pub mod security;
+pub mod test_delay;
 
 mod keys;
 mod properties;
@@ -114,7 +114,7 @@ pub struct Settings {
     pub memory: MemorySetting,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
-    pub test_delay: crate::settings::delay::Delay,
+    pub test_delay: crate::settings::test_delay::Delay,
 }
 
 /// `name` with `prefix` in front, unless it already starts with it (so a name given

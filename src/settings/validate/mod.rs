@@ -117,9 +117,9 @@ pub(super) fn processor_timeout_fits_the_drain(
 
 /// Per-message delay of the testkit's `slow` processor.
 #[cfg(feature = "testkit")]
-fn test_delay(raw: &RawSettings) -> Result<crate::settings::delay::Delay, SettingError> {
+fn test_delay(raw: &RawSettings) -> Result<crate::settings::test_delay::Delay, SettingError> {
     if raw.values.contains_key("test_delay_ms") {
-        crate::settings::delay::Delay::parse(raw.get("test_delay_ms"), 3_600_000)
+        crate::settings::test_delay::Delay::parse(raw.get("test_delay_ms"), 3_600_000)
             .map_err(|problem| raw.error("test_delay_ms", problem))
     } else {
         Ok(Default::default())
@@ -162,7 +162,7 @@ mod tests {
     #[cfg(feature = "testkit")]
     #[test]
     fn test_delay_is_a_number_or_a_random_range() {
-        use crate::settings::delay::Delay;
+        use crate::settings::test_delay::Delay;
         let s = Settings::from_vars(vars(&[])).unwrap();
         assert_eq!(s.test_delay, Delay::default());
         let s = Settings::from_vars(vars(&[("ACKD_TEST_DELAY_MS", "400")])).unwrap();
