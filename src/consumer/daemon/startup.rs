@@ -235,6 +235,8 @@ pub(super) fn worker_config<P: Processor>(
     parts: &Parts,
     dead_letter: Option<Arc<DeadLetter>>,
 ) -> WorkerConfig<P> {
+    // What a worker may hold taken out of its queue under the budget (0: no budget).
+    let taken = parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes);
     WorkerConfig {
         processor,
         log_messages: settings.logging.log_messages,
@@ -257,7 +259,7 @@ pub(super) fn worker_config<P: Processor>(
                 ordering,
                 max_in_flight: settings.concurrency.max_in_flight,
                 max_pending: settings.concurrency.max_pending,
-                max_pending_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
+                max_pending_bytes: taken,
             },
         },
         limits: LimitPolicy {
@@ -265,7 +267,7 @@ pub(super) fn worker_config<P: Processor>(
             commit_interval: settings.commit_interval,
             commit_wanted: parts.commit_wanted.clone(),
         },
-        taken_max_bytes: parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes),
+        taken_max_bytes: taken,
         delay_ms: settings.concurrency.delay.as_millis() as u64,
     }
 }
