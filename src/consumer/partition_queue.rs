@@ -19,6 +19,7 @@ use futures::Stream;
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{IsError, KafkaResult};
+use rdkafka::TopicPartitionList;
 
 use crate::fetched_message::{key_and_value_bytes, FetchedMessage};
 
@@ -101,8 +102,8 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
     /// Splits `topic`/`partition`'s queue from the consumer's. `None`: librdkafka has no
     /// such partition. Like rust-rdkafka's `split_partition_queue`, every handle is on the
     /// same librdkafka queue, and dropping one unhooks the wake-up of every other.
-    pub fn split(consumer: &Arc<StreamConsumer<C>>, topic: &str, partition: i32) -> Option<Self> {
-        let topic = CString::new(topic).ok()?;
+    pub fn split(consumer: &Arc<StreamConsumer<C>>, name: &str, partition: i32) -> Option<Self> {
+        let topic = CString::new(name).ok()?;
         let client = consumer.client().native_ptr();
         // SAFETY: a live client and a NUL-terminated topic name.
         let queue =
@@ -122,8 +123,11 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
             queue,
             partition: Pausable {
                 client,
-                topic,
-                partition,
+                list: {
+                    let mut list = TopicPartitionList::with_capacity(1);
+                    list.add_partition(name, partition);
+                    list
+                },
             },
             waker,
             _consumer: consumer.clone(),
@@ -168,26 +172,25 @@ impl<C: ConsumerContext + 'static> Drop for PartitionQueue<C> {
 /// rarely anything, as the queue held only the message just taken.
 struct Pausable {
     client: *mut rdsys::rd_kafka_t,
-    topic: CString,
-    partition: i32,
+    /// The one partition, as librdkafka's pause and resume take it.
+    list: TopicPartitionList,
 }
 
 impl Pausable {
     fn set(&self, pause: bool) {
-        // SAFETY: the client outlives the queue (`_consumer`), the list is ours.
-        unsafe {
-            let list = rdsys::rd_kafka_topic_partition_list_new(1);
-            rdsys::rd_kafka_topic_partition_list_add(list, self.topic.as_ptr(), self.partition);
-            let err = if pause {
-                rdsys::rd_kafka_pause_partitions(self.client, list)
+        // SAFETY: the client outlives the queue (`_consumer`); librdkafka only reads the
+        // list (each element's error field aside, which nothing else reads).
+        let err = unsafe {
+            if pause {
+                rdsys::rd_kafka_pause_partitions(self.client, self.list.ptr())
             } else {
-                rdsys::rd_kafka_resume_partitions(self.client, list)
-            };
-            rdsys::rd_kafka_topic_partition_list_destroy(list);
-            if err.is_error() {
-                let action = if pause { "pause" } else { "resume" };
-                let topic = self.topic.to_string_lossy();
-                tracing::warn!(at = "pause_failed", topic = %topic, partition = self.partition, action, error = ?err);
+                rdsys::rd_kafka_resume_partitions(self.client, self.list.ptr())
+            }
+        };
+        if err.is_error() {
+            let action = if pause { "pause" } else { "resume" };
+            for e in self.list.elements() {
+                tracing::warn!(at = "pause_failed", topic = e.topic(), partition = e.partition(), action, error = ?err);
             }
         }
     }
