@@ -61,12 +61,12 @@ use rdkafka::error::{IsError, KafkaError};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::clock::millis;
 use crate::consumer::group::Group;
 use crate::consumer::handover::{encode_ranges, metadata, raw_metadata, RANGES_MAX_BYTES};
 use crate::consumer::membership;
+use crate::output::metrics::millis;
 use crate::output::metrics::CommitMetrics;
-use crate::topic_partition::TopicPartition;
+use crate::output::TopicPartition;
 
 /// What to commit for one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub struct CommitOffset {
     /// For the metadata: the highest offset acknowledged or, in a release, the highest
     /// handed to the processor (finished or not).
     pub processed: Option<i64>,
-    /// The dispatch limit this commit records (src/consumer/dispatch_limit.rs): once it
+    /// The dispatch limit this commit records (src/consumer/worker/shared.rs): once it
     /// is accepted, the partition's worker may start offsets up to it.
     pub limit: Option<i64>,
     /// Offsets acknowledged above `offset`, inclusive ranges, ascending, for the metadata

@@ -21,7 +21,7 @@ use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{IsError, KafkaResult};
 use rdkafka::TopicPartitionList;
 
-use crate::fetched_message::{key_and_value_bytes, FetchedMessage};
+use crate::processors::processor::{key_and_value_bytes, FetchedMessage};
 
 /// At most this many messages taken from librdkafka's queue in one call, ...
 pub const READ_AHEAD: usize = 64;

@@ -37,9 +37,9 @@ use crate::consumer::membership;
 use crate::consumer::worker::{self, WorkerConfig, WorkerHandle, WorkerShared};
 use crate::output::health::Health;
 use crate::output::metrics::{CommitMetrics, Interval, LagLines};
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
 use crate::settings::StartFrom;
-use crate::topic_partition::TopicPartition;
 
 use crate::consumer::stop::StopClock;
 pub(crate) use connectivity::Connectivity;
@@ -74,7 +74,7 @@ impl Group {
     }
 
     /// What a commit asked for by workers at their dispatch limit sends: the partitions
-    /// whose worker wants its limit raised (src/consumer/dispatch_limit.rs), and only
+    /// whose worker wants its limit raised (src/consumer/worker/shared.rs), and only
     /// those: the others keep to the commit interval.
     pub fn limits_wanted(&self) -> Vec<CommitOffset> {
         self.owned
@@ -156,7 +156,7 @@ impl Owned {
     /// of it was periodic, or there was none since the assignment, so that the metadata
     /// says it was released and what was handed over unfinished (the next owner then
     /// flags exactly that). Running, also when the worker wants its dispatch
-    /// limit raised (src/consumer/dispatch_limit.rs): a commit carries the next one.
+    /// limit raised (src/consumer/worker/shared.rs): a commit carries the next one.
     pub(super) fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
         let dispatch = &self.worker.shared.dispatch;
         let limit_wanted = !releasing && dispatch.wanted();

@@ -19,8 +19,8 @@ use crate::consumer::committer::{CommitError, CommitOffset, Reason};
 use crate::consumer::membership;
 use crate::consumer::stop::{sleep_until, StopTimes, STOP_CHECK};
 use crate::consumer::worker;
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
-use crate::topic_partition::TopicPartition;
 
 /// When a release's steps must end; read at each wait, as a stop may bring them forward.
 pub(super) struct Deadlines<'a> {
@@ -74,7 +74,7 @@ impl<P: Processor> GroupContext<P> {
         if lost {
             membership::ended(&mut *self.lock());
         }
-        let duration_ms = crate::clock::millis(started.elapsed());
+        let duration_ms = crate::output::metrics::millis(started.elapsed());
         let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
         if stopping && (!outcome.complete || outcome.left_uncommitted().next().is_some()) {
             self.released_incomplete.store(true, Ordering::Release);
