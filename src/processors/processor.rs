@@ -41,7 +41,7 @@ pub struct Message<'a> {
 /// One fetched message, owned: librdkafka's `rd_kafka_message_t`, destroyed on drop. It
 /// borrows (`'q`) the queue it came from, which keeps the consumer alive: librdkafka's
 /// messages must not outlive their client.
-pub struct FetchedMessage<'q> {
+pub(crate) struct FetchedMessage<'q> {
     message: NonNull<rdsys::rd_kafka_message_t>,
     queue: PhantomData<&'q ()>,
 }
