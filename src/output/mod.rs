@@ -10,4 +10,4 @@ pub(crate) mod metrics;
 use std::sync::Arc;
 
 /// A topic and a partition of it.
-pub type TopicPartition = (Arc<str>, i32);
+pub(crate) type TopicPartition = (Arc<str>, i32);
