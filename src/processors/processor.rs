@@ -4,7 +4,7 @@
 //! commits the message's offset only after `process` returned `Ok`. The message borrows
 //! librdkafka's buffer (no copy on the hot path); call [`Message::to_owned`] to keep it.
 //!
-//! That buffer is a [`FetchedMessage`]: a message as librdkafka fetched it, read straight
+//! That buffer is a `FetchedMessage`: a message as librdkafka fetched it, read straight
 //! from librdkafka's memory and released when dropped. The partition workers take these
 //! from their queue several at a time (`consumer::partition_queue`); the processors see
 //! them through `Message`.
