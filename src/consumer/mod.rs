@@ -9,7 +9,6 @@ pub(crate) mod auth;
 pub(crate) mod committer;
 pub(crate) mod daemon;
 pub(crate) mod dead_letter;
-pub(crate) mod dispatch_limit;
 pub(crate) mod group;
 pub(crate) mod handover;
 pub(crate) mod key_order;
@@ -19,5 +18,6 @@ pub(crate) mod partition_queue;
 pub(crate) mod stop;
 pub(crate) mod supervisor;
 pub(crate) mod topics;
-pub mod tracker;
 pub(crate) mod worker;
+
+pub use worker::{OffsetTracker, TrackerError};

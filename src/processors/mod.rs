@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
-use crate::settings::error::SettingError;
+use crate::settings::SettingError;
 use crate::settings::{ExecSettings, HttpSettings, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.

@@ -13,20 +13,19 @@ use tokio::sync::Notify;
 
 use crate::consumer::committer::Committer;
 use crate::consumer::dead_letter::DeadLetter;
-use crate::consumer::dispatch_limit::LimitPolicy;
 use crate::consumer::group::{AckdConsumer, Group, GroupContext};
 use crate::consumer::stop::stopped_while_waiting;
 use crate::consumer::stop::StopClock;
-use crate::consumer::worker::{Batching, Concurrency, WorkerConfig};
+use crate::consumer::worker::{Batching, Concurrency, LimitPolicy, WorkerConfig};
 use crate::consumer::{auth, memory, topics};
 use crate::exit;
 use crate::output::health::{self, Health};
 use crate::output::metrics::{self, CommitMetrics};
 use crate::processors::processor::Processor;
 use crate::settings::client_config::{base_config, consumer_config};
-use crate::settings::error::{report_setting_error, SettingError};
 use crate::settings::security;
 use crate::settings::OnFailure;
+use crate::settings::{report_setting_error, SettingError};
 use crate::settings::{ProcessingOrder, Settings};
 
 /// The `at=start` line: the settings ackd runs with (none of them shows a secret).

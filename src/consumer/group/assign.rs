@@ -17,9 +17,9 @@ use crate::consumer::handover::{
 use crate::consumer::membership;
 use crate::consumer::partition_queue::PartitionQueue;
 use crate::consumer::worker;
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
 use crate::settings::StartFrom;
-use crate::topic_partition::TopicPartition;
 
 /// Where a partition resumes: its committed offset (`None`: the start policy applies),
 /// the offsets above it to skip, and those to flag as possible repeats.

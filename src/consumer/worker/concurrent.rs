@@ -38,8 +38,7 @@ use super::handler::{Acks, BatchEnd, Handled, Handler};
 use super::shared::NONE;
 use super::task::{Batching, Step, Worker};
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
-use crate::fetched_message::FetchedMessage;
-use crate::processors::processor::{Kafka, Message, Processor};
+use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
 use crate::settings::ProcessingOrder;
 
 /// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).

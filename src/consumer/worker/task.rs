@@ -19,13 +19,11 @@ use tokio::sync::{watch, Notify};
 
 use super::handler::{BatchEnd, Handled, Handler};
 use super::progress::Progress;
-use super::shared::{SetOnDrop, WorkerShared, NONE};
+use super::shared::{DispatchLimit, LimitPolicy, SetOnDrop, WorkerShared, NONE};
 use crate::consumer::dead_letter::DeadLetter;
-use crate::consumer::dispatch_limit::{DispatchLimit, LimitPolicy};
 use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
-use crate::fetched_message::FetchedMessage;
-use crate::processors::processor::{Kafka, Message, Processor};
+use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
 use crate::settings::ProcessingOrder;
 use crate::settings::{OnFailure, RetryPolicy};
 

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::raw::RawSettings;
 use crate::settings::with_prefix;
+use crate::settings::SettingError;
 
 use super::kafka::{valid_topic, Connection};
 

@@ -14,7 +14,7 @@ pub(super) mod processing;
 mod required;
 pub(super) mod telemetry;
 
-use crate::settings::error::SettingError;
+use crate::settings::SettingError;
 
 use super::keys::env_name;
 use super::raw::RawSettings;
