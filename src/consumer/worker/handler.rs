@@ -116,7 +116,8 @@ impl<P: Processor> Handler<'_, P> {
             }
             attempt += 1;
         };
-        self.give_up(view, &error, attempt).await
+        let made = view.attempt().saturating_add(attempt - 1);
+        self.give_up(view, &error, (attempt, made)).await
     }
 
     /// Runs the processor on a batch: the messages before a failed one are acknowledged,
@@ -147,7 +148,7 @@ impl<P: Processor> Handler<'_, P> {
                 return BatchEnd::Interrupted;
             };
             let took = started.elapsed();
-            let (failed_at, error) = match outcome {
+            let (failed_at, error): (usize, ProcessError) = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.processed_many(rest.len() as u64, took);
                     ack_processed(acks, batch.len() - rest.len(), handed);
@@ -159,6 +160,9 @@ impl<P: Processor> Handler<'_, P> {
                 // default process_batch catches panics per message.)
                 Err(panic) => (0, panicked(&panic)),
             };
+            // The attempt the processor saw the failed message as: each call hands all of
+            // `rest` over again.
+            let made = handed.get(failed_at).map_or(1, Message::attempt);
             if failed_at > 0 {
                 self.shared
                     .metrics
@@ -176,7 +180,7 @@ impl<P: Processor> Handler<'_, P> {
                 attempt += 1;
                 continue;
             }
-            match self.give_up(view, &error, attempt).await {
+            match self.give_up(view, &error, (attempt, made)).await {
                 Handled::Ack => {
                     acks.ack(batch.len() - rest.len(), view, false);
                     rest = &rest[1..];
@@ -257,21 +261,21 @@ impl<P: Processor> Handler<'_, P> {
         }
     }
 
-    /// The failure policy, once a message failed in place `attempts` times: a retryable
-    /// failure goes to the next retry tier, if any; else `ACKD_ON_FAILURE`.
+    /// The failure policy, once a message failed in place `attempts` times, and as the
+    /// processor's attempt `made` (counted on from the attempts its copy says were made
+    /// before, from a retry tier): a retryable failure goes to the next retry tier, if
+    /// any; else `ACKD_ON_FAILURE`.
     async fn give_up(
         &mut self,
         view: &Message<'_>,
         error: &ProcessError,
-        attempts: u32,
+        (attempts, made): (u32, u32),
     ) -> Handled {
-        // Attempts in all: those the message's copy says were made before (retry tiers).
-        let attempts = view.attempt().saturating_add(attempts - 1);
         if error.kind == FailureKind::Retryable {
             let tiers = self.config.retry_tiers.clone();
             if let Some(next) = tiers.next(view.topic()) {
                 return self
-                    .forward(view, error, attempts, next.topic, Some(next.delay))
+                    .forward(view, error, made, next.topic, Some(next.delay))
                     .await;
             }
         }
@@ -304,7 +308,7 @@ impl<P: Processor> Handler<'_, P> {
                 );
                 Handled::Ack
             }
-            OnFailure::DeadLetter => self.dead_letter(view, error, attempts).await,
+            OnFailure::DeadLetter => self.dead_letter(view, error, made).await,
         }
     }
 
