@@ -427,3 +427,27 @@ fn bad_retry_settings_and_missing_tier_topics_stop_ackd() {
     assert!(line.contains(&format!("{topic}.retry.10s")), "{line}");
     assert_eq!(field(&line, "topics"), Some(format!("{topic}.retry.10s")));
 }
+
+/// A tier partition the group never committed, with `ACKD_START_FROM=latest` (a crash
+/// before its first commit leaves it so): ackd starts it at its beginning, since its
+/// copies were made by this group after their originals were acknowledged; the copy
+/// is processed, not skipped, as the attempt its header says.
+#[test]
+fn a_tier_without_a_commit_starts_at_its_beginning_whatever_the_start_policy() {
+    let (topic, tiers, dlq, group) = topics("retry-latest", 1);
+    let made: &[(&str, &[u8])] = &[("ackd.attempts", b"1"), ("ackd.source.topic", b"x")];
+    let copy: [Record<'_>; 1] = [(0, Some(b"k-copy"), b"attempts:1", made)];
+    produce_records(&tiers[0], &copy);
+    let ackd = retrying_ackd(&topic, &group, &dlq)
+        .env("ACKD_START_FROM", "latest")
+        .spawn();
+    let line = ackd.wait_for_line(|l| is_processed(l) && place(l).0 == tiers[0], WAIT);
+    assert_eq!(place(&line).2, 0, "{line}");
+    assert_eq!(
+        field(&line, "redelivered").as_deref(),
+        Some("true"),
+        "{line}"
+    );
+    ackd.stop(0, WAIT);
+    assert_committed(&group, &tiers[0], 0, Some(1));
+}
