@@ -201,3 +201,49 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn added(copy: &Copy<'_>, due: Option<i64>) -> Vec<(&'static str, String)> {
+        let m = Message::new("orders", 3, 41, None, None, Some(1_700_000_000_000));
+        added_headers(&m, copy, due)
+    }
+
+    #[test]
+    fn a_copy_names_its_source_attempts_error_and_due_time() {
+        let error = ProcessError::retryable("busy");
+        let copy = Copy {
+            error: &error,
+            attempts: 1,
+            from_tier: false,
+            delay: Some(Duration::from_secs(10)),
+        };
+        let h = added(&copy, Some(1_700_000_010_000));
+        let get = |name: &str| h.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str());
+        assert_eq!(get(SOURCE_TOPIC), Some("orders"));
+        assert_eq!(get(SOURCE_PARTITION), Some("3"));
+        assert_eq!(get(SOURCE_OFFSET), Some("41"));
+        assert_eq!(get(SOURCE_TIMESTAMP), Some("1700000000000"));
+        assert_eq!(get(ATTEMPTS), Some("1"));
+        assert!(get(ERROR).unwrap().contains("busy"));
+        assert_eq!(get(DUE), Some("1700000010000"));
+        // A copy of a copy without source headers (produced by hand) names itself, and
+        // has no source timestamp: the copy's own is not the original's.
+        let copy = Copy {
+            from_tier: true,
+            delay: None,
+            ..copy
+        };
+        let h = added(&copy, None);
+        assert!(h.iter().all(|(k, _)| *k != SOURCE_TIMESTAMP && *k != DUE));
+        assert!(h.contains(&(SOURCE_OFFSET, "41".to_string())));
+    }
+
+    #[test]
+    fn a_tier_copy_without_its_header_is_the_second_attempt_and_a_repeat() {
+        let m = tier_delivery(Message::new("orders.retry.10s", 0, 0, None, None, None));
+        assert_eq!((m.redelivered(), m.attempt()), (true, 2));
+    }
+}
