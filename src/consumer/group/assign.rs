@@ -122,12 +122,16 @@ impl<P: Processor> GroupContext<P> {
         }
         // Nothing committed (or not known): whoever read the partition before may have
         // processed anything that exists now.
+        // A retry tier starts at its beginning (`start_where_nothing_is_committed`).
+        let tier = self.worker.retry_tiers.delay_of(topic).is_some();
         let start = match (&committed, self.start_from) {
             (None, _) | (Some(_), StartFrom::Earliest) => Start::Earliest,
+            (Some(_), _) if tier => Start::Earliest,
             (Some(_), StartFrom::Latest) => Start::Latest,
         };
         let window = bounded_by_log_end(base, tp, start);
         let from = match committed {
+            Some(_) if tier => StartFrom::Earliest.as_str(),
             Some(_) => self.start_from.as_str(),
             None => "unknown",
         };
