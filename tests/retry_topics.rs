@@ -32,10 +32,19 @@ fn now_ms() -> i64 {
 /// A source topic with `partitions`, its tiers `1s` and `2s` (one partition each) and a
 /// dead-letter topic; returns (source, [tier 1, tier 2], dead-letter topic, group).
 fn topics(prefix: &str, partitions: i32) -> (String, [String; 2], String, String) {
+    topics_with(prefix, partitions, 1)
+}
+
+/// [`topics`], with `tier_partitions` partitions in each tier.
+fn topics_with(
+    prefix: &str,
+    partitions: i32,
+    tier_partitions: i32,
+) -> (String, [String; 2], String, String) {
     let (topic, group) = fresh_topic(prefix, partitions);
     let tiers = [format!("{topic}.retry.1s"), format!("{topic}.retry.2s")];
     for t in &tiers {
-        create_topic(t, 1);
+        create_topic(t, tier_partitions);
     }
     let dlq = format!("{topic}.dlq");
     create_topic(&dlq, 1);
@@ -417,7 +426,8 @@ fn bad_retry_settings_and_missing_tier_topics_stop_ackd() {
         .spawn();
     let line = ackd.assert_config_error("ACKD_RETRY_MAX_ATTEMPTS", WAIT);
     assert!(line.contains("ACKD_RETRY_TOPICS"), "{line}");
-    // The source exists, its 10s tier does not: nothing is consumed.
+    // The source exists, its 10s tier does not: nothing is consumed, and `ackd check`
+    // says so the same way.
     let (topic, group) = fresh_topic("retry-missing", 1);
     create_topic(&format!("{topic}.retry.1s"), 1);
     let ackd = AckdBuilder::new(&topic, &group)
@@ -450,4 +460,84 @@ fn a_tier_without_a_commit_starts_at_its_beginning_whatever_the_start_policy() {
     );
     ackd.stop(0, WAIT);
     assert_committed(&group, &tiers[0], 0, Some(1));
+}
+
+/// A second member joins while copies wait in the tiers (two partitions each, so some
+/// move): the revoked partitions release their waiting copies unstarted and commit;
+/// every message is processed or dead-lettered, by one member or the other; the repeats
+/// of source messages are flagged; everything is committed to its end.
+#[test]
+fn a_revoke_while_copies_wait_loses_nothing() {
+    let (topic, tiers, dlq, group) = topics_with("retry-revoke", 2, 2);
+    let payload = |i: usize| match i % 6 {
+        1 | 4 => "attempts:1",
+        2 => "attempts:2",
+        5 if i < 6 => "attempts:9",
+        _ => "ok",
+    };
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    let records: Vec<Record<'_>> = (0..12)
+        .map(|i| {
+            (
+                (i % 2) as i32,
+                Some(keys[i].as_bytes()),
+                payload(i).as_bytes(),
+                &[][..],
+            )
+        })
+        .collect();
+    let failing = (0..12).filter(|i| payload(*i) != "ok").count();
+    let a = retrying_ackd(&topic, &group, &dlq).spawn();
+    a.wait_for_count(|l| at(l, "assigned"), 6, WAIT);
+    produce_records(&topic, &records);
+    a.wait_for_count(|l| at(l, "retry_topic"), failing, WAIT);
+    let b = retrying_ackd(&topic, &group, &dlq).spawn();
+    a.wait_for_line(|l| at(l, "revoked"), WAIT);
+    let mut partitions: Vec<(&str, i32)> = vec![(&topic, 0), (&topic, 1)];
+    partitions.extend(
+        tiers
+            .iter()
+            .flat_map(|t| [(t.as_str(), 0), (t.as_str(), 1)]),
+    );
+    let covered = |runs: &[Vec<String>]| -> BTreeSet<String> {
+        runs.iter()
+            .flatten()
+            .filter(|l| is_processed(l) || at(l, "dead_lettered"))
+            .filter_map(|l| field(l, "key"))
+            .collect()
+    };
+    wait_until(WAIT, || {
+        std::thread::sleep(Duration::from_millis(200));
+        covered(&[a.lines(), b.lines()]).len() == keys.len()
+            && partitions
+                .iter()
+                .all(|(t, p)| committed_offset(&group, t, *p) == Some(log_end(t, *p)))
+    });
+    let runs = [a.stop(0, WAIT), b.stop(0, WAIT)];
+    assert_eq!(
+        covered(&runs),
+        keys.iter().cloned().collect::<BTreeSet<_>>(),
+        "{}\n--\n{}",
+        runs[0].join("\n"),
+        runs[1].join("\n")
+    );
+    let mut seen: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for line in runs.iter().flatten().filter(|l| is_processed(l)) {
+        let (t, p, o) = place(line);
+        let repeat = t == topic && {
+            let n = seen.entry((p, o)).or_default();
+            *n += 1;
+            *n > 1
+        };
+        if t != topic || repeat {
+            assert_eq!(
+                field(line, "redelivered").as_deref(),
+                Some("true"),
+                "{line}"
+            );
+        }
+    }
+    for (t, p) in partitions {
+        assert_committed(&group, t, p, Some(log_end(t, p)));
+    }
 }
