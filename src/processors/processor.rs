@@ -318,7 +318,9 @@ impl<'a> Message<'a> {
     /// a processor again: a retry after a failure, or the exec processor's re-sending it
     /// to a new child after its child died. In a batch every message has the batch's
     /// attempt. Counted per process: a new owner of the partition starts at 1 (with
-    /// [`Message::redelivered`] saying whether it may be a repeat).
+    /// [`Message::redelivered`] saying whether it may be a repeat). A copy from a retry
+    /// tier (`ACKD_RETRY_TOPICS`) counts on from the attempts its `ackd.attempts` header
+    /// says were made, and is redelivered.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }

@@ -50,6 +50,7 @@ pub use validate::processing::{
     BatchSettings, ConcurrencySettings, ProcessingOrder, MAX_BATCH, MAX_BATCH_BYTES,
     MAX_CONCURRENCY, MAX_PENDING,
 };
+pub use validate::retry_topics::{NextTier, RetryTiers};
 pub use validate::telemetry::{HealthSettings, LoggingSettings, LOG_LEVELS};
 
 use raw::RawSettings;
@@ -125,6 +126,13 @@ pub fn with_prefix(prefix: Option<&str>, name: &str) -> String {
 }
 
 impl Settings {
+    /// The topics ackd subscribes to: `ACKD_TOPICS`, then their retry tiers
+    /// (`ACKD_RETRY_TOPICS`), all in its group.
+    pub fn consumed_topics(&self) -> Vec<String> {
+        let tiers = self.failure.retry_tiers.topics();
+        self.topics.iter().chain(tiers).cloned().collect()
+    }
+
     /// How long in-flight messages may take to finish after SIGTERM: the shutdown deadline
     /// less [`commit_reserve`]. Processor timeouts and the dead-letter delivery fit in it.
     pub fn drain_budget(&self) -> Duration {

@@ -12,6 +12,7 @@ mod kafka;
 pub(super) mod memory_budget;
 pub(super) mod processing;
 mod required;
+pub(super) mod retry_topics;
 pub(super) mod telemetry;
 
 use crate::settings::SettingError;
