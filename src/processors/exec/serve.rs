@@ -12,7 +12,7 @@ use crate::settings::ExecSettings;
 use super::child::{Output, Running};
 use super::dispatch::Dispatch;
 use super::dispatch::Job;
-use super::held::{Held, HeldRequests};
+use super::held::{Held, HeldRequests, Load};
 use super::protocol::{shorten, RequestName};
 
 /// Why a child's service ended.
@@ -21,8 +21,9 @@ pub(super) enum Ended {
     /// came): it gets EOF next, with this deadline.
     Stop(Instant),
     /// The child failed; it is replaced. What it held is failed only once it is gone,
-    /// so that a retry can never overlap the old attempt.
-    Failed(String, Vec<Held>),
+    /// so that a retry can never overlap the old attempt; the [`Load`] says whether the
+    /// failure was the handler's overload (a timeout).
+    Failed(String, Vec<Held>, Load),
 }
 
 /// What happened next, as the service sees it.
@@ -70,7 +71,7 @@ impl Service<'_> {
                                 "exec child did not answer before the shutdown deadline",
                             ),
                         );
-                        h.send(Err(error));
+                        h.send(Err(error), Load::Unknown);
                     }
                     None
                 }
@@ -80,10 +81,16 @@ impl Service<'_> {
                     None
                 }
                 Event::Output(output) => self.output(output, &mut held, &mut answered).await,
-                Event::TimedOut(name) => Some(self.timed_out(&name, held.len())),
+                Event::TimedOut(name) => {
+                    let reason = self.timed_out(&name, held.len());
+                    return (
+                        Ended::Failed(reason, held.drain(), Load::Overloaded),
+                        answered,
+                    );
+                }
             };
             if let Some(reason) = failure {
-                return (Ended::Failed(reason, held.drain()), answered);
+                return (Ended::Failed(reason, held.drain(), Load::Unknown), answered);
             }
         }
     }
@@ -163,7 +170,8 @@ impl Service<'_> {
                 *answered = true;
                 // Released first: the child has room before the worker hears back.
                 self.dispatch.release(self.running.id);
-                request.send(result);
+                let load = Load::of(&result);
+                request.send(result, load);
                 None
             }
             Err(reason) => Some(reason),
