@@ -201,6 +201,17 @@ mod tests {
     }
 
     #[test]
+    fn only_an_ack_and_a_retry_say_something_of_the_load() {
+        use crate::processors::processor::ProcessError;
+        let failed = |e| Err(BatchError::new(3, e));
+        assert_eq!(Load::of(&Ok(())), Load::Answered);
+        let retry = failed(ProcessError::retryable("full"));
+        assert_eq!(Load::of(&retry), Load::Overloaded);
+        let fail = failed(ProcessError::permanent("bad input"));
+        assert_eq!(Load::of(&fail), Load::Unknown);
+    }
+
+    #[test]
     fn one_at_a_time_a_reply_answers_the_one_request_held_by_its_offset() {
         let mut requests = HeldRequests::new(Duration::from_secs(5), 1);
         let e = requests
