@@ -9,8 +9,8 @@
 //! mean latency stays within [`TOLERANCE`] times the endpoint's unloaded latency (the
 //! lowest window mean seen) grows the limit by one, if the limit was used; an overload
 //! (a 429, a 503 or a timeout; an exec `{"retry":…}` reply or timeout), or a window
-//! slower than that, shrinks it by [`BACKOFF`], once per
-//! round: answers to requests started before a decrease do not decrease it again.
+//! slower than that, shrinks it by [`BACKOFF`], once per round: answers to requests
+//! started before a decrease do not decrease it again.
 //! Near the limit of the last refusal it grows once in [`CAREFUL`] windows, and each
 //! refusal there again doubles that wait (up to [`CAREFUL_MAX`] windows): an endpoint
 //! whose capacity holds is probed less and less often, so its refusals become rare.
