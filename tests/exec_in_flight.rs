@@ -608,3 +608,55 @@ fn a_bad_exec_concurrency_mode_is_a_configuration_error() {
         "{line}"
     );
 }
+
+/// A handler of capacity 2 that hangs once it is given more (a wedged handler, not a
+/// refusal): the request runs out of `ACKD_EXEC_TIMEOUT_MS`, which replaces the child
+/// and counts as an overload, so the adaptive limit (starting at 4, bound 16) settles
+/// at 2 to 3 (probed less and less often), and every message is acknowledged once and
+/// committed.
+#[test]
+fn adaptive_concurrency_shrinks_on_timeouts() {
+    // SIGTERM ends it at once: a hung child is replaced without the 2 s to SIGKILL.
+    const HANGS_ABOVE_TWO: &str = r#"
+import asyncio, json, sys
+
+busy = 0
+
+async def answer(msg):
+    global busy
+    busy += 1
+    if busy > 2:
+        await asyncio.sleep(3600)
+    await asyncio.sleep(0.005)
+    busy -= 1
+    reply = dict(ack=True, topic=msg["topic"], partition=msg["partition"], offset=msg["offset"])
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+"#;
+    let (topic, group) = fresh_topic("exec-adaptive-timeout", 4);
+    let dir = fresh_dir("exec-adaptive-timeout");
+    let path = dir.join("hangs.py");
+    std::fs::write(&path, format!("{HANGS_ABOVE_TWO}{ASYNCIO_MAIN}")).unwrap();
+    let n = 300;
+    let delivered = produce_keyed(&topic, n, 0);
+    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display()))
+        .env("ACKD_EXEC_IN_FLIGHT", "16")
+        .env("ACKD_EXEC_CONCURRENCY_MODE", "adaptive")
+        .env("ACKD_EXEC_TIMEOUT_MS", "1000")
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "100")
+        .env("ACKD_ORDERING", "none")
+        .env("ACKD_CONCURRENCY", "4")
+        .env("ACKD_METRICS_INTERVAL_MS", "250")
+        .spawn();
+    ackd.wait_for_count(is_processed, n, WAIT);
+    let lines = ackd.stop_exec_cleanly(WAIT);
+    let limits = common::lines::summary_samples(&lines, "sample#ackd.exec.limit");
+    let timeouts = lines.iter().filter(|l| at(l, "exec_restart")).count();
+    eprintln!("exec adaptive timeouts: limits={limits:?} restarts={timeouts}");
+    assert!(timeouts >= 1, "no request ever timed out: {limits:?}");
+    assert!(timeouts <= 15, "{timeouts} timeouts: {limits:?}");
+    assert!(limits.len() > 4, "{limits:?}");
+    assert!(common::lines::median_after(&limits, 4) <= 3, "{limits:?}");
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
+}

@@ -30,7 +30,8 @@ use crate::output::metrics::LimitGauge;
 /// A window's mean latency up to this many times the unloaded latency lets the limit
 /// grow; above it, the endpoint is queueing: shrink.
 const TOLERANCE: f64 = 2.0;
-/// What a decrease multiplies the limit by (Netflix's AIMD default).
+/// What a decrease multiplies the limit by (Netflix's AIMD default), taking one
+/// permit away at least.
 const BACKOFF: f64 = 0.9;
 /// Near the limit where the endpoint last refused, the limit grows once in this many
 /// windows: each probe past that point costs a refused request.
@@ -262,8 +263,9 @@ impl RequestLimit {
     fn decrease(&self, state: &mut State) {
         state.round += 1;
         state.window = Window::default();
-        let limit = (state.limit * BACKOFF).max(1.0);
-        self.resize(state, limit);
+        // By one permit at least: at a small limit 90% would keep it where it was.
+        let fewer = (state.granted as f64 - 1.0).min(state.limit * BACKOFF);
+        self.resize(state, fewer.max(1.0));
     }
 
     fn resize(&self, state: &mut State, limit: f64) {
@@ -296,9 +298,16 @@ impl State {
 }
 
 impl Permit<'_> {
-    /// Answered 2xx (an exec `{"ack":…}`): its latency counts toward the window.
+    /// Answered 2xx: its latency, from the permit on, counts toward the window.
     pub fn succeeded(&self) {
         self.limit.succeeded(self.round, self.started.elapsed());
+    }
+
+    /// Answered (an exec `{"ack":…}`) after `latency` in the hands of what answered it:
+    /// that counts toward the window (an exec child's, from the moment it was given the
+    /// request: not the wait for a child being restarted).
+    pub fn succeeded_in(&self, latency: Duration) {
+        self.limit.succeeded(self.round, latency);
     }
 
     /// Answered 429 or 503 (an exec `{"retry":…}`), or timed out: the endpoint is full.
@@ -421,6 +430,15 @@ mod tests {
             before + 1,
             "a new ceiling starts at 4 windows"
         );
+    }
+
+    #[tokio::test]
+    async fn at_a_small_limit_each_overload_takes_one_permit_away() {
+        let limit = adaptive(100);
+        for expected in [3, 2, 1, 1] {
+            limit.acquire().await.overloaded();
+            assert_eq!(limit.current(), expected);
+        }
     }
 
     #[tokio::test]

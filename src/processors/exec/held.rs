@@ -33,8 +33,8 @@ impl Load {
     }
 }
 
-/// A request's answer, and what it says of the load.
-pub(super) type Reply = (Result<(), BatchError>, Load);
+/// A request's answer, what it says of the load, and how long the child had it.
+pub(super) type Reply = (Result<(), BatchError>, Load, Duration);
 
 /// A request a child holds, and where its answer goes.
 pub(super) struct Held {
@@ -45,6 +45,9 @@ pub(super) struct Held {
     /// When it runs out of time, and the order it was given in: its key in
     /// [`HeldRequests::deadlines`].
     deadline: (Instant, u64),
+    /// When the child was given it: its latency is the handler's from there, not the
+    /// time it waited for a child (one being restarted, say).
+    given: Instant,
 }
 
 impl Held {
@@ -54,15 +57,26 @@ impl Held {
             reply,
             taken,
             deadline: (Instant::now(), 0),
+            given: Instant::now(),
         }
+    }
+
+    /// When the child was given it.
+    pub(super) fn given(&self) -> Instant {
+        self.given
     }
 
     /// Its answer to the worker, which may have given up on it. The call ends first,
     /// so that the next call the child takes is never counted beside it.
     pub(super) fn send(self, result: Result<(), BatchError>, load: Load) {
-        let Held { reply, taken, .. } = self;
+        let Held {
+            reply,
+            taken,
+            given,
+            ..
+        } = self;
         drop(taken);
-        let _ = reply.send((result, load));
+        let _ = reply.send((result, load, given.elapsed()));
     }
 }
 
@@ -93,7 +107,8 @@ impl HeldRequests {
     /// then the partition came back), so the later call gets the answer.
     pub(super) fn give(&mut self, mut held: Held) -> Option<Held> {
         self.given += 1;
-        held.deadline = (Instant::now() + self.timeout, self.given);
+        held.given = Instant::now();
+        held.deadline = (held.given + self.timeout, self.given);
         let name = RequestName::of(&held.sent);
         self.deadlines.insert(held.deadline, name.clone());
         let displaced = self.by_name.insert(name, held)?;
@@ -197,7 +212,8 @@ mod tests {
         assert_eq!(requests.len(), 1);
         assert_eq!(requests.drain().len(), 1);
         assert!(requests.is_empty() && requests.earliest_deadline().is_none());
-        assert_eq!(answers[0].try_recv(), Ok((Ok(()), Load::Answered)));
+        let (result, load, _latency) = answers[0].try_recv().unwrap();
+        assert_eq!((result, load), (Ok(()), Load::Answered));
     }
 
     #[test]

@@ -158,13 +158,13 @@ impl Exec {
                 ProcessError::retryable("exec processor is stopped"),
             ));
         }
-        let (result, load) = answer.await.unwrap_or_else(|_| {
+        let (result, load, latency) = answer.await.unwrap_or_else(|_| {
             let stopped = "exec processor stopped before a child answered";
             let error = BatchError::new(first, ProcessError::retryable(stopped));
-            (Err(error), Load::Unknown)
+            (Err(error), Load::Unknown, Duration::ZERO)
         });
         match load {
-            Load::Answered => permit.succeeded(),
+            Load::Answered => permit.succeeded_in(latency),
             Load::Overloaded => permit.overloaded(),
             Load::Unknown => {}
         }

@@ -49,11 +49,13 @@ impl Service<'_> {
     /// held. Also says whether it answered any (a healthy child resets the backoff).
     pub(super) async fn run(mut self) -> (Ended, bool) {
         let mut held = HeldRequests::new(self.config.timeout, self.config.in_flight);
-        let mut answered = false;
+        // When the child first answered: what it was given before, it answered in the
+        // time it took to start too.
+        let mut answered: Option<Instant> = None;
         let mut stopping: Option<Instant> = None;
         loop {
             if let Some(deadline) = stopping.filter(|_| held.is_empty()) {
-                return (Ended::Stop(deadline), answered);
+                return (Ended::Stop(deadline), answered.is_some());
             }
             let failure = match self.next_event(&held, stopping).await {
                 Event::Stop(deadline) => {
@@ -85,12 +87,13 @@ impl Service<'_> {
                     let reason = self.timed_out(&name, held.len());
                     return (
                         Ended::Failed(reason, held.drain(), Load::Overloaded),
-                        answered,
+                        answered.is_some(),
                     );
                 }
             };
             if let Some(reason) = failure {
-                return (Ended::Failed(reason, held.drain(), Load::Unknown), answered);
+                let ended = Ended::Failed(reason, held.drain(), Load::Unknown);
+                return (ended, answered.is_some());
             }
         }
     }
@@ -148,7 +151,7 @@ impl Service<'_> {
         &mut self,
         output: Output,
         held: &mut HeldRequests,
-        answered: &mut bool,
+        answered: &mut Option<Instant>,
     ) -> Option<String> {
         let line = match output {
             Output::Line(line) => line,
@@ -167,10 +170,14 @@ impl Service<'_> {
         }
         match held.answer(&line.text) {
             Ok((request, result)) => {
-                *answered = true;
+                let warm = *answered.get_or_insert_with(Instant::now);
                 // Released first: the child has room before the worker hears back.
                 self.dispatch.release(self.running.id);
-                let load = Load::of(&result);
+                let load = match Load::of(&result) {
+                    // Its latency holds the child's start: nothing of the handler's load.
+                    Load::Answered if request.given() < warm => Load::Unknown,
+                    load => load,
+                };
                 request.send(result, load);
                 None
             }
