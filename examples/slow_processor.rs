@@ -11,6 +11,10 @@
 //! from `slept_mean_us`, and its processing time from F to L (the stop itself only comes
 //! once librdkafka reports the end of the partition, after a fetch's long poll).
 //!
+//! `SLOW_FAIL_EVERY=K` (default 0: never) fails the messages at offsets K-1, 2K-1, ...
+//! retryably on their first attempt (from a retry tier, attempt 2, they pass): the
+//! bench's retry case (`scripts/bench retry`).
+//!
 //! It is the `ackd` daemon (same settings, lines and exit codes) with this processor
 //! instead of a built-in one; like the testkit's `slow` processor it never ships in the
 //! `ackd` binary, but it needs no separate build with `--features testkit`.
@@ -29,6 +33,8 @@ use ackd::{Message, ProcessError, Processor, SettingError};
 
 struct Slow {
     delay: Delay,
+    /// `SLOW_FAIL_EVERY`: 0, or every how many offsets a message fails once.
+    fail_every: i64,
     count: AtomicU64,
     asked_us: AtomicU64,
     slept_us: AtomicU64,
@@ -47,7 +53,11 @@ impl Processor for Slow {
         "slow"
     }
 
-    async fn process(&self, _message: &Message<'_>) -> Result<(), ProcessError> {
+    async fn process(&self, message: &Message<'_>) -> Result<(), ProcessError> {
+        let k = self.fail_every;
+        if k > 0 && message.attempt() == 1 && message.offset() % k == k - 1 {
+            return Err(ProcessError::retryable("SLOW_FAIL_EVERY"));
+        }
         let asked = self.delay.sample(&mut fastrand::Rng::new());
         self.first_started_us.fetch_min(now_us(), Ordering::Relaxed);
         let started = Instant::now();
@@ -84,8 +94,16 @@ fn main() -> ExitCode {
             value: Some(raw.clone()),
             problem,
         })?;
+        let fail = std::env::var("SLOW_FAIL_EVERY").unwrap_or_else(|_| "0".into());
+        let fail_every = fail.parse::<i64>().ok().filter(|k| *k >= 0);
+        let fail_every = fail_every.ok_or_else(|| SettingError {
+            setting: "SLOW_FAIL_EVERY".into(),
+            value: Some(fail.clone()),
+            problem: "expected a whole number of offsets (0: never)".into(),
+        })?;
         Ok(Slow {
             delay,
+            fail_every,
             count: AtomicU64::new(0),
             asked_us: AtomicU64::new(0),
             slept_us: AtomicU64::new(0),

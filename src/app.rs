@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use crate::processors::processor::Processor;
-use crate::settings::error::SettingError;
+use crate::settings::SettingError;
 use crate::settings::Settings;
 use crate::{cli, commands, consumer, exit, output, settings};
 
@@ -27,7 +27,7 @@ pub(crate) fn main_with<P: Processor>(
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => consumer::daemon::run(settings, processor),
         Err(e) => {
-            settings::error::report_setting_error(&e);
+            settings::report_setting_error(&e);
             tracing::info!(at = "exit", code = exit::CONFIG);
             exit::CONFIG
         }
@@ -115,7 +115,7 @@ fn run_command<P: Processor>(
         Ok(s) if check => commands::check::run(s),
         Ok(s) => commands::status::run(s),
         Err(e) => {
-            settings::error::report_setting_error(e);
+            settings::report_setting_error(e);
             if check {
                 tracing::error!(
                     at = "check",

@@ -13,29 +13,25 @@
 //! - [`output`]: every line written, the l2met metrics, the health endpoint;
 //! - [`consumer`]: the daemon (signals, exit code), the supervisor thread that owns the
 //!   consumer and the group, one worker task per partition, the offset
-//!   [`consumer::tracker`], the committer, the memory budget;
+//!   tracker ([`consumer::OffsetTracker`]), the committer, the memory budget;
 //! - [`commands`]: `ackd check` and `ackd status`, which read the group without joining
 //!   it;
 //! - [`cli`]: the arguments, answered before any setting is read; `app` (private): the
 //!   process from its arguments to its exit, behind [`main_with`].
 //!
 //! Folders import in one direction: settings ← processors, output ← consumer ← commands ←
-//! app. Leaves at the root serve all of them: [`logfmt`] (the escaping of every line,
-//! which the redaction of secrets in settings knows too), `clock` (durations for lines,
-//! the coarse clock) and `topic_partition`.
+//! app. A leaf at the root serves all of them: [`logfmt`] (the escaping of every line,
+//! which the redaction of secrets in settings knows too).
 
 mod app;
 pub mod cli;
-pub(crate) mod clock;
 pub mod commands;
 pub mod consumer;
 pub mod exit;
-pub(crate) mod fetched_message;
 pub mod logfmt;
 pub mod output;
 pub mod processors;
 pub mod settings;
-pub(crate) mod topic_partition;
 
 use std::process::ExitCode;
 
@@ -43,7 +39,7 @@ pub use processors::processor::{
     queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor,
     Queued, Taken,
 };
-pub use settings::error::SettingError;
+pub use settings::SettingError;
 pub use settings::Settings;
 
 /// Runs ackd with settings from the environment and the processor `make` builds from

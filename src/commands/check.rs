@@ -81,9 +81,9 @@ fn check_brokers(settings: &Settings, probe: &Probe) -> Result<(), i32> {
     }
 }
 
-/// One line per configured topic; the exit code so far.
+/// One line per configured topic (retry tiers' included); the exit code so far.
 fn check_topics(settings: &Settings, probe: &Probe) -> i32 {
-    match partitions(probe, &settings.topics) {
+    match partitions(probe, &settings.consumed_topics()) {
         Ok(found) => {
             let mut missing = Vec::new();
             for (topic, partitions) in &found {
@@ -103,7 +103,7 @@ fn check_topics(settings: &Settings, probe: &Probe) -> i32 {
                             topic = topic.as_str(),
                             "the topic does not exist"
                         );
-                        missing.push(topic.as_str());
+                        missing.push(topic.clone());
                     }
                 }
             }
@@ -111,7 +111,7 @@ fn check_topics(settings: &Settings, probe: &Probe) -> i32 {
                 return exit::OK;
             }
             // The daemon's own line for it, word for word: the same contract.
-            crate::consumer::topics::report_missing(settings, &missing.join(","));
+            crate::consumer::topics::report_missing_all(settings, &missing);
             exit::CONFIG
         }
         Err(e) => {

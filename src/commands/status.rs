@@ -34,7 +34,7 @@ pub struct Row {
     /// offset): the highest offset the committing process had processed.
     pub processed: Option<i64>,
     /// `l=L` of that metadata: the highest offset the committing process may start
-    /// before its next commit (src/consumer/dispatch_limit.rs).
+    /// before its next commit (src/consumer/worker/shared.rs).
     pub dispatch_limit: Option<i64>,
     /// How many offsets above the committed one that metadata names as acknowledged
     /// (`;a=`, concurrent ordering): the next owner skips them.

@@ -43,11 +43,14 @@
 //!
 //! In this file, in order: what a commit is ([`CommitOffset`], [`Reason`],
 //! [`CommitError`]); the handle and its thread ([`Committer`]); what the handle and the
-//! thread share; one job on the thread; what the group records of an accepted commit,
-//! and which refusals put the membership in doubt; the synchronous commit with each
-//! partition's own answer; and the commit again without what the broker refused of its
-//! metadata. The metadata's format is src/consumer/handover/commit_metadata.rs; the
-//! membership a commit proves or doubts, src/consumer/membership.rs.
+//! thread share; one job on the thread; what each commit carries, read from the group's
+//! owned partitions (periodic: [`Group::uncommitted`]; asked for by a worker at its
+//! dispatch limit; a release's; a confirming one), what the group records of an
+//! accepted commit, and which refusals put the membership in doubt; the synchronous
+//! commit with each partition's own answer; and the commit again without what the
+//! broker refused of its metadata. The metadata's format is
+//! src/consumer/handover/commit_metadata.rs; the membership a commit proves or doubts,
+//! src/consumer/membership.rs.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CStr};
@@ -61,12 +64,13 @@ use rdkafka::error::{IsError, KafkaError};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::clock::millis;
-use crate::consumer::group::Group;
+use crate::consumer::group::{Group, Owned};
 use crate::consumer::handover::{encode_ranges, metadata, raw_metadata, RANGES_MAX_BYTES};
 use crate::consumer::membership;
+use crate::consumer::worker::WorkerShared;
+use crate::output::metrics::millis;
 use crate::output::metrics::CommitMetrics;
-use crate::topic_partition::TopicPartition;
+use crate::output::TopicPartition;
 
 /// What to commit for one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +81,7 @@ pub struct CommitOffset {
     /// For the metadata: the highest offset acknowledged or, in a release, the highest
     /// handed to the processor (finished or not).
     pub processed: Option<i64>,
-    /// The dispatch limit this commit records (src/consumer/dispatch_limit.rs): once it
+    /// The dispatch limit this commit records (src/consumer/worker/shared.rs): once it
     /// is accepted, the partition's worker may start offsets up to it.
     pub limit: Option<i64>,
     /// Offsets acknowledged above `offset`, inclusive ranges, ascending, for the metadata
@@ -664,7 +668,8 @@ fn log_refused(reason: Reason, c: &CommitOffset, e: &KafkaError) {
     }
 }
 
-// What an accepted commit records in the group; which refusals doubt the membership.
+// What a commit carries, read from the group's owned partitions; what an accepted
+// commit records in them; which refusals doubt the membership.
 
 /// How often a confirming commit is sent while the membership is in doubt
 /// (src/consumer/membership.rs).
@@ -708,6 +713,67 @@ enum Limit {
 }
 
 impl Group {
+    /// Acknowledged offsets not yet committed, for `only` (all owned if `None`).
+    pub fn uncommitted(&self, only: Option<&[TopicPartition]>) -> Vec<CommitOffset> {
+        self.pending(only, false)
+    }
+
+    /// What a commit asked for by workers at their dispatch limit sends: the partitions
+    /// whose worker wants its limit raised (src/consumer/worker/shared.rs), and only
+    /// those: the others keep to the commit interval.
+    pub fn limits_wanted(&self) -> Vec<CommitOffset> {
+        self.owned
+            .iter()
+            .filter(|(_, p)| p.worker.shared.dispatch.wanted())
+            .filter_map(|(tp, p)| p.to_commit(tp, false))
+            .collect()
+    }
+
+    /// What releasing `only` commits: [`Group::uncommitted`], and the offsets last
+    /// committed periodically again, as released.
+    pub fn to_release(&self, only: &[TopicPartition]) -> Vec<CommitOffset> {
+        self.pending(Some(only), true)
+    }
+
+    /// What a commit that proves the membership sends: per owned partition, what is
+    /// acknowledged and not committed, else the offset committed already (with the
+    /// ranges it carries); none for a partition with neither.
+    pub fn confirming(&self) -> Vec<CommitOffset> {
+        self.owned
+            .iter()
+            .filter_map(|(tp, p)| {
+                p.to_commit(tp, false).or_else(|| {
+                    Some(CommitOffset {
+                        tp: tp.clone(),
+                        offset: p.committed?,
+                        processed: p.worker.shared.highest_acked(),
+                        // While in doubt the limit stays: only a confirmed member may
+                        // start more.
+                        limit: p.worker.shared.dispatch.accepted(),
+                        acked: p.committed_acked.clone(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Whether releasing `tp` commits nothing but the release mark: its acknowledged
+    /// offset and ranges are committed already (periodically), and only the metadata's
+    /// `;r` is not.
+    pub fn only_the_mark_left(&self, tp: &TopicPartition) -> bool {
+        self.owned
+            .get(tp)
+            .is_some_and(|p| p.to_commit(tp, true).is_some_and(|c| only_the_mark(p, &c)))
+    }
+
+    fn pending(&self, only: Option<&[TopicPartition]>, releasing: bool) -> Vec<CommitOffset> {
+        self.owned
+            .iter()
+            .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
+            .filter_map(|(tp, p)| p.to_commit(tp, releasing))
+            .collect()
+    }
+
     /// The broker accepted `c` (with what [`Accepted`] says): what the group has for its
     /// partition, if still owned; its worker may start offsets up to the limit recorded.
     fn commit_accepted(&mut self, c: &CommitOffset, accepted: &Accepted) {
@@ -727,6 +793,108 @@ impl Group {
             }
         }
     }
+}
+
+impl Owned {
+    /// What to commit, if the acknowledged offset moved past the committed one; on a
+    /// release (`releasing`), also the same offset again when this process's last commit
+    /// of it was periodic, or there was none since the assignment, so that the metadata
+    /// says it was released and what was handed over unfinished (the next owner then
+    /// flags exactly that). Running, also when the worker wants its dispatch
+    /// limit raised (src/consumer/worker/shared.rs): a commit carries the next one.
+    fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
+        let dispatch = &self.worker.shared.dispatch;
+        let limit_wanted = !releasing && dispatch.wanted();
+        let Some(acked) = self.worker.shared.committable() else {
+            let wanted = limit_wanted || (releasing && !self.released);
+            return wanted.then(|| self.limit_only(tp, releasing)).flatten();
+        };
+        let acked = self.cap.map_or(acked, |cap| acked.min(cap));
+        // After a reset to before the committed offset (it was out of range), that
+        // offset is no baseline: what was acknowledged since is what must be committed.
+        let first = self.worker.shared.first_offset();
+        let reset_back = matches!((first, self.resume_from), (Some(f), Some(a)) if f < a);
+        let baseline = if reset_back && self.committed == self.resume_from {
+            None
+        } else {
+            self.committed
+        };
+        let mark = releasing && !self.released && self.committed == Some(acked);
+        // Offsets acknowledged above it (concurrent ordering), for the metadata; none
+        // when capped: the cap is a message that could not be accounted for.
+        let above: Vec<(i64, i64)> = match self.cap {
+            Some(_) => Vec::new(),
+            None => self
+                .worker
+                .shared
+                .acked_above()
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.max(acked.checked_add(1)?), b)))
+                .filter(|(a, b)| a <= b)
+                .collect(),
+        };
+        // The same offset again when only the ranges grew: a slow message holding the
+        // offset back must not leave everything acknowledged after it to a crash.
+        let more_acked = self.committed == Some(acked) && above != self.committed_acked;
+        let processed = highest(&self.worker.shared, &above, releasing);
+        let moved = baseline.is_none_or(|c| acked > c);
+        (mark || more_acked || limit_wanted || moved).then(|| CommitOffset {
+            tp: tp.clone(),
+            offset: acked,
+            processed,
+            limit: Some(dispatch.propose(acked)),
+            acked: above,
+        })
+    }
+
+    /// A commit before anything is acknowledged: at the first offset read (where the
+    /// partition really resumes: the committed offset, or where the start policy or an
+    /// out-of-range reset put it), else at the committed one. A new owner's first
+    /// commit, before its first call, which only raises the dispatch limit; or a
+    /// release's, which says what was handed over unfinished (a first message in its
+    /// retry's backoff, or halted).
+    fn limit_only(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
+        let shared = &self.worker.shared;
+        let offset = shared
+            .first_offset()
+            .or_else(|| shared.dispatch.read())
+            .or(self.committed)?;
+        // The ranges inherited beside the committed offset stay named while it does.
+        let acked = match self.committed == Some(offset) {
+            true => self.committed_acked.clone(),
+            false => Vec::new(),
+        };
+        Some(CommitOffset {
+            tp: tp.clone(),
+            offset,
+            processed: highest(shared, &acked, releasing),
+            limit: Some(shared.dispatch.propose(offset)),
+            acked,
+        })
+    }
+}
+
+/// The metadata's `p=`, so that the ranges `above` (acknowledged, some perhaps inherited
+/// from the previous owner) never reach past it: the highest of them, or if higher, on
+/// a release the highest offset a processor may have been handed
+/// ([`WorkerShared::handed_through`]: what the next owner flags), else the highest
+/// acknowledged (the dispatch limit bounds what was handed over).
+fn highest(shared: &WorkerShared, above: &[(i64, i64)], releasing: bool) -> Option<i64> {
+    let own = match releasing {
+        true => shared.handed_through(),
+        false => shared.highest_acked(),
+    };
+    own.max(above.last().map(|r| r.1))
+}
+
+/// Whether committing `c` for `p` only marks it released: what it carries is committed
+/// already, and nothing handed to the processor at or above the committed offset is left
+/// unfinished (a release's `processed` is the highest offset handed over), so not
+/// committing it loses no acknowledgement and no message is redelivered.
+pub(crate) fn only_the_mark(p: &Owned, c: &CommitOffset) -> bool {
+    p.committed == Some(c.offset)
+        && p.committed_acked == c.acked
+        && c.processed.is_none_or(|handed| handed < c.offset)
 }
 
 // The synchronous commit, with each partition's own answer.

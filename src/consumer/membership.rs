@@ -43,10 +43,10 @@ use std::time::{Duration, Instant};
 use rdkafka::error::KafkaError;
 use tokio::sync::Notify;
 
-use crate::clock::millis;
 use crate::consumer::committer::{CommitOffset, CONFIRM_EVERY};
 use crate::consumer::group::Group;
-use crate::topic_partition::TopicPartition;
+use crate::output::metrics::millis;
+use crate::output::TopicPartition;
 
 /// How often the stall watch ticks.
 const TICK: Duration = Duration::from_millis(100);

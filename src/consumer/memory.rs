@@ -323,7 +323,8 @@ impl Budget {
     }
 }
 
-/// The partitions of `settings.topics`, from the brokers; `None` when they cannot be
+/// The partitions of the topics ackd consumes (`ACKD_TOPICS` and their retry tiers: each
+/// tier partition has a queue and a worker like any other), from the brokers; `None` when they cannot be
 /// asked (or a topic does not exist yet) within `timeout`, or at once when the brokers
 /// refuse ackd's credentials: the consumer reports that (`at=auth_failed`, exit 77)
 /// without this count holding it up.
@@ -334,7 +335,7 @@ pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
             .ok()?;
     let deadline = Instant::now() + timeout;
     let mut total = 0;
-    for topic in &settings.topics {
+    for topic in &settings.consumed_topics() {
         // In slices, serving librdkafka's error events between them.
         let metadata = loop {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -21,7 +21,7 @@ use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{IsError, KafkaResult};
 use rdkafka::TopicPartitionList;
 
-use crate::fetched_message::{key_and_value_bytes, FetchedMessage};
+use crate::processors::processor::{key_and_value_bytes, FetchedMessage};
 
 /// At most this many messages taken from librdkafka's queue in one call, ...
 pub const READ_AHEAD: usize = 64;
@@ -138,7 +138,7 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
     /// memory budget's bound on what a worker holds taken out of its queue), a call that
     /// takes a message larger than `large` pauses the partition's fetching until every
     /// message it took was handed out and the worker asks for more.
-    pub fn messages(&self, large: usize) -> Messages<'_> {
+    pub(crate) fn messages(&self, large: usize) -> Messages<'_> {
         Messages {
             queue: self.queue,
             partition: &self.partition,
@@ -199,7 +199,7 @@ impl Pausable {
 /// A partition's messages, taken from its queue up to [`READ_AHEAD`] at a time; the
 /// ones taken and not yet read are released unread when this is dropped (they were
 /// never started, so they are redelivered like anything left in librdkafka's queue).
-pub struct Messages<'q> {
+pub(crate) struct Messages<'q> {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
     partition: &'q Pausable,
     /// Above this (0: never), a taken message pauses the partition's fetching.

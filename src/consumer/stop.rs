@@ -28,14 +28,14 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, watch};
 
-use crate::clock::millis;
 use crate::consumer::committer::Reason;
 use crate::consumer::group::{log_release_unmarked, AckdConsumer, Group, Outcome};
 use crate::consumer::supervisor::{log_fatal, serve_until, Control};
 use crate::exit;
 use crate::output::health::{Health, Phase};
+use crate::output::metrics::millis;
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
-use crate::topic_partition::TopicPartition;
 
 /// Installs the handlers of SIGTERM and SIGINT. `Err(code)`: they could not be.
 pub(crate) fn install() -> Result<Signals, i32> {

@@ -24,14 +24,14 @@ use crate::consumer::group::AckdConsumer;
 use crate::consumer::stop::{self, Report, Reports, Stop, StopTimes};
 use crate::exit;
 use crate::output::health::Busy;
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
-use crate::topic_partition::TopicPartition;
 
 /// What the daemon tells the supervisor.
 pub(crate) struct Control {
     /// `ACKD_COMMIT_INTERVAL_MS`: how often a periodic commit is due.
     pub(crate) commit_interval: Duration,
-    /// A worker wants its dispatch limit raised now (src/consumer/dispatch_limit.rs).
+    /// A worker wants its dispatch limit raised now (src/consumer/worker/shared.rs).
     pub(crate) commit_wanted: Arc<Notify>,
     /// The stop's clock: announced when a graceful stop begins.
     pub(crate) stop: watch::Receiver<Option<StopTimes>>,

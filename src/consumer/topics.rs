@@ -4,7 +4,8 @@
 //! a typo (`ordres`) would leave ackd idle forever and a SIGTERM would exit 0. Before
 //! subscribing, ackd asks the brokers about each topic: a missing one stops ackd (exit
 //! 78, the line names it), or with `ACKD_WAIT_FOR_TOPICS=true` ackd waits for it and
-//! says so every 30 s. The metadata request never creates a topic: a consumer's
+//! says so every 30 s. The retry tiers' topics (`ACKD_RETRY_TOPICS`) are checked with
+//! them: a missing one names `ACKD_RETRY_TOPICS`. The metadata request never creates a topic: a consumer's
 //! `allow.auto.create.topics` is false (tests/missing_topic.rs checks it against a broker
 //! with `auto.create.topics.enable=true`).
 
@@ -65,7 +66,7 @@ pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: Consu
     let started = Instant::now();
     let mut reported: Option<Instant> = None;
     loop {
-        let (c, topics) = (consumer.clone(), settings.topics.clone());
+        let (c, topics) = (consumer.clone(), settings.consumed_topics());
         let check = tokio::task::spawn_blocking(move || missing(&*c, &topics, ATTEMPT));
         let result = tokio::select! {
             r = check => r,
@@ -87,14 +88,14 @@ pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: Consu
             if reported.is_some() {
                 tracing::info!(
                     at = "topics_available",
-                    topics = settings.topics.join(","),
+                    topics = settings.consumed_topics().join(","),
                     waited_ms = started.elapsed().as_millis() as u64
                 );
             }
             return Ok(());
         }
         if !settings.wait_for_topics {
-            report_missing(settings, &missing.join(","));
+            report_missing_all(settings, &missing);
             return Err(exit::CONFIG);
         }
         if reported.is_none_or(|t| t.elapsed() >= REPORT) {
@@ -111,6 +112,34 @@ pub async fn wait_until_present<C: Consumer<X> + Send + Sync + 'static, X: Consu
             s = signals.next() => return Err(stopped_while_waiting(s)),
         }
     }
+}
+
+/// The `at=config_error` lines for `missing` topics: those of `ACKD_TOPICS`, then the
+/// retry tiers' (the daemon's, and `ackd check`'s).
+pub fn report_missing_all(settings: &Settings, missing: &[String]) {
+    let (sources, tiers): (Vec<&String>, Vec<&String>) =
+        missing.iter().partition(|t| settings.topics.contains(t));
+    if !sources.is_empty() {
+        let names: Vec<&str> = sources.iter().map(|t| t.as_str()).collect();
+        report_missing(settings, &names.join(","));
+    }
+    if !tiers.is_empty() {
+        let names: Vec<&str> = tiers.iter().map(|t| t.as_str()).collect();
+        report_missing_tiers(settings, &names.join(","));
+    }
+}
+
+/// The `at=config_error setting=ACKD_RETRY_TOPICS` line for retry tier topics that do
+/// not exist: ackd never creates them (like the dead-letter topic).
+fn report_missing_tiers(settings: &Settings, missing: &str) {
+    tracing::error!(
+        at = "config_error",
+        setting = "ACKD_RETRY_TOPICS",
+        value = settings.failure.retry_tiers.topics().join(","),
+        topics = missing,
+        problem = "names retry tier topics (<topic>.retry.<delay>) that do not exist on the brokers: create them (as many partitions as you like); ACKD_WAIT_FOR_TOPICS=true waits for them",
+        "invalid configuration; fix the setting and start again"
+    );
 }
 
 /// The one `at=config_error setting=ACKD_TOPICS` line for topics that do not exist (the

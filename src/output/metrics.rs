@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::topic_partition::TopicPartition;
+use crate::output::TopicPartition;
 
 /// The per-message line (when `ACKD_LOG_MESSAGES` is on): one per acknowledged message,
 /// with `redelivered=true` when it went to the processor flagged as a possible repeat.
@@ -457,6 +457,11 @@ impl Default for Interval {
             commit_durations: histogram(),
         }
     }
+}
+
+/// Milliseconds with a fraction, for duration fields.
+pub fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// `3.214ms` from microseconds: l2met's number-with-unit form.

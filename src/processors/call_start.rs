@@ -130,7 +130,7 @@ impl CallClock {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         // Read under the lock: the queue stays in start order.
         call.started_ms
-            .store(crate::clock::now_ms(), Ordering::Relaxed);
+            .store(crate::output::health::now_ms(), Ordering::Relaxed);
         started.push_back(call.clone());
         // Calls start in any order (a pool takes them as children free up): the highest.
         self.handed_end

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
-use crate::settings::error::SettingError;
+use crate::settings::SettingError;
 use crate::settings::{ExecSettings, HttpSettings, Settings};
 
 /// Names `ACKD_PROCESSOR` accepts.
@@ -45,7 +45,9 @@ pub enum Builtin {
     Slow(crate::settings::test_delay::Delay),
     /// Testkit only: fails on command, by payload: `fail` fails permanently, `panic`
     /// panics, `retry:N` fails retryably N times before it succeeds (its reason says the
-    /// message's `redelivered` and `attempt`), `block:PATH` blocks
+    /// message's `redelivered` and `attempt`), `attempts:N` fails retryably while the
+    /// message's `attempt` is N or less (counted by ackd: across retry tiers and
+    /// restarts), `block:PATH` blocks
     /// its thread (never yielding, like a processor stuck in a blocking call) until the
     /// file PATH exists (two minutes at most), then acks; anything else acks.
     #[cfg(feature = "testkit")]
@@ -136,6 +138,20 @@ impl Processor for Builtin {
                             offset = _message.offset()
                         );
                         Ok(())
+                    }
+                    p if p.starts_with(b"attempts:") => {
+                        let failing: u32 = std::str::from_utf8(&p[9..])
+                            .ok()
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(1);
+                        if _message.attempt() <= failing {
+                            Err(ProcessError::retryable(format!(
+                                "attempt {} of {failing} failing",
+                                _message.attempt()
+                            )))
+                        } else {
+                            Ok(())
+                        }
                     }
                     p if p.starts_with(b"retry:") => {
                         let wanted: u32 = std::str::from_utf8(&p[6..])

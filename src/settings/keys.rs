@@ -125,6 +125,11 @@ pub(super) const KEYS: &[Key] = &[
         help: "required with dead-letter: where failed messages go",
     },
     Key {
+        key: "retry_topics",
+        required: None,
+        help: "delays of retry tiers, e.g. 10s,1m,10m: a retryable failure goes to <topic>.retry.<delay>, processed after the delay (empty: off, retries in place)",
+    },
+    Key {
         key: "static_membership",
         required: None,
         help: "true: group.instance.id = DYNO, else HOSTNAME, else the host name",

@@ -1,5 +1,5 @@
 //! Settings: every setting, typed and validated (this file, `keys.rs`, `raw.rs`,
-//! `validate/`), the error a setting gets ([`error`]), the broker address
+//! `validate/`), the error a setting gets ([`SettingError`]), the broker address
 //! ([`kafka_url`]), librdkafka pass-through properties ([`rdkafka_env`]), TLS and SASL
 //! ([`security`]), the secrets no line may show ([`secret`], `secrets.rs`), the failure
 //! policy (`validate/failure.rs`), and the translation of all of it into librdkafka properties
@@ -16,7 +16,6 @@
 //! `properties`, and what no line may show in `secrets`.
 
 pub(crate) mod client_config;
-pub mod error;
 pub mod kafka_url;
 pub mod rdkafka_env;
 pub mod secret;
@@ -32,7 +31,6 @@ mod validate;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::kafka_url::Brokers;
 use security::{Sasl, Tls};
 
@@ -52,12 +50,13 @@ pub use validate::processing::{
     BatchSettings, ConcurrencySettings, ProcessingOrder, MAX_BATCH, MAX_BATCH_BYTES,
     MAX_CONCURRENCY, MAX_PENDING,
 };
+pub use validate::retry_topics::{NextTier, RetryTiers};
 pub use validate::telemetry::{HealthSettings, LoggingSettings, LOG_LEVELS};
 
 use raw::RawSettings;
 
 /// The smallest `ACKD_REDELIVERY_WINDOW_MAX`, and the least the dispatch limit runs
-/// ahead of the work (src/consumer/dispatch_limit.rs).
+/// ahead of the work (src/consumer/worker/shared.rs).
 pub const MIN_REDELIVERY_WINDOW: usize = 1_000;
 /// The largest `ACKD_REDELIVERY_WINDOW_MAX`.
 pub const MAX_REDELIVERY_WINDOW: usize = 100_000_000;
@@ -127,6 +126,13 @@ pub fn with_prefix(prefix: Option<&str>, name: &str) -> String {
 }
 
 impl Settings {
+    /// The topics ackd subscribes to: `ACKD_TOPICS`, then their retry tiers
+    /// (`ACKD_RETRY_TOPICS`), all in its group.
+    pub fn consumed_topics(&self) -> Vec<String> {
+        let tiers = self.failure.retry_tiers.topics();
+        self.topics.iter().chain(tiers).cloned().collect()
+    }
+
     /// How long in-flight messages may take to finish after SIGTERM: the shutdown deadline
     /// less [`commit_reserve`]. Processor timeouts and the dead-letter delivery fit in it.
     pub fn drain_budget(&self) -> Duration {
@@ -211,11 +217,59 @@ pub fn commit_reserve(budget: Duration) -> Duration {
     (budget / 5).min(Duration::from_secs(5))
 }
 
+// The error every setting's validation returns, and the one line it gets.
+
+/// A setting that is missing or invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingError {
+    /// The environment variable (or file key) to fix.
+    pub setting: String,
+    /// The value given, when it may be shown; `None` when missing or secret.
+    pub value: Option<String>,
+    /// What is wrong and what is allowed.
+    pub problem: String,
+}
+
+impl SettingError {
+    pub(crate) fn new(
+        setting: impl Into<String>,
+        value: Option<&str>,
+        problem: impl Into<String>,
+    ) -> Self {
+        SettingError {
+            setting: setting.into(),
+            value: value.map(str::to_string),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for SettingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={:?}: {}", self.setting, v, self.problem),
+            None => write!(f, "{}: {}", self.setting, self.problem),
+        }
+    }
+}
+
+impl std::error::Error for SettingError {}
+
+/// The one line a configuration error gets.
+pub(crate) fn report_setting_error(e: &SettingError) {
+    tracing::error!(
+        at = "config_error",
+        setting = &e.setting,
+        value = e.value.as_deref(),
+        problem = &e.problem,
+        "invalid configuration; fix the setting and start again"
+    );
+}
+
 /// The variables unit tests of the settings start from: a valid minimal set.
 #[cfg(test)]
 mod test_vars {
-    use super::Settings;
-    use crate::settings::error::SettingError;
+    use super::{SettingError, Settings};
 
     pub(super) fn vars(extra: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = [

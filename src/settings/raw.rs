@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
 
-use crate::settings::error::SettingError;
 use crate::settings::rdkafka_env;
+use crate::settings::SettingError;
 
 use super::keys::{self, env_name, DEFAULT_ORIGIN, KAFKA_VARS, KEYS};
 use super::properties::{PassThrough, OWNED_PROPERTIES};

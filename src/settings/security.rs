@@ -13,9 +13,9 @@
 //! PEMs go to librdkafka in memory, never to a file. They are checked here first, so that
 //! a malformed one is an error naming its variable; no error ever shows a PEM's content.
 
-use crate::settings::error::SettingError;
 use crate::settings::kafka_url::{Brokers, Security};
 use crate::settings::secret::Secret;
+use crate::settings::SettingError;
 
 /// TLS for `kafka+ssl://` and `kafka+sasl-ssl://`.
 #[derive(Debug, Clone)]

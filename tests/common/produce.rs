@@ -207,6 +207,8 @@ pub fn produce_with_raw_header_name(topic: &str, name: &[u8], value: &[u8], payl
 #[derive(Debug)]
 pub struct ReadBack {
     pub offset: i64,
+    /// Milliseconds since the epoch (CreateTime or LogAppendTime), if any.
+    pub timestamp: Option<i64>,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
     pub headers: HashMap<String, String>,
@@ -244,6 +246,7 @@ pub fn read_back(topic: &str, n: usize, timeout: Duration) -> Vec<ReadBack> {
                 .unwrap_or_default();
             got.push(ReadBack {
                 offset: m.offset(),
+                timestamp: m.timestamp().to_millis(),
                 key: m.key().map(<[u8]>::to_vec),
                 payload: m.payload().map(<[u8]>::to_vec),
                 headers,

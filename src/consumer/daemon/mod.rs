@@ -60,12 +60,12 @@ async fn start_and_run<P: Processor>(settings: Settings, processor: P) -> Result
     let mut signals = stop::install()?;
     // The daemon keeps a handle to call the processor's shutdown hook after the final commit.
     let processor = Arc::new(processor);
-    let dead_letter = startup::dead_letter(&settings)?;
+    let copier = startup::copier(&settings)?;
     let memory = startup::plan_memory(&settings, memory_limit, &mut signals).await?;
     let parts = startup::Parts::new(&settings, memory);
     startup::serve_health(&settings, &parts.health)?;
     startup::lease(&settings, &parts, &mut signals).await?;
-    let worker = startup::worker_config(&settings, processor.clone(), &parts, dead_letter);
+    let worker = startup::worker_config(&settings, processor.clone(), &parts, copier);
     let consumer = startup::create_consumer(&settings, &parts, worker)?;
     startup::subscribe(&consumer, &settings, &mut signals).await?;
     let reports = supervisor::spawn(

@@ -12,21 +12,20 @@ use signal_hook_tokio::Signals;
 use tokio::sync::Notify;
 
 use crate::consumer::committer::Committer;
-use crate::consumer::dead_letter::DeadLetter;
-use crate::consumer::dispatch_limit::LimitPolicy;
+use crate::consumer::copier::Copier;
 use crate::consumer::group::{AckdConsumer, Group, GroupContext};
 use crate::consumer::stop::stopped_while_waiting;
 use crate::consumer::stop::StopClock;
-use crate::consumer::worker::{Batching, Concurrency, WorkerConfig};
+use crate::consumer::worker::{Batching, Concurrency, LimitPolicy, WorkerConfig};
 use crate::consumer::{auth, memory, topics};
 use crate::exit;
 use crate::output::health::{self, Health};
 use crate::output::metrics::{self, CommitMetrics};
 use crate::processors::processor::Processor;
 use crate::settings::client_config::{base_config, consumer_config};
-use crate::settings::error::{report_setting_error, SettingError};
 use crate::settings::security;
 use crate::settings::OnFailure;
+use crate::settings::{report_setting_error, SettingError};
 use crate::settings::{ProcessingOrder, Settings};
 
 /// The `at=start` line: the settings ackd runs with (none of them shows a secret).
@@ -67,6 +66,11 @@ pub(super) fn log_start<P: Processor>(
         batch_max_bytes = (settings.batching.max_messages > 1 && settings.batching.max_bytes > 0)
             .then_some(settings.batching.max_bytes),
         dead_letter_topic = settings.failure.dead_letter_topic.as_deref(),
+        retry_topics = (!settings.failure.retry_tiers.is_empty()).then(|| settings
+            .failure
+            .retry_tiers
+            .topics()
+            .join(",")),
         wait_for_topics = settings.wait_for_topics.then_some(true),
         // The budget and where it came from (src/consumer/memory.rs); off: neither.
         memory_mb = memory.map(|m| m.mb),
@@ -76,24 +80,23 @@ pub(super) fn log_start<P: Processor>(
     );
 }
 
-/// The dead-letter producer, with `ACKD_ON_FAILURE=dead_letter` and a topic.
-/// `Err(code)`: librdkafka refused it.
-pub(super) fn dead_letter(settings: &Settings) -> Result<Option<Arc<DeadLetter>>, i32> {
-    match (
-        &settings.failure.dead_letter_topic,
-        settings.failure.on_failure,
+/// The producer of copies: with `ACKD_ON_FAILURE=dead-letter` and a topic, or with retry
+/// tiers. `Err(code)`: librdkafka refused it.
+pub(super) fn copier(settings: &Settings) -> Result<Option<Arc<Copier>>, i32> {
+    let dead_letter_topic = match settings.failure.on_failure {
+        OnFailure::DeadLetter => settings.failure.dead_letter_topic.clone(),
+        _ => None,
+    };
+    if dead_letter_topic.is_none() && settings.failure.retry_tiers.is_empty() {
+        return Ok(None);
+    }
+    match Copier::new(
+        base_config(settings),
+        dead_letter_topic,
+        settings.drain_budget(),
     ) {
-        (Some(topic), OnFailure::DeadLetter) => {
-            match DeadLetter::new(
-                base_config(settings),
-                topic.clone(),
-                settings.drain_budget(),
-            ) {
-                Ok(d) => Ok(Some(Arc::new(d))),
-                Err(e) => Err(report_client_error(settings, e)),
-            }
-        }
-        _ => Ok(None),
+        Ok(c) => Ok(Some(Arc::new(c))),
+        Err(e) => Err(report_client_error(settings, e)),
     }
 }
 
@@ -233,7 +236,7 @@ pub(super) fn worker_config<P: Processor>(
     settings: &Settings,
     processor: Arc<P>,
     parts: &Parts,
-    dead_letter: Option<Arc<DeadLetter>>,
+    copier: Option<Arc<Copier>>,
 ) -> WorkerConfig<P> {
     // What a worker may hold taken out of its queue under the budget (0: no budget).
     let taken = parts.memory.as_ref().map_or(0, memory::Budget::taken_bytes);
@@ -244,7 +247,9 @@ pub(super) fn worker_config<P: Processor>(
         at_end: parts.at_end.clone(),
         retry: settings.failure.retry,
         on_failure: settings.failure.on_failure,
-        dead_letter,
+        copier,
+        retry_tiers: Arc::new(settings.failure.retry_tiers.clone()),
+        from_tier: false,
         batch: Batching {
             max_messages: settings.batching.max_messages,
             max_wait: settings.batching.max_wait,
@@ -347,7 +352,8 @@ pub(super) async fn subscribe<P: Processor>(
         () = auth_failed => Err(exit::NOPERM),
     };
     checked?;
-    let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
+    let consumed = settings.consumed_topics();
+    let topics: Vec<&str> = consumed.iter().map(String::as_str).collect();
     if let Err(e) = consumer.subscribe(&topics) {
         tracing::error!(at = "config_error", setting = "ACKD_TOPICS", error = %e);
         return Err(exit::CONFIG);

@@ -17,9 +17,9 @@ use crate::consumer::handover::{
 use crate::consumer::membership;
 use crate::consumer::partition_queue::PartitionQueue;
 use crate::consumer::worker;
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
 use crate::settings::StartFrom;
-use crate::topic_partition::TopicPartition;
 
 /// Where a partition resumes: its committed offset (`None`: the start policy applies),
 /// the offsets above it to skip, and those to flag as possible repeats.
@@ -62,7 +62,9 @@ impl<P: Processor> GroupContext<P> {
     /// says, as librdkafka would after reading the same commit again: it would treat
     /// "nothing committed" as an error and reset only after a fixed 100 ms backoff
     /// (`rd_kafka_offset_reset`), the longest step to a fresh group's first message. A
-    /// partition whose commit could not be read is left to librdkafka.
+    /// partition whose commit could not be read is left to librdkafka. A retry tier's
+    /// partition starts at its beginning whatever the policy: its copies were made by
+    /// this group, after their originals were acknowledged, and must not be skipped.
     fn start_where_nothing_is_committed(
         &self,
         tpl: &TopicPartitionList,
@@ -72,11 +74,15 @@ impl<P: Processor> GroupContext<P> {
             StartFrom::Earliest => Offset::Beginning,
             StartFrom::Latest => Offset::End,
         };
-        let Some(raw) = start.to_raw() else { return };
+        let (Some(raw), Some(beginning)) = (start.to_raw(), Offset::Beginning.to_raw()) else {
+            return;
+        };
         for (tp, (offset, _)) in resume {
             if matches!(offset, Offset::Offset(_)) {
                 continue;
             }
+            let tier = self.worker.retry_tiers.delay_of(&tp.0).is_some();
+            let raw = if tier { beginning } else { raw };
             let Ok(topic) = std::ffi::CString::new(&*tp.0) else {
                 continue;
             };
@@ -116,12 +122,16 @@ impl<P: Processor> GroupContext<P> {
         }
         // Nothing committed (or not known): whoever read the partition before may have
         // processed anything that exists now.
+        // A retry tier starts at its beginning (`start_where_nothing_is_committed`).
+        let tier = self.worker.retry_tiers.delay_of(topic).is_some();
         let start = match (&committed, self.start_from) {
             (None, _) | (Some(_), StartFrom::Earliest) => Start::Earliest,
+            (Some(_), _) if tier => Start::Earliest,
             (Some(_), StartFrom::Latest) => Start::Latest,
         };
         let window = bounded_by_log_end(base, tp, start);
         let from = match committed {
+            Some(_) if tier => StartFrom::Earliest.as_str(),
             Some(_) => self.start_from.as_str(),
             None => "unknown",
         };

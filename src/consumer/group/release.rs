@@ -15,12 +15,12 @@ use rdkafka::TopicPartitionList;
 
 use super::rdkafka_context::generation;
 use super::{GroupContext, Owned};
-use crate::consumer::committer::{CommitError, CommitOffset, Reason};
+use crate::consumer::committer::{only_the_mark, CommitError, CommitOffset, Reason};
 use crate::consumer::membership;
 use crate::consumer::stop::{sleep_until, StopTimes, STOP_CHECK};
 use crate::consumer::worker;
+use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
-use crate::topic_partition::TopicPartition;
 
 /// When a release's steps must end; read at each wait, as a stop may bring them forward.
 pub(super) struct Deadlines<'a> {
@@ -74,7 +74,7 @@ impl<P: Processor> GroupContext<P> {
         if lost {
             membership::ended(&mut *self.lock());
         }
-        let duration_ms = crate::clock::millis(started.elapsed());
+        let duration_ms = crate::output::metrics::millis(started.elapsed());
         let stopping = self.stopping.load(Ordering::Acquire) || self.stop_clock.times().is_some();
         if stopping && (!outcome.complete || outcome.left_uncommitted().next().is_some()) {
             self.released_incomplete.store(true, Ordering::Release);
@@ -585,16 +585,6 @@ impl Outcome {
     pub fn left_uncommitted(&self) -> impl Iterator<Item = &CommitOffset> {
         self.partitions.iter().filter_map(|(_, r)| r.left.as_ref())
     }
-}
-
-/// Whether committing `c` for `p` only marks it released: what it carries is committed
-/// already, and nothing handed to the processor at or above the committed offset is left
-/// unfinished (a release's `processed` is the highest offset handed over), so not
-/// committing it loses no acknowledgement and no message is redelivered.
-pub(super) fn only_the_mark(p: &Owned, c: &CommitOffset) -> bool {
-    p.committed == Some(c.offset)
-        && p.committed_acked == c.acked
-        && c.processed.is_none_or(|handed| handed < c.offset)
 }
 
 /// The `at=release_unmarked` line of a partition released without its release mark

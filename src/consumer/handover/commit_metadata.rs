@@ -33,7 +33,7 @@ use std::sync::Arc;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::consumer::committer::Reason;
-use crate::topic_partition::TopicPartition;
+use crate::output::TopicPartition;
 
 /// The version of the metadata format this ackd writes. A later format (new fields)
 /// bumps it: see [`metadata`].
@@ -47,7 +47,7 @@ const PREVIOUS_VERSION: u32 = 2;
 /// (`O` the offset committed, `H` the highest offset processed, or on a release the
 /// highest handed to a processor, finished or not (`WorkerShared::handed_through`), `L`
 /// the dispatch limit: the highest offset this process may start before its next commit
-/// is accepted, see src/consumer/dispatch_limit.rs), then `;a=R` (`acked`: the ranges
+/// is accepted, see src/consumer/worker/shared.rs), then `;a=R` (`acked`: the ranges
 /// as [`encode_ranges`] writes them, if any), then `;r` for a release, then `;end`.
 ///
 /// Grammar: `ackd/V:` then fields separated by `;`, the last one `end`. `V` is the

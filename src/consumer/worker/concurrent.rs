@@ -38,8 +38,7 @@ use super::handler::{Acks, BatchEnd, Handled, Handler};
 use super::shared::NONE;
 use super::task::{Batching, Step, Worker};
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
-use crate::fetched_message::FetchedMessage;
-use crate::processors::processor::{Kafka, Message, Processor};
+use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
 use crate::settings::ProcessingOrder;
 
 /// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).
@@ -392,7 +391,7 @@ impl<'q, P: Processor> Worker<'q, P> {
                     .map(|k| {
                         let view = Message::from_kafka(k, topic);
                         let redelivered = window.covers(view.offset());
-                        view.with_delivery(redelivered, 1)
+                        config.delivery(view, redelivered)
                     })
                     .collect();
                 let mut handler = Handler {
@@ -441,7 +440,9 @@ impl<'q, P: Processor> Worker<'q, P> {
         for &(i, processed) in &done.acks {
             let kafka = Kafka::new(&messages[i]);
             let view = Message::from_kafka(&kafka, self.topic);
-            let view = view.with_delivery(self.flagging.window.covers(view.offset()), 1);
+            let view = self
+                .config
+                .delivery(view, self.flagging.window.covers(view.offset()));
             self.progress.ack(&view, processed);
         }
         self.progress.publish_acked_above(ranges);

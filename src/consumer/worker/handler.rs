@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::shared::WorkerShared;
 use super::task::WorkerConfig;
+use crate::consumer::copier::Copy;
 use crate::output::metrics::Took;
 use crate::processors::call_start;
 use crate::processors::processor::{
@@ -107,7 +108,7 @@ impl<P: Processor> Handler<'_, P> {
                 Err(panic) => panicked(&panic),
             };
             self.shared.metrics.failed(took);
-            if error.kind != FailureKind::Retryable || !self.config.retry.again(attempt) {
+            if error.kind != FailureKind::Retryable || !self.retries_in_place(attempt) {
                 break error;
             }
             if !self.wait_to_retry(view, 1, attempt, &error).await {
@@ -115,7 +116,8 @@ impl<P: Processor> Handler<'_, P> {
             }
             attempt += 1;
         };
-        self.give_up(view, &error, attempt).await
+        let made = view.attempt().saturating_add(attempt - 1);
+        self.give_up(view, &error, (attempt, made)).await
     }
 
     /// Runs the processor on a batch: the messages before a failed one are acknowledged,
@@ -146,7 +148,7 @@ impl<P: Processor> Handler<'_, P> {
                 return BatchEnd::Interrupted;
             };
             let took = started.elapsed();
-            let (failed_at, error) = match outcome {
+            let (failed_at, error): (usize, ProcessError) = match outcome {
                 Ok(Ok(())) => {
                     self.shared.metrics.processed_many(rest.len() as u64, took);
                     ack_processed(acks, batch.len() - rest.len(), handed);
@@ -158,6 +160,9 @@ impl<P: Processor> Handler<'_, P> {
                 // default process_batch catches panics per message.)
                 Err(panic) => (0, panicked(&panic)),
             };
+            // The attempt the processor saw the failed message as: each call hands all of
+            // `rest` over again.
+            let made = handed.get(failed_at).map_or(1, Message::attempt);
             if failed_at > 0 {
                 self.shared
                     .metrics
@@ -168,14 +173,14 @@ impl<P: Processor> Handler<'_, P> {
             }
             self.shared.metrics.failed(took);
             let view = &rest[0];
-            if error.kind == FailureKind::Retryable && self.config.retry.again(attempt) {
+            if error.kind == FailureKind::Retryable && self.retries_in_place(attempt) {
                 if !self.wait_to_retry(view, rest.len(), attempt, &error).await {
                     return BatchEnd::Interrupted;
                 }
                 attempt += 1;
                 continue;
             }
-            match self.give_up(view, &error, attempt).await {
+            match self.give_up(view, &error, (attempt, made)).await {
                 Handled::Ack => {
                     acks.ack(batch.len() - rest.len(), view, false);
                     rest = &rest[1..];
@@ -187,6 +192,12 @@ impl<P: Processor> Handler<'_, P> {
             }
         }
         BatchEnd::Done
+    }
+
+    /// Whether a retryable failure of attempt `attempt` is tried again in place: not
+    /// with retry tiers, which are the retries (the next tier has the message at once).
+    fn retries_in_place(&self, attempt: u32) -> bool {
+        self.config.retry_tiers.is_empty() && self.config.retry.again(attempt)
     }
 
     /// One attempt of the processor call, on `messages` offsets from `first` to `last`.
@@ -250,13 +261,24 @@ impl<P: Processor> Handler<'_, P> {
         }
     }
 
-    /// The failure policy, once a message failed for good.
+    /// The failure policy, once a message failed in place `attempts` times, and as the
+    /// processor's attempt `made` (counted on from the attempts its copy says were made
+    /// before, from a retry tier): a retryable failure goes to the next retry tier, if
+    /// any; else `ACKD_ON_FAILURE`.
     async fn give_up(
         &mut self,
         view: &Message<'_>,
         error: &ProcessError,
-        attempts: u32,
+        (attempts, made): (u32, u32),
     ) -> Handled {
+        if error.kind == FailureKind::Retryable {
+            let tiers = self.config.retry_tiers.clone();
+            if let Some(next) = tiers.next(view.topic()) {
+                return self
+                    .forward(view, error, made, next.topic, Some(next.delay))
+                    .await;
+            }
+        }
         let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
         match self.config.on_failure {
             OnFailure::Halt => {
@@ -286,7 +308,7 @@ impl<P: Processor> Handler<'_, P> {
                 );
                 Handled::Ack
             }
-            OnFailure::DeadLetter => self.dead_letter(view, error, attempts).await,
+            OnFailure::DeadLetter => self.dead_letter(view, error, made).await,
         }
     }
 
@@ -299,50 +321,115 @@ impl<P: Processor> Handler<'_, P> {
         attempts: u32,
     ) -> Handled {
         let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
-        let Some(dlq) = &self.config.dead_letter else {
+        let Some(dlq) = self
+            .config
+            .copier
+            .as_ref()
+            .and_then(|c| c.dead_letter_topic())
+        else {
             tracing::error!(at = "process_failed", topic, partition, offset, error = %error, "no dead-letter producer; partition halted");
             return Handled::Halt;
         };
+        self.forward(view, error, attempts, dlq, None).await
+    }
+
+    /// Hands the message to `to`: its next retry tier (`delay` its tier's), or the
+    /// dead-letter topic (`None`), acknowledged once the broker has the copy.
+    async fn forward(
+        &mut self,
+        view: &Message<'_>,
+        error: &ProcessError,
+        attempts: u32,
+        to: &str,
+        delay: Option<std::time::Duration>,
+    ) -> Handled {
+        let copy = Copy {
+            error,
+            attempts,
+            from_tier: self.config.from_tier,
+            delay,
+        };
+        let (at, lines) = match delay {
+            None => ("dead_lettered", ("dead_letter_retry", "dead_letter_failed")),
+            Some(_) => ("retry_topic", ("retry_topic_retry", "retry_topic_failed")),
+        };
+        let (to_partition, to_offset, due) = match self.copy(view, to, &copy, lines).await {
+            Ok(sent) => sent,
+            Err(handled) => return handled,
+        };
+        let dead = delay.is_none();
+        if dead {
+            self.shared.metrics.dead_lettered();
+        } else {
+            self.shared.metrics.retried();
+        }
+        tracing::warn!(
+            at,
+            topic = view.topic(),
+            partition = view.partition(),
+            offset = view.offset(),
+            key = view.key(),
+            attempts,
+            error = %error,
+            dead_letter_topic = dead.then_some(to),
+            dead_letter_partition = dead.then_some(to_partition),
+            dead_letter_offset = dead.then_some(to_offset),
+            retry_topic = (!dead).then_some(to),
+            retry_partition = (!dead).then_some(to_partition),
+            retry_offset = (!dead).then_some(to_offset),
+            delay_ms = delay.map(|d| d.as_millis() as u64),
+            due_ms = due
+        );
+        Handled::Ack
+    }
+
+    /// Produces `view`'s copy to `to`, retrying the produce like a processor failure.
+    /// `Err`: how the message ends instead (stopped meanwhile: unacknowledged; not
+    /// delivered: the partition halts, its offset not committed past it). `lines` are
+    /// the `at=` of a retry of the produce and of its failure.
+    async fn copy(
+        &mut self,
+        view: &Message<'_>,
+        to: &str,
+        copy: &Copy<'_>,
+        (retry_at, failed_at): (&'static str, &'static str),
+    ) -> Result<(i32, i64, Option<i64>), Handled> {
+        let (topic, partition, offset) = (view.topic(), view.partition(), view.offset());
+        let Some(copier) = self.config.copier.clone() else {
+            tracing::error!(
+                at = "process_failed",
+                topic,
+                partition,
+                offset,
+                "no producer for copies; partition halted"
+            );
+            return Err(Handled::Halt);
+        };
         let mut attempt = 1;
         loop {
-            match dlq.send(view, error).await {
-                Ok((dl_partition, dl_offset)) => {
-                    self.shared.metrics.dead_lettered();
-                    tracing::warn!(
-                        at = "dead_lettered",
-                        topic,
-                        partition,
-                        offset,
-                        key = view.key(),
-                        attempts,
-                        error = %error,
-                        dead_letter_topic = dlq.topic(),
-                        dead_letter_partition = dl_partition,
-                        dead_letter_offset = dl_offset
-                    );
-                    return Handled::Ack;
-                }
+            match copier.send(to, view, copy).await {
+                Ok(sent) => return Ok(sent),
                 Err(e) if self.config.retry.again(attempt) => {
                     let delay = self.config.retry.delay(attempt, self.rng);
-                    tracing::warn!(at = "dead_letter_retry", topic, partition, offset, attempt, delay_ms = delay.as_millis() as u64, error = %e);
+                    tracing::warn!(at = retry_at, topic, partition, offset, attempt, delay_ms = delay.as_millis() as u64, error = %e);
                     tokio::select! {
                         biased;
-                        _ = self.stop.wait_for(|s| *s) => return Handled::Interrupted,
+                        _ = self.stop.wait_for(|s| *s) => return Err(Handled::Interrupted),
                         _ = tokio::time::sleep(delay) => {}
                     }
                     attempt += 1;
                 }
                 Err(e) => {
                     tracing::error!(
-                        at = "dead_letter_failed",
+                        at = failed_at,
                         topic,
                         partition,
                         offset,
-                        dead_letter_topic = dlq.topic(),
+                        to,
                         error = %e,
-                        "could not dead-letter the message; partition halted, its offset is not committed past it"
+                        "could not produce the copy; partition halted, its offset is not committed past it"
                     );
-                    return Handled::Halt;
+                    return Err(Handled::Halt);
                 }
             }
         }
@@ -461,7 +548,9 @@ mod tests {
                 max_attempts: 5,
             },
             on_failure: OnFailure::Halt,
-            dead_letter: None,
+            copier: None,
+            retry_tiers: Default::default(),
+            from_tier: false,
             batch: Batching {
                 max_messages: 8,
                 max_wait: Duration::ZERO,

@@ -10,7 +10,9 @@
 //! a single message's call and batches), `concurrent` (the read loop of
 //! `ACKD_ORDERING=key`/`none`), `handler` (the processor call, its retries and the
 //! failure policy), `progress` (offsets between queue and commit, gaps and fetch errors
-//! included), `shared` (what the supervisor and the health endpoint read, and the hold).
+//! included, and the offset tracker that computes the committable offset), `shared`
+//! (what the supervisor, the commits and the health endpoint read, the hold, and the
+//! dispatch limit each commit records).
 //! What the previous owner left behind (where it resumes, what it skips and flags) is
 //! src/consumer/handover/'s.
 
@@ -20,5 +22,6 @@ mod progress;
 mod shared;
 mod task;
 
-pub use shared::WorkerShared;
+pub use progress::{OffsetTracker, TrackerError};
+pub use shared::{LimitPolicy, WorkerShared};
 pub use task::{spawn, Batching, Concurrency, Predecessor, WorkerConfig, WorkerHandle};

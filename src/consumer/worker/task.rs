@@ -19,15 +19,13 @@ use tokio::sync::{watch, Notify};
 
 use super::handler::{BatchEnd, Handled, Handler};
 use super::progress::Progress;
-use super::shared::{SetOnDrop, WorkerShared, NONE};
-use crate::consumer::dead_letter::DeadLetter;
-use crate::consumer::dispatch_limit::{DispatchLimit, LimitPolicy};
+use super::shared::{DispatchLimit, LimitPolicy, SetOnDrop, WorkerShared, NONE};
+use crate::consumer::copier::{tier_delivery, Copier};
 use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
-use crate::fetched_message::FetchedMessage;
-use crate::processors::processor::{Kafka, Message, Processor};
+use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
 use crate::settings::ProcessingOrder;
-use crate::settings::{OnFailure, RetryPolicy};
+use crate::settings::{OnFailure, RetryPolicy, RetryTiers};
 
 /// What a worker needs besides its queue.
 pub struct WorkerConfig<P> {
@@ -39,7 +37,13 @@ pub struct WorkerConfig<P> {
     pub at_end: Option<Arc<Notify>>,
     pub retry: RetryPolicy,
     pub on_failure: OnFailure,
-    pub dead_letter: Option<Arc<DeadLetter>>,
+    /// The producer of dead letters and retry copies, when either is on.
+    pub copier: Option<Arc<Copier>>,
+    /// `ACKD_RETRY_TOPICS` (empty: retries in place).
+    pub retry_tiers: Arc<RetryTiers>,
+    /// This worker's topic is a retry tier: its messages are handed over as the attempts
+    /// their copies say, and wait for the tier's delay.
+    pub from_tier: bool,
     pub batch: Batching,
     /// `ACKD_ORDERING`, `ACKD_CONCURRENCY`, `ACKD_MAX_PENDING`.
     pub concurrency: Concurrency,
@@ -50,7 +54,30 @@ pub struct WorkerConfig<P> {
     /// fetching while the worker holds it (src/consumer/partition_queue.rs).
     pub taken_max_bytes: usize,
     /// `ACKD_DELAY_MS`: a message starts no earlier than its timestamp plus this; 0: off.
+    /// A retry tier's worker has its tier's delay instead.
     pub delay_ms: u64,
+}
+
+impl<P> WorkerConfig<P> {
+    /// The configuration of `topic`'s workers: a retry tier's messages wait for the
+    /// tier's delay after their copy was produced (the mechanism of `ACKD_DELAY_MS`).
+    fn for_topic(mut self, topic: &str) -> Self {
+        if let Some(delay) = self.retry_tiers.delay_of(topic) {
+            self.delay_ms = delay.as_millis() as u64;
+            self.from_tier = true;
+        }
+        self
+    }
+
+    /// How `view`, read from the partition, is handed over the first time: a retry
+    /// tier's copy as the attempt its copy says, else as the partition's window says.
+    pub(super) fn delivery<'m>(&self, view: Message<'m>, redelivered: bool) -> Message<'m> {
+        if self.from_tier {
+            tier_delivery(view)
+        } else {
+            view.with_delivery(redelivered, 1)
+        }
+    }
 }
 
 /// How many processor calls of one partition run at once, and in what order.
@@ -96,7 +123,9 @@ impl<P> Clone for WorkerConfig<P> {
             at_end: self.at_end.clone(),
             retry: self.retry,
             on_failure: self.on_failure,
-            dead_letter: self.dead_letter.clone(),
+            copier: self.copier.clone(),
+            retry_tiers: self.retry_tiers.clone(),
+            from_tier: self.from_tier,
             batch: self.batch,
             concurrency: self.concurrency,
             limits: self.limits.clone(),
@@ -272,6 +301,7 @@ async fn consume<C, P>(
     C: ConsumerContext + 'static,
     P: Processor,
 {
+    let config = config.for_topic(&topic);
     let source = config
         .message_source
         .clone()
@@ -472,7 +502,7 @@ impl<'a, P: Processor> Worker<'a, P> {
     }
 
     /// What the queue has next, once it may start (at most the dispatch limit of the
-    /// last accepted commit: src/consumer/dispatch_limit.rs); `None` when told to stop
+    /// last accepted commit: src/consumer/worker/shared.rs); `None` when told to stop
     /// or the queue is gone. One async function on the hot path: a second layer of
     /// future around the read moved each message through twice (about 75 instructions
     /// a message under callgrind).
@@ -583,7 +613,9 @@ impl<'a, P: Processor> Worker<'a, P> {
         self.shared.metrics.received();
         let kafka = Kafka::new(&message);
         let redelivered = self.flagging.window.covers(offset);
-        let view = Message::from_kafka(&kafka, self.topic).with_delivery(redelivered, 1);
+        let view = self
+            .config
+            .delivery(Message::from_kafka(&kafka, self.topic), redelivered);
         let mut first = None;
         if !self.config.processor.calls_may_wait() {
             // The call `Handler::attempt` would make for it, made here: the retry
@@ -656,7 +688,7 @@ impl<'a, P: Processor> Worker<'a, P> {
             .map(|k| {
                 let view = Message::from_kafka(k, self.topic);
                 let redelivered = window.covers(view.offset());
-                view.with_delivery(redelivered, 1)
+                self.config.delivery(view, redelivered)
             })
             .collect();
         let refused = self.dispatch_batch(&views);

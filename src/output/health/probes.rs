@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use hyper::StatusCode;
 
-use crate::clock::now_ms;
+use crate::output::health::now_ms;
 
 use super::state::{Busy, Health, Phase};
 
@@ -97,14 +97,14 @@ mod tests {
             Duration::from_millis(5000),
             "ackd",
         );
-        crate::clock::CLOCK_MS.store(10_000, Ordering::Relaxed);
+        crate::output::health::CLOCK_MS.store(10_000, Ordering::Relaxed);
         let busy = Arc::new(WorkerShared::new());
         let idle = Arc::new(WorkerShared::new());
         h.assigned((Arc::from("t"), 0), idle);
         h.assigned((Arc::from("t"), 1), busy.clone());
         busy.call_begins();
         assert_eq!(h.live().0, StatusCode::OK);
-        crate::clock::CLOCK_MS.store(11_001, Ordering::Relaxed);
+        crate::output::health::CLOCK_MS.store(11_001, Ordering::Relaxed);
         let (status, body) = h.live();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         let body: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -116,9 +116,9 @@ mod tests {
 
         // The supervisor: an inner callback does not restart the outer one's time.
         let outer = h.busy(Busy::Revoke);
-        crate::clock::CLOCK_MS.store(14_000, Ordering::Relaxed);
+        crate::output::health::CLOCK_MS.store(14_000, Ordering::Relaxed);
         drop(h.busy(Busy::Statistics));
-        crate::clock::CLOCK_MS.store(16_002, Ordering::Relaxed);
+        crate::output::health::CLOCK_MS.store(16_002, Ordering::Relaxed);
         let (status, body) = h.live();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         assert!(body.contains(r#""busy":"revoke""#), "{body}");

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, BUCKET_BOUNDS_MICROS};
-use crate::topic_partition::TopicPartition;
+use crate::output::TopicPartition;
 
 /// What one scrape reports: totals since start, and the state of the partitions owned.
 pub(super) struct Scrape<'a> {

@@ -106,7 +106,7 @@ async fn serve_connection(stream: tokio::net::TcpStream, health: Arc<Health>, cl
 
 /// Serves the endpoint on the runtime until the process ends.
 pub fn serve(listener: std::net::TcpListener, health: Arc<Health>) -> std::io::Result<()> {
-    crate::clock::start_clock()?;
+    super::start_clock()?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let sockets = Arc::new(tokio::sync::Semaphore::new(MAX_SOCKETS));
     let connections = Arc::new(Connections::default());

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::clock::now_ms;
+use crate::output::health::now_ms;
 use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, PartitionMetrics};
-use crate::topic_partition::TopicPartition;
+use crate::output::TopicPartition;
 
 use super::prometheus::{page, prometheus_name, Scrape};
 

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::raw::RawSettings;
 use crate::settings::rdkafka_env;
 use crate::settings::secrets::{is_secret_variable, variable_name, SECRET_VARIABLES};
 use crate::settings::validate::http_endpoint::ConcurrencyMode;
+use crate::settings::SettingError;
 
 /// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (three lines of each child may be held).
 pub const MAX_EXEC_LINE_BYTES: usize = 16 << 20;

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::raw::RawSettings;
 use crate::settings::with_prefix;
+use crate::settings::SettingError;
 
 use super::kafka::{valid_topic, Connection};
+use super::retry_topics::{no_attempts_in_place, RetryTiers};
 
 /// What happens to a message whose processor call fails.
 #[derive(Debug, Clone)]
@@ -18,11 +19,14 @@ pub struct FailureSettings {
     /// `ACKD_DEAD_LETTER_TOPIC`, where `ACKD_ON_FAILURE=dead-letter` sends messages; the
     /// full topic name (`KAFKA_PREFIX` applied).
     pub dead_letter_topic: Option<String>,
+    /// `ACKD_RETRY_TOPICS`: the tiers a retryable failure goes through (empty: off,
+    /// retries in place).
+    pub retry_tiers: RetryTiers,
 }
 
 impl FailureSettings {
-    /// The retries, `ACKD_ON_FAILURE` and `ACKD_DEAD_LETTER_TOPIC`, which must not be
-    /// one of the `connection`'s topics.
+    /// The retries, `ACKD_ON_FAILURE`, `ACKD_DEAD_LETTER_TOPIC`, which must not be
+    /// one of the `connection`'s topics, and `ACKD_RETRY_TOPICS`.
     pub(super) fn parse(
         raw: &RawSettings,
         connection: &Connection,
@@ -56,10 +60,16 @@ impl FailureSettings {
                 "is also in ACKD_TOPICS: dead letters would be consumed again",
             ));
         }
+        let taken: Vec<&str> = dead_letter_topic.iter().map(String::as_str).collect();
+        let retry_tiers = RetryTiers::parse(raw, &connection.topics, &taken)?;
+        if !retry_tiers.is_empty() {
+            no_attempts_in_place(raw, retry.max_attempts)?;
+        }
         Ok(FailureSettings {
             retry,
             on_failure,
             dead_letter_topic,
+            retry_tiers,
         })
     }
 }

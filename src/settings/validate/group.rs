@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::settings::error::SettingError;
 use crate::settings::properties::{PassThrough, CLASSIC_ONLY_PROPERTIES};
 use crate::settings::raw::RawSettings;
+use crate::settings::SettingError;
 
 /// How this member joins its group (`ACKD_GROUP_ID` is with the connection).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,9 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::raw::RawSettings;
 use crate::settings::secret::Secret;
+use crate::settings::SettingError;
 use crate::settings::Settings;
 
 /// The `http` processor's settings, as it takes them. `Debug` shows no header value and

@@ -1,11 +1,11 @@
 //! The connection: the brokers, `KAFKA_PREFIX`, the topics and the group, TLS and SASL.
 
-use crate::settings::error::SettingError;
 use crate::settings::kafka_url::{self, Brokers};
 use crate::settings::keys::required_what;
 use crate::settings::raw::RawSettings;
 use crate::settings::security::{self, Sasl, Tls};
 use crate::settings::with_prefix;
+use crate::settings::SettingError;
 
 /// The settings of the connection, validated.
 pub(super) struct Connection {

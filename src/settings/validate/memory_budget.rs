@@ -1,9 +1,9 @@
 //! The memory budget (`ACKD_MEMORY_MB`, src/consumer/memory.rs).
 
-use crate::settings::error::SettingError;
 use crate::settings::keys::rdkafka_defaults;
 use crate::settings::properties::MEMORY_BUDGET_PROPERTIES;
 use crate::settings::raw::RawSettings;
+use crate::settings::SettingError;
 use crate::settings::Settings;
 
 /// The largest `ACKD_MEMORY_MB`: 1 TiB.

@@ -12,9 +12,10 @@ mod kafka;
 pub(super) mod memory_budget;
 pub(super) mod processing;
 mod required;
+pub(super) mod retry_topics;
 pub(super) mod telemetry;
 
-use crate::settings::error::SettingError;
+use crate::settings::SettingError;
 
 use super::keys::env_name;
 use super::raw::RawSettings;

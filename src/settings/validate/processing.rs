@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::keys::{default_config, env_name};
 use crate::settings::raw::RawSettings;
+use crate::settings::SettingError;
 
 /// The largest `ACKD_BATCH_MAX_MESSAGES`: a batch is held in memory whole.
 pub const MAX_BATCH: usize = 10_000;

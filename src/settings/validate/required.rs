@@ -1,7 +1,7 @@
 //! Required settings: every one missing, named in one error.
 
-use crate::settings::error::SettingError;
 use crate::settings::OnFailure;
+use crate::settings::SettingError;
 
 use crate::settings::keys::{env_name, KEYS};
 use crate::settings::raw::RawSettings;

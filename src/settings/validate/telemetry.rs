@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::settings::error::SettingError;
 use crate::settings::raw::RawSettings;
+use crate::settings::SettingError;
 
 /// Levels `ACKD_LOG_LEVEL` takes.
 pub const LOG_LEVELS: &[&str] = &["error", "warn", "info", "debug", "trace"];
