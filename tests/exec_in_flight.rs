@@ -266,20 +266,9 @@ async def answer(msg):
     if misbehave(msg, write):
         return
     write(dict(ack=True, topic=msg["topic"], partition=msg["partition"], offset=msg["offset"]))
-async def main():
-    stdin = asyncio.StreamReader()
-    loop = asyncio.get_running_loop()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
-    pending = set()
-    while line := await stdin.readline():
-        t = asyncio.create_task(answer(json.loads(line)))
-        pending.add(t)
-        t.add_done_callback(pending.discard)
-    await asyncio.gather(*pending)
-asyncio.run(main())
 "#,
         dir = dir.display().to_string(),
-    );
+    ) + ASYNCIO_MAIN;
     let path = dir.join("handler.py");
     std::fs::write(&path, code).unwrap();
     format!("python3 {}", path.display())
@@ -435,20 +424,9 @@ async def answer(batch):
     reply = dict(ack=True, topic=head["topic"], partition=head["partition"], first=head["offset"], last=batch[-1]["offset"])
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
-async def main():
-    stdin = asyncio.StreamReader(limit=1 << 24)
-    loop = asyncio.get_running_loop()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
-    pending = set()
-    while line := await stdin.readline():
-        t = asyncio.create_task(answer(json.loads(line)))
-        pending.add(t)
-        t.add_done_callback(pending.discard)
-    await asyncio.gather(*pending)
-asyncio.run(main())
 "#,
         dir = dir.display().to_string()
-    );
+    ) + ASYNCIO_MAIN;
     let path = dir.join("batches.py");
     std::fs::write(&path, code).unwrap();
     let delivered = produce_keyed(&topic, 2000, 0);
@@ -515,4 +493,170 @@ fn a_hundred_in_flight_stay_within_the_memory_budget() {
         peak_kib < (BUDGET_MIB + BASELINE_MIB + PENDING_MIB) << 10,
         "peak RSS {peak_kib} KiB with ACKD_MEMORY_MB={BUDGET_MIB}"
     );
+}
+
+/// A handler of capacity `per_child` requests at once per child: above that it answers
+/// `{"retry":"full"}` at once (and says so on stderr), else it takes 5 ms plus 1 ms per
+/// request it holds (its latency grows with load).
+const CAPACITY_HANDLER: &str = r#"
+import asyncio, json, signal, sys
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+CAPACITY = int(sys.argv[1])
+busy = 0
+
+async def answer(msg):
+    global busy
+    busy += 1
+    try:
+        if busy > CAPACITY:
+            print("refused", file=sys.stderr, flush=True)
+            reply = {"retry": "full"}
+        else:
+            await asyncio.sleep(0.005 + 0.001 * busy)
+            reply = {"ack": True}
+    finally:
+        busy -= 1
+    reply.update(topic=msg["topic"], partition=msg["partition"], offset=msg["offset"])
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+"#;
+
+/// The end of the test handlers: `answer(request)` for each line read, concurrently, all
+/// answered at EOF (docs/exec.md's asyncio handler's loop).
+const ASYNCIO_MAIN: &str = r#"
+async def main():
+    stdin = asyncio.StreamReader(limit=1 << 24)
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    pending = set()
+    while line := await stdin.readline():
+        task = asyncio.create_task(answer(json.loads(line)))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    await asyncio.gather(*pending)
+
+asyncio.run(main())
+"#;
+
+/// `ACKD_EXEC_CONCURRENCY_MODE=adaptive` with 2 children of 32 requests each (a ceiling
+/// of 64) and 64 calls wanted at once (4 partitions, 16 each), against a handler that
+/// takes 5 requests per child (10 in all; `{"retry":…}` above, latency growing with
+/// load): the limit on the summary lines settles near 10 (its median within 5 to 11
+/// after its first second, never above 14), at most 1% of requests are refused,
+/// `/metrics` shows the limit, and every message is acknowledged once and committed.
+#[test]
+fn adaptive_concurrency_settles_near_the_handlers_capacity() {
+    let (topic, group) = fresh_topic("exec-adaptive", 4);
+    let dir = fresh_dir("exec-adaptive");
+    let path = dir.join("capacity.py");
+    std::fs::write(&path, format!("{CAPACITY_HANDLER}{ASYNCIO_MAIN}")).unwrap();
+    let n = 4000;
+    let delivered = produce_keyed(&topic, n, 0);
+    let health = common::spawn::free_port();
+    let ackd = exec_ackd(&topic, &group, &format!("python3 {} 5", path.display()))
+        .env("ACKD_EXEC_CONCURRENCY", "2")
+        .env("ACKD_EXEC_IN_FLIGHT", "32")
+        .env("ACKD_EXEC_CONCURRENCY_MODE", "adaptive")
+        .env("ACKD_ORDERING", "none")
+        .env("ACKD_CONCURRENCY", "16")
+        .env("ACKD_HEALTH_PORT", health.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .env("ACKD_METRICS_INTERVAL_MS", "250")
+        .spawn();
+    ackd.wait_for_count(is_processed, n, WAIT);
+    let scraped = common::spawn::scraped_gauge(health, "ackd_exec_limit");
+    assert!((1..=64).contains(&scraped), "{scraped}");
+    let lines = ackd.stop_exec_cleanly(WAIT);
+    let limits = common::lines::summary_samples(&lines, "sample#ackd.exec.limit");
+    let refused = lines
+        .iter()
+        .filter(|l| at(l, "exec_stderr") && field(l, "line").as_deref() == Some("refused"))
+        .count();
+    let median = common::lines::median_after(&limits, 4);
+    eprintln!(
+        "exec adaptive: limits={limits:?} median={median} refused={refused} of {}",
+        n + refused
+    );
+    assert!(limits.len() > 6, "{limits:?}");
+    assert!((5..=11).contains(&median), "{limits:?}");
+    assert!(
+        limits[4..].iter().all(|l| *l <= 14),
+        "never far above the capacity: {limits:?}"
+    );
+    assert!(
+        refused * 100 <= n + refused,
+        "{refused} of {} refused",
+        n + refused
+    );
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
+}
+
+/// An `ACKD_EXEC_CONCURRENCY_MODE` other than fixed or adaptive is a configuration
+/// error naming it and what is allowed (exit 78).
+#[test]
+fn a_bad_exec_concurrency_mode_is_a_configuration_error() {
+    let ackd = AckdBuilder::new("t", "g")
+        .env("ACKD_PROCESSOR", "exec")
+        .env("ACKD_EXEC_COMMAND", "cat")
+        .env("ACKD_EXEC_CONCURRENCY_MODE", "auto")
+        .spawn();
+    let line = ackd.assert_config_error("ACKD_EXEC_CONCURRENCY_MODE", WAIT);
+    assert!(
+        line.contains("fixed") && line.contains("adaptive"),
+        "{line}"
+    );
+}
+
+/// A handler of capacity 2 that hangs once it is given more (a wedged handler, not a
+/// refusal): the request runs out of `ACKD_EXEC_TIMEOUT_MS`, which replaces the child
+/// and counts as an overload, so the adaptive limit (starting at 4, bound 16) settles
+/// at 2 to 3 (probed less and less often), and every message is acknowledged once and
+/// committed.
+#[test]
+fn adaptive_concurrency_shrinks_on_timeouts() {
+    // SIGTERM ends it at once: a hung child is replaced without the 2 s to SIGKILL.
+    const HANGS_ABOVE_TWO: &str = r#"
+import asyncio, json, sys
+
+busy = 0
+
+async def answer(msg):
+    global busy
+    busy += 1
+    if busy > 2:
+        await asyncio.sleep(3600)
+    await asyncio.sleep(0.005)
+    busy -= 1
+    reply = dict(ack=True, topic=msg["topic"], partition=msg["partition"], offset=msg["offset"])
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+"#;
+    let (topic, group) = fresh_topic("exec-adaptive-timeout", 4);
+    let dir = fresh_dir("exec-adaptive-timeout");
+    let path = dir.join("hangs.py");
+    std::fs::write(&path, format!("{HANGS_ABOVE_TWO}{ASYNCIO_MAIN}")).unwrap();
+    let n = 300;
+    let delivered = produce_keyed(&topic, n, 0);
+    let ackd = exec_ackd(&topic, &group, &format!("python3 {}", path.display()))
+        .env("ACKD_EXEC_IN_FLIGHT", "16")
+        .env("ACKD_EXEC_CONCURRENCY_MODE", "adaptive")
+        .env("ACKD_EXEC_TIMEOUT_MS", "1000")
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "100")
+        .env("ACKD_ORDERING", "none")
+        .env("ACKD_CONCURRENCY", "4")
+        .env("ACKD_METRICS_INTERVAL_MS", "250")
+        .spawn();
+    ackd.wait_for_count(is_processed, n, WAIT);
+    let lines = ackd.stop_exec_cleanly(WAIT);
+    let limits = common::lines::summary_samples(&lines, "sample#ackd.exec.limit");
+    let timeouts = lines.iter().filter(|l| at(l, "exec_restart")).count();
+    eprintln!("exec adaptive timeouts: limits={limits:?} restarts={timeouts}");
+    assert!(timeouts >= 1, "no request ever timed out: {limits:?}");
+    assert!(timeouts <= 15, "{timeouts} timeouts: {limits:?}");
+    assert!(limits.len() > 4, "{limits:?}");
+    assert!(common::lines::median_after(&limits, 4) <= 3, "{limits:?}");
+    assert_each_once(&delivered, &lines);
+    assert_committed_to_ends(&group, &topic, 4, &log_ends(&delivered));
 }

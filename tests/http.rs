@@ -1192,8 +1192,8 @@ fn a_retried_http_batch_says_so_in_its_headers_and_for_each_message() {
 /// 5 ms plus 0.5 ms per request in flight (its latency grows with load). With
 /// `ACKD_HTTP_CONCURRENCY_MODE=adaptive` (up to 64) and 64 calls wanted at once (4
 /// partitions, 16 each), the limit on the summary lines settles near 20 (within 10 to
-/// 21 after its first second), few requests get a 429, and every message is processed
-/// once and committed.
+/// 21 after its first second), at most 1% of requests get a 429, and every message is
+/// processed once and committed.
 #[test]
 fn adaptive_concurrency_settles_near_the_endpoints_capacity() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -1226,26 +1226,14 @@ fn adaptive_concurrency_settles_near_the_endpoints_capacity() {
         .env("ACKD_METRICS_INTERVAL_MS", "250")
         .spawn();
     ackd.wait_for_count(is_processed, n, Duration::from_secs(180));
-    let scraped = metrics_page(health);
-    let scraped: u64 = scraped
-        .lines()
-        .find_map(|l| l.strip_prefix("ackd_http_limit "))
-        .unwrap_or_else(|| panic!("no ackd_http_limit on /metrics:\n{scraped}"))
-        .parse()
-        .unwrap();
+    let scraped = scraped_gauge(health, "ackd_http_limit");
     assert!((1..=64).contains(&scraped), "{scraped}");
     let lines = ackd.stop(0, WAIT);
     // The limit of each summary with requests answered in its interval.
-    let limits: Vec<u64> = lines
-        .iter()
-        .filter(|l| at(l, "summary") && field(l, "count#ackd.processed").as_deref() != Some("0"))
-        .filter_map(|l| field(l, "sample#ackd.http.limit")?.parse().ok())
-        .collect();
+    let limits = summary_samples(&lines, "sample#ackd.http.limit");
     assert!(limits.len() > 4, "{limits:?}");
     let settled = &limits[4..];
-    let mut sorted = settled.to_vec();
-    sorted.sort_unstable();
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+    let median = median_after(&limits, 4);
     let requests = endpoint.requests().len();
     let refused = refused.load(SeqCst);
     eprintln!(
@@ -1261,7 +1249,7 @@ fn adaptive_concurrency_settles_near_the_endpoints_capacity() {
         "never far above the capacity: {limits:?}"
     );
     assert!(
-        refused * 100 <= requests * 3,
+        refused * 100 <= requests,
         "{refused} of {requests} requests answered 429"
     );
     let counts = processed_counts(&lines);
@@ -1418,18 +1406,4 @@ fn a_bad_concurrency_mode_is_a_configuration_error() {
         .spawn();
     let line = ackd.assert_config_error("ACKD_HTTP_CONCURRENCY_MODE", WAIT);
     assert!(line.contains("adaptive"), "{line}");
-}
-
-/// The `/metrics` page of the health endpoint on `port`.
-fn metrics_page(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut page = String::new();
-    s.read_to_string(&mut page).expect("read /metrics");
-    page
 }

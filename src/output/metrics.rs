@@ -479,16 +479,33 @@ fn mean_p99(h: &Histogram<u64>) -> (Option<String>, Option<String>) {
     )
 }
 
-/// The `http` processor's adaptive in-flight limit (`ACKD_HTTP_CONCURRENCY_MODE=adaptive`)
-/// as it moves: the summary's `sample#http.limit`, `/metrics`' `<prefix>_http_limit`.
-/// Process-wide, as the processor is: it stores, the summary and the scrape read, and
-/// no one waits. 0 while no limit adapts: the line and the page leave it out.
-pub static HTTP_LIMIT: AtomicU64 = AtomicU64::new(0);
+/// A processor's adaptive in-flight limit as it moves: stored by the processor, read
+/// by the summary and the scrape, and no one waits. 0 while no limit adapts: the line
+/// and the page leave it out.
+pub struct LimitGauge(AtomicU64);
 
-/// [`HTTP_LIMIT`], when a limit adapts.
-pub fn http_limit() -> Option<u64> {
-    Some(HTTP_LIMIT.load(Ordering::Relaxed)).filter(|l| *l > 0)
+impl LimitGauge {
+    const fn new() -> LimitGauge {
+        LimitGauge(AtomicU64::new(0))
+    }
+
+    pub fn set(&self, limit: u64) {
+        self.0.store(limit, Ordering::Relaxed);
+    }
+
+    /// The limit, when one adapts.
+    pub fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|l| *l > 0)
+    }
 }
+
+/// `ACKD_HTTP_CONCURRENCY_MODE=adaptive`: the summary's `sample#http.limit`,
+/// `/metrics`' `<prefix>_http_limit`. Process-wide, as the processor is.
+pub static HTTP_LIMIT: LimitGauge = LimitGauge::new();
+
+/// `ACKD_EXEC_CONCURRENCY_MODE=adaptive`: the summary's `sample#exec.limit`,
+/// `/metrics`' `<prefix>_exec_limit`.
+pub static EXEC_LIMIT: LimitGauge = LimitGauge::new();
 
 /// What the workers hold now.
 #[derive(Debug, Clone, Copy, Default)]
@@ -531,7 +548,8 @@ pub fn emit_summary(
         "measure#commit.duration.mean" = commit_mean.as_deref(),
         "measure#commit.duration.p99" = commit_p99.as_deref(),
         "sample#in_flight" = in_flight.calls as u64,
-        "sample#http.limit" = http_limit(),
+        "sample#http.limit" = HTTP_LIMIT.get(),
+        "sample#exec.limit" = EXEC_LIMIT.get(),
         "sample#waiting" = in_flight.waiting.map(|w| w as u64),
         "sample#partitions" = partitions as u64,
         "sample#partitions.halted" = halted as u64,

@@ -1,34 +1,45 @@
-//! How many requests the `http` processor has in flight: a fixed number, or one that
-//! finds the endpoint's capacity by itself (`ACKD_HTTP_CONCURRENCY_MODE=adaptive`); and
-//! the pause a `Retry-After` puts on every request to the endpoint.
+//! How many requests a processor has in flight: a fixed number, or one that finds the
+//! capacity of what answers them by itself (`ACKD_HTTP_CONCURRENCY_MODE=adaptive` for
+//! the `http` processor's endpoint, `ACKD_EXEC_CONCURRENCY_MODE=adaptive` for the
+//! `exec` processor's children together); and the pause a `Retry-After` puts on every
+//! request to an endpoint.
 //!
 //! Adaptive is AIMD over windows of responses, TCP's congestion avoidance: a window is
 //! as many successes as the limit (about one round trip at the limit). A window whose
 //! mean latency stays within [`TOLERANCE`] times the endpoint's unloaded latency (the
-//! lowest window mean seen) grows the limit by one, if the limit was used; a 429, a 503
-//! or a timeout, or a window slower than that, shrinks it by [`BACKOFF`], once per
-//! round: answers to requests started before a decrease do not decrease it again.
-//! Near the limit of the last refusal it grows once in [`CAREFUL`] windows.
+//! lowest window mean seen) grows the limit by one, if the limit was used; an overload
+//! (a 429, a 503 or a timeout; an exec `{"retry":…}` reply or timeout), or a window
+//! slower than that, shrinks it by [`BACKOFF`], once per round: answers to requests
+//! started before a decrease do not decrease it again.
+//! Near the limit of the last refusal it grows once in [`CAREFUL`] windows, and each
+//! refusal there again doubles that wait (up to [`CAREFUL_MAX`] windows): an endpoint
+//! whose capacity holds is probed less and less often, so its refusals become rare.
 //! Why these two signals: an endpoint says it is full only by slowing down or refusing.
 //! Netflix's concurrency-limits (its AIMD and gradient limiters) and Envoy's adaptive
 //! concurrency filter (a gradient against a measured minimum round trip) read the same
 //! two; AIMD is the simplest that converges, and the one whose moves an operator can
 //! follow on the metric lines.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::output::metrics::LimitGauge;
+
 /// A window's mean latency up to this many times the unloaded latency lets the limit
 /// grow; above it, the endpoint is queueing: shrink.
 const TOLERANCE: f64 = 2.0;
-/// What a decrease multiplies the limit by (Netflix's AIMD default).
+/// What a decrease multiplies the limit by (Netflix's AIMD default), taking one
+/// permit away at least.
 const BACKOFF: f64 = 0.9;
 /// Near the limit where the endpoint last refused, the limit grows once in this many
 /// windows: each probe past that point costs a refused request.
 const CAREFUL: u32 = 4;
+/// The longest wait between probes at the limit of the last refusal, in windows: about
+/// a second at a window of 15 ms, so that a steady endpoint refuses about one request
+/// of `CAREFUL_MAX` × limit, and one that has more room again is found within seconds.
+const CAREFUL_MAX: u32 = 64;
 /// Where an adaptive limit starts (or at its maximum, if lower): low, so that a small
 /// endpoint is not flooded before the first window says how it copes.
 const INITIAL: usize = 4;
@@ -37,19 +48,20 @@ const INITIAL: usize = 4;
 #[derive(Debug, Clone, Copy)]
 pub struct LimitSettings {
     pub adaptive: bool,
-    /// `ACKD_HTTP_CONCURRENCY`: the fixed limit, or the adaptive one's upper bound.
+    /// `ACKD_HTTP_CONCURRENCY` (`ACKD_EXEC_CONCURRENCY` × `ACKD_EXEC_IN_FLIGHT`): the
+    /// fixed limit, or the adaptive one's upper bound.
     pub max: usize,
     /// `ACKD_RETRY_MAX_MS`: a message waits no longer for its own retry either.
     pub pause_max: Duration,
 }
 
-/// The permits of one endpoint's requests.
+/// The permits of one processor's requests.
 pub struct RequestLimit {
     permits: Semaphore,
     settings: LimitSettings,
     state: Mutex<State>,
     /// Where an adaptive limit is published (the summary line's and `/metrics`' gauge).
-    gauge: Option<&'static AtomicU64>,
+    gauge: Option<&'static LimitGauge>,
 }
 
 struct State {
@@ -67,10 +79,13 @@ struct State {
     /// Decreases so far: a request remembers the count it started under.
     round: u64,
     window: Window,
-    /// The limit at the last refusal (429, 503, timeout), until the limit passes it.
-    ceiling: Option<f64>,
+    /// The permits at the last refusal (429, 503, timeout), until the limit passes it.
+    ceiling: Option<usize>,
     /// Windows that held since the last careful increase.
     held: u32,
+    /// Windows between careful increases now: [`CAREFUL`], doubled by each refusal at
+    /// the same ceiling.
+    careful: u32,
 }
 
 #[derive(Default)]
@@ -90,7 +105,7 @@ pub struct Permit<'a> {
 }
 
 impl RequestLimit {
-    pub fn new(settings: LimitSettings, gauge: Option<&'static AtomicU64>) -> RequestLimit {
+    pub fn new(settings: LimitSettings, gauge: Option<&'static LimitGauge>) -> RequestLimit {
         let max = settings.max.max(1);
         let start = if settings.adaptive {
             INITIAL.min(max)
@@ -111,6 +126,7 @@ impl RequestLimit {
                 window: Window::default(),
                 ceiling: None,
                 held: 0,
+                careful: CAREFUL,
             }),
             gauge: gauge.filter(|_| settings.adaptive),
         };
@@ -164,7 +180,7 @@ impl RequestLimit {
 
     fn publish(&self, limit: usize) {
         if let Some(gauge) = self.gauge {
-            gauge.store(limit as u64, Ordering::Relaxed);
+            gauge.set(limit as u64);
         }
     }
 
@@ -198,21 +214,32 @@ impl RequestLimit {
             }
         } else if used && state.granted < self.settings.max {
             let limit = (state.limit + 1.0).min(self.settings.max as f64);
-            if let Some(ceiling) = state.ceiling {
-                if limit >= ceiling {
-                    state.held += 1;
-                    if state.held < CAREFUL {
-                        return;
-                    }
-                    state.held = 0;
-                }
-                if limit >= ceiling + 1.0 {
-                    // Past it without a refusal: the endpoint has more room now.
-                    state.ceiling = None;
-                }
+            if !Self::probe(state, limit.floor() as usize) {
+                return;
             }
             self.resize(state, limit);
         }
+    }
+
+    /// Whether the limit may grow to `target` permits now: at or past the last
+    /// refusal's ceiling only once in `careful` windows.
+    fn probe(state: &mut State, target: usize) -> bool {
+        let Some(ceiling) = state.ceiling else {
+            return true;
+        };
+        if target >= ceiling && target > state.granted {
+            state.held += 1;
+            if state.held < state.careful {
+                return false;
+            }
+            state.held = 0;
+        }
+        if target > ceiling {
+            // Past it without a refusal: the endpoint has more room now.
+            state.ceiling = None;
+            state.careful = CAREFUL;
+        }
+        true
     }
 
     fn overloaded(&self, round: u64) {
@@ -221,7 +248,13 @@ impl RequestLimit {
         }
         let mut state = self.lock();
         if round == state.round {
-            state.ceiling = Some(state.limit);
+            // Refused again before passing the last ceiling: the same capacity, probed
+            // half as often from now on.
+            state.careful = match state.ceiling {
+                Some(_) => (state.careful * 2).min(CAREFUL_MAX),
+                None => CAREFUL,
+            };
+            state.ceiling = Some(state.granted);
             state.held = 0;
             self.decrease(&mut state);
         }
@@ -230,8 +263,9 @@ impl RequestLimit {
     fn decrease(&self, state: &mut State) {
         state.round += 1;
         state.window = Window::default();
-        let limit = (state.limit * BACKOFF).max(1.0);
-        self.resize(state, limit);
+        // By one permit at least: at a small limit 90% would keep it where it was.
+        let fewer = (state.granted as f64 - 1.0).min(state.limit * BACKOFF);
+        self.resize(state, fewer.max(1.0));
     }
 
     fn resize(&self, state: &mut State, limit: f64) {
@@ -264,12 +298,19 @@ impl State {
 }
 
 impl Permit<'_> {
-    /// Answered 2xx: its latency counts toward the window.
+    /// Answered 2xx: its latency, from the permit on, counts toward the window.
     pub fn succeeded(&self) {
         self.limit.succeeded(self.round, self.started.elapsed());
     }
 
-    /// Answered 429 or 503, or timed out: the endpoint is full.
+    /// Answered (an exec `{"ack":…}`) after `latency` in the hands of what answered it:
+    /// that counts toward the window (an exec child's, from the moment it was given the
+    /// request: not the wait for a child being restarted).
+    pub fn succeeded_in(&self, latency: Duration) {
+        self.limit.succeeded(self.round, latency);
+    }
+
+    /// Answered 429 or 503 (an exec `{"retry":…}`), or timed out: the endpoint is full.
     pub fn overloaded(&self) {
         self.limit.overloaded(self.round);
     }
@@ -355,6 +396,49 @@ mod tests {
             limit.acquire().await.overloaded();
         }
         assert_eq!(limit.current(), 1);
+    }
+
+    #[tokio::test]
+    async fn each_refusal_at_the_same_ceiling_halves_how_often_it_is_probed() {
+        let limit = adaptive(100);
+        windows(&limit, 16, |_| 10).await;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            assert_eq!(limit.current(), 20);
+            limit.acquire().await.overloaded();
+            assert_eq!(limit.current(), 18);
+            windows(&limit, 1, |_| 10).await;
+            let mut waited = 0;
+            while limit.current() < 20 {
+                windows(&limit, 1, |_| 10).await;
+                waited += 1;
+            }
+            waits.push(waited);
+        }
+        assert_eq!(waits, [4, 8, 16, 32, 64, 64]);
+        // Past the ceiling without a refusal: careful only once more, then every window.
+        windows(&limit, 64, |_| 10).await;
+        assert_eq!(limit.current(), 21);
+        windows(&limit, 1, |_| 10).await;
+        assert_eq!(limit.current(), 22);
+        limit.acquire().await.overloaded();
+        windows(&limit, 1, |_| 10).await;
+        let before = limit.current();
+        windows(&limit, 4, |_| 10).await;
+        assert_eq!(
+            limit.current(),
+            before + 1,
+            "a new ceiling starts at 4 windows"
+        );
+    }
+
+    #[tokio::test]
+    async fn at_a_small_limit_each_overload_takes_one_permit_away() {
+        let limit = adaptive(100);
+        for expected in [3, 2, 1, 1] {
+            limit.acquire().await.overloaded();
+            assert_eq!(limit.current(), expected);
+        }
     }
 
     #[tokio::test]

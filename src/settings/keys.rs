@@ -210,6 +210,11 @@ pub(super) const KEYS: &[Key] = &[
         help: "exec: requests one handler process holds at once, answered in any order (1-1000)",
     },
     Key {
+        key: "exec_concurrency_mode",
+        required: None,
+        help: "exec: fixed | adaptive: a limit of requests in flight, up to concurrency x in_flight, that grows while the handler keeps up and shrinks on retry replies, timeouts or rising latency",
+    },
+    Key {
         key: "exec_timeout_ms",
         required: None,
         help: "exec: how long a handler may take to answer before it is restarted",

@@ -198,3 +198,20 @@ pub fn assert_stopped_at_the_auth_failure(lines: &[String]) {
         .unwrap_or_else(|| panic!("no duration_ms: {exit}"));
     assert!(took < 8000, "{exit}\n{all}");
 }
+
+/// The sample `name` (e.g. `sample#ackd.http.limit`) of each summary line with messages
+/// processed in its interval, in order.
+pub fn summary_samples(lines: &[String], name: &str) -> Vec<u64> {
+    lines
+        .iter()
+        .filter(|l| at(l, "summary") && field(l, "count#ackd.processed").as_deref() != Some("0"))
+        .filter_map(|l| field(l, name)?.parse().ok())
+        .collect()
+}
+
+/// The median of `samples` from the `skip`-th on (0 if none).
+pub fn median_after(samples: &[u64], skip: usize) -> u64 {
+    let mut sorted = samples.get(skip..).unwrap_or_default().to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0)
+}

@@ -76,6 +76,26 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The gauge `name` on the `/metrics` page of the health endpoint on `port` (127.0.0.1).
+pub fn scraped_gauge(port: u16, name: &str) -> u64 {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut page = String::new();
+    s.read_to_string(&mut page).expect("read /metrics");
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} on /metrics:\n{page}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}\n{page}"))
+}
+
 /// Directory for logs: `<target>/tmp` (Cargo's CARGO_TARGET_TMPDIR), else the temp dir.
 pub fn log_dir() -> PathBuf {
     let dir = option_env!("CARGO_TARGET_TMPDIR")

@@ -105,14 +105,23 @@ fn gauges(out: &mut String, p: &str, scrape: &Scrape<'_>) {
             scrape.halted,
         ),
     ];
-    let limit = crate::output::metrics::http_limit().map(|l| {
+    use crate::output::metrics::{EXEC_LIMIT, HTTP_LIMIT};
+    let limits = [
         (
             "http_limit",
             "The http processor's in-flight limit as it adapts (ACKD_HTTP_CONCURRENCY_MODE=adaptive).",
-            l,
-        )
-    });
-    for (name, help, value) in gauges.into_iter().chain(limit) {
+            HTTP_LIMIT.get(),
+        ),
+        (
+            "exec_limit",
+            "The exec processor's in-flight limit across its children as it adapts (ACKD_EXEC_CONCURRENCY_MODE=adaptive).",
+            EXEC_LIMIT.get(),
+        ),
+    ];
+    let limits = limits
+        .into_iter()
+        .filter_map(|(name, help, l)| Some((name, help, l?)));
+    for (name, help, value) in gauges.into_iter().chain(limits) {
         let _ = writeln!(out, "# HELP {p}_{name} {help}");
         let _ = writeln!(out, "# TYPE {p}_{name} gauge");
         let _ = writeln!(out, "{p}_{name} {value}");

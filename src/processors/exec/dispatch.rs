@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+use super::held::Reply;
 use super::protocol::Sent;
-use crate::processors::processor::{BatchError, Queued};
+use crate::processors::processor::Queued;
 
 /// How loaded each child is, and the way to hand it a request.
 pub(super) struct Dispatch {
@@ -148,7 +149,7 @@ impl Dispatch {
 pub(super) struct Job {
     pub(super) line: Vec<u8>,
     pub(super) sent: Sent,
-    pub(super) reply: oneshot::Sender<Result<(), BatchError>>,
+    pub(super) reply: oneshot::Sender<Reply>,
     /// The call starts when a child takes it, not while it waits for one.
     pub(super) queued: Queued,
 }
@@ -160,12 +161,7 @@ mod tests {
     use crate::processors::processor::queued;
     use tokio::sync::oneshot;
 
-    fn job(
-        offset: i64,
-    ) -> (
-        Job,
-        oneshot::Receiver<Result<(), crate::processors::processor::BatchError>>,
-    ) {
+    fn job(offset: i64) -> (Job, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             line: Vec::new(),

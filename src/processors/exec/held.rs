@@ -6,41 +6,77 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::processors::processor::{BatchError, Taken};
+use crate::processors::processor::{BatchError, FailureKind, Taken};
 
 use super::protocol::{named_request, parse_reply, shorten, RequestName, Sent};
+
+/// What an answer says of the children's load: the adaptive limit's input
+/// (`ACKD_EXEC_CONCURRENCY_MODE=adaptive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Load {
+    /// `{"ack":…}`: the handler kept up; its latency counts.
+    Answered,
+    /// `{"retry":…}`, or no reply within `ACKD_EXEC_TIMEOUT_MS`: the handler is full.
+    Overloaded,
+    /// A `{"fail":…}`, a crash, a protocol error, a stop: says nothing of its load.
+    Unknown,
+}
+
+impl Load {
+    /// What a reply the child wrote says.
+    pub(super) fn of(result: &Result<(), BatchError>) -> Load {
+        match result {
+            Ok(()) => Load::Answered,
+            Err(e) if e.error.kind == FailureKind::Retryable => Load::Overloaded,
+            Err(_) => Load::Unknown,
+        }
+    }
+}
+
+/// A request's answer, what it says of the load, and how long the child had it.
+pub(super) type Reply = (Result<(), BatchError>, Load, Duration);
 
 /// A request a child holds, and where its answer goes.
 pub(super) struct Held {
     pub(super) sent: Sent,
-    reply: oneshot::Sender<Result<(), BatchError>>,
+    reply: oneshot::Sender<Reply>,
     /// The call counts as under way (a stop or a revoke waits for it) while held.
     taken: Taken,
     /// When it runs out of time, and the order it was given in: its key in
     /// [`HeldRequests::deadlines`].
     deadline: (Instant, u64),
+    /// When the child was given it: its latency is the handler's from there, not the
+    /// time it waited for a child (one being restarted, say).
+    given: Instant,
 }
 
 impl Held {
-    pub(super) fn new(
-        sent: Sent,
-        reply: oneshot::Sender<Result<(), BatchError>>,
-        taken: Taken,
-    ) -> Held {
+    pub(super) fn new(sent: Sent, reply: oneshot::Sender<Reply>, taken: Taken) -> Held {
         Held {
             sent,
             reply,
             taken,
             deadline: (Instant::now(), 0),
+            given: Instant::now(),
         }
+    }
+
+    /// When the child was given it.
+    pub(super) fn given(&self) -> Instant {
+        self.given
     }
 
     /// Its answer to the worker, which may have given up on it. The call ends first,
     /// so that the next call the child takes is never counted beside it.
-    pub(super) fn send(self, result: Result<(), BatchError>) {
-        let Held { reply, taken, .. } = self;
+    pub(super) fn send(self, result: Result<(), BatchError>, load: Load) {
+        let Held {
+            reply,
+            taken,
+            given,
+            ..
+        } = self;
         drop(taken);
-        let _ = reply.send(result);
+        let _ = reply.send((result, load, given.elapsed()));
     }
 }
 
@@ -71,7 +107,8 @@ impl HeldRequests {
     /// then the partition came back), so the later call gets the answer.
     pub(super) fn give(&mut self, mut held: Held) -> Option<Held> {
         self.given += 1;
-        held.deadline = (Instant::now() + self.timeout, self.given);
+        held.given = Instant::now();
+        held.deadline = (held.given + self.timeout, self.given);
         let name = RequestName::of(&held.sent);
         self.deadlines.insert(held.deadline, name.clone());
         let displaced = self.by_name.insert(name, held)?;
@@ -134,7 +171,7 @@ mod tests {
     use crate::processors::exec::protocol::Offsets;
     use crate::processors::processor::queued;
 
-    fn held(partition: i32, offset: i64) -> (Held, oneshot::Receiver<Result<(), BatchError>>) {
+    fn held(partition: i32, offset: i64) -> (Held, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let sent = Sent {
             topic: "t".into(),
@@ -162,7 +199,7 @@ mod tests {
         assert_eq!(requests.earliest_deadline().unwrap().1.partition, 0);
         let (h, result) = requests.answer(&ack(0, 7)).unwrap();
         assert_eq!((h.sent.partition, result), (0, Ok(())));
-        h.send(Ok(()));
+        h.send(Ok(()), Load::Answered);
         let next = requests.earliest_deadline().unwrap().1;
         assert_eq!((next.partition, next.first), (1, 7));
         // Out of order, then a second reply to the same one: not held any more.
@@ -175,7 +212,19 @@ mod tests {
         assert_eq!(requests.len(), 1);
         assert_eq!(requests.drain().len(), 1);
         assert!(requests.is_empty() && requests.earliest_deadline().is_none());
-        assert_eq!(answers[0].try_recv(), Ok(Ok(())));
+        let (result, load, _latency) = answers[0].try_recv().unwrap();
+        assert_eq!((result, load), (Ok(()), Load::Answered));
+    }
+
+    #[test]
+    fn only_an_ack_and_a_retry_say_something_of_the_load() {
+        use crate::processors::processor::ProcessError;
+        let failed = |e| Err(BatchError::new(3, e));
+        assert_eq!(Load::of(&Ok(())), Load::Answered);
+        let retry = failed(ProcessError::retryable("full"));
+        assert_eq!(Load::of(&retry), Load::Overloaded);
+        let fail = failed(ProcessError::permanent("bad input"));
+        assert_eq!(Load::of(&fail), Load::Unknown);
     }
 
     #[test]

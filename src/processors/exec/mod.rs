@@ -48,12 +48,15 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 
+use crate::output::metrics::EXEC_LIMIT;
 use crate::processors::processor::{queued, BatchError, Message, ProcessError};
-use crate::settings::ExecSettings;
+use crate::processors::request_limit::{LimitSettings, RequestLimit};
+use crate::settings::{ConcurrencyMode, ExecSettings};
 
 use dispatch::Job;
+use held::Load;
 use pool::Pool;
 pub use protocol::{batch_line, parse_reply, request_line, Offsets, Sent};
 
@@ -62,16 +65,20 @@ pub struct Exec {
     config: Arc<ExecSettings>,
     pool: OnceLock<Pool>,
     restarts: Arc<AtomicU64>,
-    /// One permit per request the children can hold at once: a call renders its
-    /// request only with one, so the calls waiting for a child (one per partition
-    /// behind a busy handler) hold no copy of their messages.
-    rendering: Semaphore,
+    /// The requests in flight across the children: at most what they can hold at once
+    /// (`ACKD_EXEC_CONCURRENCY` × `ACKD_EXEC_IN_FLIGHT`), or with
+    /// `ACKD_EXEC_CONCURRENCY_MODE=adaptive` a limit up to that which follows the
+    /// handler's capacity. A call renders its request only with a permit, so the calls
+    /// waiting (one per partition behind a busy handler) hold no copy of their messages.
+    limit: RequestLimit,
 }
 
 impl fmt::Debug for Exec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Exec")
             .field("concurrency", &self.config.concurrency)
+            .field("concurrency_mode", &self.config.concurrency_mode)
+            .field("limit", &self.limit.current())
             .field("timeout", &self.config.timeout)
             .field("started", &self.pool.get().is_some())
             .finish()
@@ -80,12 +87,20 @@ impl fmt::Debug for Exec {
 
 impl Exec {
     pub fn new(config: ExecSettings) -> Exec {
-        let requests = config.concurrency.max(1) * config.in_flight.max(1);
+        let limit = RequestLimit::new(
+            LimitSettings {
+                adaptive: config.concurrency_mode == ConcurrencyMode::Adaptive,
+                max: config.concurrency.max(1) * config.in_flight.max(1),
+                // A child has no Retry-After: nothing pauses the pool.
+                pause_max: Duration::ZERO,
+            },
+            Some(&EXEC_LIMIT),
+        );
         Exec {
             config: Arc::new(config),
             pool: OnceLock::new(),
             restarts: Arc::new(AtomicU64::new(0)),
-            rendering: Semaphore::new(requests),
+            limit,
         }
     }
 
@@ -128,8 +143,8 @@ impl Exec {
         let first = sent.offsets.first();
         // Queued before any wait: the call starts when a child takes it.
         let queued = queued();
-        // Held until the answer: the permit is the child's room for this request.
-        let _room = self.rendering.acquire().await.ok();
+        // Held until the answer: the permit is the children's room for this request.
+        let permit = self.limit.acquire().await;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             line: line(),
@@ -143,12 +158,17 @@ impl Exec {
                 ProcessError::retryable("exec processor is stopped"),
             ));
         }
-        answer.await.unwrap_or_else(|_| {
-            Err(BatchError::new(
-                first,
-                ProcessError::retryable("exec processor stopped before a child answered"),
-            ))
-        })
+        let (result, load, latency) = answer.await.unwrap_or_else(|_| {
+            let stopped = "exec processor stopped before a child answered";
+            let error = BatchError::new(first, ProcessError::retryable(stopped));
+            (Err(error), Load::Unknown, Duration::ZERO)
+        });
+        match load {
+            Load::Answered => permit.succeeded_in(latency),
+            Load::Overloaded => permit.overloaded(),
+            Load::Unknown => {}
+        }
+        result
     }
 
     /// EOF to every child once it has answered its message, SIGTERM halfway to

@@ -12,7 +12,7 @@ use crate::settings::ExecSettings;
 use super::child::Running;
 use super::dispatch::Dispatch;
 use super::dispatch::Job;
-use super::held::Held;
+use super::held::{Held, Load};
 use super::serve::{child_failed, restart_reason, Ended, Service};
 
 /// First wait before a failed child is started again; doubles per failure in a row.
@@ -99,21 +99,21 @@ async fn slot(
                 (ended, Some(running))
             }
             Err(e) => (
-                Ended::Failed(format!("cannot start sh: {e}"), Vec::new()),
+                Ended::Failed(format!("cannot start sh: {e}"), Vec::new(), Load::Unknown),
                 None,
             ),
         };
-        let (reason, held) = match ended {
+        let (reason, held, load) = match ended {
             Ended::Stop(deadline) => {
                 if let Some(running) = running {
                     running.stop(deadline).await;
                 }
                 return;
             }
-            Ended::Failed(reason, held) => (reason, held),
+            Ended::Failed(reason, held, load) => (reason, held, load),
         };
         hand_back(id, &shared, &mut inbox);
-        replace(id, &shared, running, &reason, held, backoff).await;
+        replace(id, &shared, running, (&reason, load), held, backoff).await;
         tokio::select! {
             biased;
             _ = stop.wait_for(Option::is_some) => return,
@@ -140,7 +140,7 @@ async fn replace(
     id: usize,
     shared: &Shared,
     running: Option<Running>,
-    reason: &str,
+    (reason, load): (&str, Load),
     held: Vec<Held>,
     backoff: Duration,
 ) {
@@ -151,7 +151,7 @@ async fn replace(
             for h in held {
                 let error = child_failed(&running, reason, &h);
                 shared.dispatch.release(id);
-                h.send(Err(error));
+                h.send(Err(error), load);
             }
             let ran_ms = running.started.elapsed().as_millis() as u64;
             (Some(running.pid), Some(ran_ms))

@@ -12,7 +12,7 @@ use crate::settings::ExecSettings;
 use super::child::{Output, Running};
 use super::dispatch::Dispatch;
 use super::dispatch::Job;
-use super::held::{Held, HeldRequests};
+use super::held::{Held, HeldRequests, Load};
 use super::protocol::{shorten, RequestName};
 
 /// Why a child's service ended.
@@ -21,8 +21,9 @@ pub(super) enum Ended {
     /// came): it gets EOF next, with this deadline.
     Stop(Instant),
     /// The child failed; it is replaced. What it held is failed only once it is gone,
-    /// so that a retry can never overlap the old attempt.
-    Failed(String, Vec<Held>),
+    /// so that a retry can never overlap the old attempt; the [`Load`] says whether the
+    /// failure was the handler's overload (a timeout).
+    Failed(String, Vec<Held>, Load),
 }
 
 /// What happened next, as the service sees it.
@@ -48,11 +49,13 @@ impl Service<'_> {
     /// held. Also says whether it answered any (a healthy child resets the backoff).
     pub(super) async fn run(mut self) -> (Ended, bool) {
         let mut held = HeldRequests::new(self.config.timeout, self.config.in_flight);
-        let mut answered = false;
+        // When the child first answered: what it was given before, it answered in the
+        // time it took to start too.
+        let mut answered: Option<Instant> = None;
         let mut stopping: Option<Instant> = None;
         loop {
             if let Some(deadline) = stopping.filter(|_| held.is_empty()) {
-                return (Ended::Stop(deadline), answered);
+                return (Ended::Stop(deadline), answered.is_some());
             }
             let failure = match self.next_event(&held, stopping).await {
                 Event::Stop(deadline) => {
@@ -70,7 +73,7 @@ impl Service<'_> {
                                 "exec child did not answer before the shutdown deadline",
                             ),
                         );
-                        h.send(Err(error));
+                        h.send(Err(error), Load::Unknown);
                     }
                     None
                 }
@@ -80,10 +83,17 @@ impl Service<'_> {
                     None
                 }
                 Event::Output(output) => self.output(output, &mut held, &mut answered).await,
-                Event::TimedOut(name) => Some(self.timed_out(&name, held.len())),
+                Event::TimedOut(name) => {
+                    let reason = self.timed_out(&name, held.len());
+                    return (
+                        Ended::Failed(reason, held.drain(), Load::Overloaded),
+                        answered.is_some(),
+                    );
+                }
             };
             if let Some(reason) = failure {
-                return (Ended::Failed(reason, held.drain()), answered);
+                let ended = Ended::Failed(reason, held.drain(), Load::Unknown);
+                return (ended, answered.is_some());
             }
         }
     }
@@ -141,7 +151,7 @@ impl Service<'_> {
         &mut self,
         output: Output,
         held: &mut HeldRequests,
-        answered: &mut bool,
+        answered: &mut Option<Instant>,
     ) -> Option<String> {
         let line = match output {
             Output::Line(line) => line,
@@ -160,10 +170,15 @@ impl Service<'_> {
         }
         match held.answer(&line.text) {
             Ok((request, result)) => {
-                *answered = true;
+                let warm = *answered.get_or_insert_with(Instant::now);
                 // Released first: the child has room before the worker hears back.
                 self.dispatch.release(self.running.id);
-                request.send(result);
+                let load = match Load::of(&result) {
+                    // Its latency holds the child's start: nothing of the handler's load.
+                    Load::Answered if request.given() < warm => Load::Unknown,
+                    load => load,
+                };
+                request.send(result, load);
                 None
             }
             Err(reason) => Some(reason),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::settings::raw::RawSettings;
 use crate::settings::rdkafka_env;
 use crate::settings::secrets::{is_secret_variable, variable_name, SECRET_VARIABLES};
+use crate::settings::validate::http_endpoint::ConcurrencyMode;
 use crate::settings::SettingError;
 
 /// The largest `ACKD_EXEC_MAX_LINE_BYTES`: 16 MiB (three lines of each child may be held).
@@ -21,6 +22,9 @@ pub struct ExecSettings {
     /// `ACKD_EXEC_IN_FLIGHT`: requests one child holds at once (1: one at a time, the
     /// reply to each before the next request).
     pub in_flight: usize,
+    /// `ACKD_EXEC_CONCURRENCY_MODE`: whether the limit of requests in flight across the
+    /// children (at most `concurrency` × `in_flight`) finds the handler's capacity.
+    pub concurrency_mode: ConcurrencyMode,
     /// `ACKD_EXEC_TIMEOUT_MS`: how long a child may take to answer one message (writing
     /// it included).
     pub timeout: Duration,
@@ -46,6 +50,12 @@ impl ExecSettings {
                 "exec_in_flight",
                 1..=1000,
                 "expected a whole number of requests from 1 to 1000",
+            )?,
+            concurrency_mode: ConcurrencyMode::parse(
+                raw,
+                "exec_concurrency_mode",
+                "ACKD_EXEC_CONCURRENCY × ACKD_EXEC_IN_FLIGHT",
+                "the handler's",
             )?,
             timeout: timeout(raw)?,
             max_line_bytes: raw.whole(
@@ -111,6 +121,32 @@ mod tests {
             .exec
             .unwrap()
             .pass_secrets
+    }
+
+    #[test]
+    fn exec_concurrency_mode_is_fixed_or_adaptive() {
+        use crate::settings::ConcurrencyMode;
+        let mode = |v: &[(&str, &str)]| {
+            let mut all = vec![("ACKD_EXEC_COMMAND", "cat")];
+            all.extend_from_slice(v);
+            Settings::from_vars(vars(&all))
+                .unwrap()
+                .exec
+                .unwrap()
+                .concurrency_mode
+        };
+        assert_eq!(mode(&[]), ConcurrencyMode::Fixed);
+        assert_eq!(
+            mode(&[("ACKD_EXEC_CONCURRENCY_MODE", "ADAPTIVE")]),
+            ConcurrencyMode::Adaptive
+        );
+        let e = err(&[("ACKD_EXEC_CONCURRENCY_MODE", "auto")]);
+        assert_eq!(e.setting, "ACKD_EXEC_CONCURRENCY_MODE");
+        assert!(
+            e.problem.contains("fixed") && e.problem.contains("adaptive"),
+            "{e}"
+        );
+        assert!(e.problem.contains("ACKD_EXEC_IN_FLIGHT"), "{e}");
     }
 
     #[test]

@@ -49,17 +49,36 @@ impl HttpBody {
     }
 }
 
-/// `ACKD_HTTP_CONCURRENCY_MODE`.
+/// `ACKD_HTTP_CONCURRENCY_MODE`, `ACKD_EXEC_CONCURRENCY_MODE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConcurrencyMode {
-    /// `ACKD_HTTP_CONCURRENCY` requests in flight at most, always.
+    /// The bound (`ACKD_HTTP_CONCURRENCY`; `ACKD_EXEC_CONCURRENCY` × `ACKD_EXEC_IN_FLIGHT`)
+    /// requests in flight at most, always.
     Fixed,
-    /// A limit that grows while the endpoint keeps up and shrinks when it does not, up
-    /// to `ACKD_HTTP_CONCURRENCY` (src/processors/request_limit.rs).
+    /// A limit that grows while the endpoint (the handler) keeps up and shrinks when it
+    /// does not, up to the bound (src/processors/request_limit.rs).
     Adaptive,
 }
 
 impl ConcurrencyMode {
+    /// `key` (`http_concurrency_mode`, `exec_concurrency_mode`): `fixed` or `adaptive`,
+    /// any case; `bound` names what bounds the limit, `whose` whose capacity it finds.
+    pub(super) fn parse(
+        raw: &RawSettings,
+        key: &'static str,
+        bound: &str,
+        whose: &str,
+    ) -> Result<ConcurrencyMode, SettingError> {
+        match raw.get(key).to_ascii_lowercase().as_str() {
+            "fixed" => Ok(ConcurrencyMode::Fixed),
+            "adaptive" => Ok(ConcurrencyMode::Adaptive),
+            _ => Err(raw.error(
+                key,
+                format!("expected fixed ({bound} requests in flight) or adaptive (a limit that finds {whose} capacity, up to {bound})"),
+            )),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ConcurrencyMode::Fixed => "fixed",
@@ -102,17 +121,12 @@ impl HttpSettings {
             1..=1024,
             "expected a whole number from 1 to 1024",
         )?;
-        let concurrency_mode = match raw.get("http_concurrency_mode").to_ascii_lowercase().as_str()
-        {
-            "fixed" => ConcurrencyMode::Fixed,
-            "adaptive" => ConcurrencyMode::Adaptive,
-            _ => {
-                return Err(raw.error(
-                    "http_concurrency_mode",
-                    "expected fixed (ACKD_HTTP_CONCURRENCY requests in flight) or adaptive (a limit that finds the endpoint's capacity, up to ACKD_HTTP_CONCURRENCY)",
-                ))
-            }
-        };
+        let concurrency_mode = ConcurrencyMode::parse(
+            raw,
+            "http_concurrency_mode",
+            "ACKD_HTTP_CONCURRENCY",
+            "the endpoint's",
+        )?;
         let timeout = timeout(raw)?;
         // Checked with the failure settings; read here for the pause's cap.
         let pause_max = raw.millis("retry_max_ms", 1, 3_600_000)?;
