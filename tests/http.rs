@@ -941,6 +941,55 @@ fn one_permit(topic: &str, group: &str, url: &str) -> AckdBuilder {
         .env("ACKD_HTTP_TIMEOUT_MS", "3000")
         .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
 }
+/// Five messages in each of 6 partitions: `p{p}-{i}`.
+fn produce_five_in_each_of_six(topic: &str) {
+    let values: Vec<(i32, String)> = (0..6)
+        .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
+        .collect();
+    let records: Vec<common::produce::Record<'_>> = values
+        .iter()
+        .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
+        .collect();
+    produce_records(topic, &records);
+}
+
+/// What a stopped run acknowledged (its `lines`), sorted: exactly what was `posted`.
+fn acked_as_posted(lines: &[String], posted: &mut [(i32, i64)]) -> Vec<(i32, i64)> {
+    let mut acked = processed(lines);
+    acked.sort_unstable();
+    posted.sort_unstable();
+    assert_eq!(*posted, acked[..], "every request posted was acknowledged");
+    acked
+}
+
+/// After a first run of [`produce_five_in_each_of_six`] stopped with `acked`
+/// acknowledged: each partition's commit is what it acknowledged; then the endpoint
+/// turns fast and `second` posts the rest: each of the 30 posted exactly once.
+fn committed_as_acked_then_the_rest_once(
+    group: &str,
+    topic: &str,
+    acked: &[(i32, i64)],
+    fast: &std::sync::atomic::AtomicBool,
+    second: AckdBuilder,
+    endpoint: &Endpoint,
+) {
+    let committed_first = committed(group, topic, 6);
+    for p in 0..6 {
+        let n = acked.iter().filter(|a| a.0 == p).count() as i64;
+        // (A partition with nothing acknowledged has its first commit, before its
+        // first call: offset 0.)
+        assert_eq!(committed_first[&p], Some(n), "partition {p}");
+    }
+
+    fast.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = second.spawn();
+    second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
+    second.stop(0, WAIT);
+    let mut all: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
+    all.sort_unstable();
+    let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();
+    assert_eq!(all, expected, "each posted exactly once");
+}
 
 /// Starts `ackd`, and once 2 messages are processed (the rest waiting for the permit)
 /// stops it: the drain completes (exit 0) and only the request under way is finished.
@@ -1028,36 +1077,11 @@ fn sigterm_under_partition_ordering_waits_for_the_request_under_way_not_for_othe
     let (topic, group) = fresh_topic("http-partition-queued-stop", 6);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
-    let values: Vec<(i32, String)> = (0..6)
-        .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
-        .collect();
-    let records: Vec<common::produce::Record<'_>> = values
-        .iter()
-        .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
-        .collect();
-    produce_records(&topic, &records);
+    produce_five_in_each_of_six(&topic);
     let queued = || one_permit(&topic, &group, &endpoint.url()).env("ACKD_ORDERING", "partition");
     let (lines, posted_before, mut posted) = stop_with_requests_queued(queued(), &endpoint);
-    let mut acked = processed(&lines);
-    acked.sort_unstable();
-    posted.sort_unstable();
-    assert_eq!(posted, acked, "every request posted was acknowledged");
-    let committed_first = committed(&group, &topic, 6);
-    for p in 0..6 {
-        let n = acked.iter().filter(|a| a.0 == p).count() as i64;
-        // (A partition with nothing acknowledged has its first commit, before its
-        // first call: offset 0.)
-        assert_eq!(committed_first[&p], Some(n), "partition {p}");
-    }
-
-    fast.store(true, std::sync::atomic::Ordering::SeqCst);
-    let second = queued().spawn();
-    second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
-    second.stop(0, WAIT);
-    let mut all: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
-    all.sort_unstable();
-    let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();
-    assert_eq!(all, expected, "each posted exactly once");
+    let acked = acked_as_posted(&lines, &mut posted);
+    committed_as_acked_then_the_rest_once(&group, &topic, &acked, &fast, queued(), &endpoint);
     let committed = committed(&group, &topic, 6);
     assert!(committed.values().all(|c| *c == Some(5)), "{committed:?}");
     eprintln!(
@@ -1349,14 +1373,7 @@ fn sigterm_in_adaptive_mode_drains_the_requests_sent_and_drops_those_waiting() {
     let (topic, group) = fresh_topic("http-adaptive-stop", 6);
     let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let endpoint = slow_until_fast(&fast);
-    let values: Vec<(i32, String)> = (0..6)
-        .flat_map(|p| (0..5).map(move |i| (p, format!("p{p}-{i}"))))
-        .collect();
-    let records: Vec<common::produce::Record<'_>> = values
-        .iter()
-        .map(|(p, v)| (*p, None, v.as_bytes(), &[][..]))
-        .collect();
-    produce_records(&topic, &records);
+    produce_five_in_each_of_six(&topic);
     let adaptive = || {
         http_ackd(&topic, &group, &endpoint.url())
             .env("ACKD_HTTP_CONCURRENCY_MODE", "adaptive")
@@ -1374,25 +1391,9 @@ fn sigterm_in_adaptive_mode_drains_the_requests_sent_and_drops_those_waiting() {
         "{}",
         lines.join("\n")
     );
-    let mut acked = processed(&lines);
-    acked.sort_unstable();
     let mut posted: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
-    posted.sort_unstable();
-    assert_eq!(posted, acked, "every request posted was acknowledged");
-    let committed_first = committed(&group, &topic, 6);
-    for p in 0..6 {
-        let n = acked.iter().filter(|a| a.0 == p).count() as i64;
-        assert_eq!(committed_first[&p], Some(n), "partition {p}");
-    }
-
-    fast.store(true, std::sync::atomic::Ordering::SeqCst);
-    let second = adaptive().spawn();
-    second.wait_for_count(is_processed, 30 - acked.len(), WAIT);
-    second.stop(0, WAIT);
-    let mut all: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
-    all.sort_unstable();
-    let expected: Vec<(i32, i64)> = (0..6).flat_map(|p| (0..5).map(move |o| (p, o))).collect();
-    assert_eq!(all, expected, "each posted exactly once");
+    let acked = acked_as_posted(&lines, &mut posted);
+    committed_as_acked_then_the_rest_once(&group, &topic, &acked, &fast, adaptive(), &endpoint);
 }
 
 /// An `ACKD_HTTP_CONCURRENCY_MODE` other than fixed or adaptive is a configuration
