@@ -93,7 +93,7 @@ impl Copier {
         message: &Message<'_>,
         copy: &Copy<'_>,
     ) -> Result<(i32, i64, Option<i64>), KafkaError> {
-        let now = now_ms();
+        let now = epoch_ms();
         let due = copy.delay.map(|d| now.saturating_add(d.as_millis() as i64));
         let added = added_headers(message, copy, due);
         let mut headers = OwnedHeaders::new();
@@ -196,7 +196,9 @@ pub fn tier_delivery<'m>(view: Message<'m>) -> Message<'m> {
     view.with_delivery(true, made.saturating_add(1).max(2))
 }
 
-fn now_ms() -> i64 {
+/// This host's wall clock, in milliseconds since the epoch: the time base of message
+/// timestamps and due times.
+pub(crate) fn epoch_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)

@@ -9,7 +9,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::ConsumerContext;
@@ -20,7 +20,7 @@ use tokio::sync::{watch, Notify};
 use super::handler::{BatchEnd, Handled, Handler};
 use super::progress::Progress;
 use super::shared::{DispatchLimit, LimitPolicy, SetOnDrop, WorkerShared, NONE};
-use crate::consumer::copier::{tier_delivery, Copier};
+use crate::consumer::copier::{epoch_ms, tier_delivery, Copier};
 use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
 use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
@@ -854,9 +854,7 @@ fn not_due(message: &FetchedMessage<'_>, delay_ms: u64) -> Option<Duration> {
         return None;
     };
     let due = u64::try_from(ms).ok()?.saturating_add(delay_ms);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now = u64::try_from(epoch_ms()).unwrap_or(0);
     (due > now).then(|| Duration::from_millis(due - now))
 }
 
