@@ -32,9 +32,16 @@ pub fn base_config(settings: &Settings) -> ClientConfig {
 }
 
 fn is_connection_property(property: &str) -> bool {
-    ["ssl.", "sasl.", "socket.", "broker.", "client."]
-        .iter()
-        .any(|p| property.starts_with(p))
+    [
+        "ssl.",
+        "sasl.",
+        "socket.",
+        "broker.",
+        "client.",
+        "reconnect.",
+    ]
+    .iter()
+    .any(|p| property.starts_with(p))
 }
 
 fn log_level(settings: &Settings) -> RDKafkaLogLevel {
@@ -100,6 +107,21 @@ mod tests {
 
     fn get<'a>(config: &'a ClientConfig, key: &str) -> Option<&'a str> {
         config.get(key)
+    }
+
+    /// The reconnect backoff applies to the clients that ask before the consumer exists
+    /// (the partition count): at start each waits up to half of it for a first connection.
+    #[test]
+    fn every_client_has_the_reconnect_backoff() {
+        let url = ("KAFKA_URL", "kafka://b.example.com:9092");
+        let config = base_config(&settings(&[url]));
+        assert_eq!(get(&config, "reconnect.backoff.ms"), Some("20"));
+        let config = base_config(&settings(&[
+            url,
+            ("ACKD_RDKAFKA_RECONNECT_BACKOFF_MS", "50"),
+        ]));
+        assert_eq!(get(&config, "reconnect.backoff.ms"), Some("50"));
+        assert_eq!(get(&config, "fetch.max.bytes"), None, "the consumer's own");
     }
 
     #[test]

@@ -313,7 +313,7 @@ async fn consume<C, P>(
         ..
     } = resume;
     let mut worker = Worker {
-        messages: queue.messages(config.taken_max_bytes),
+        messages: queue.messages(config.taken_max_bytes, config.at_end.is_some()),
         held: None,
         progress: Progress::new(
             shared,
