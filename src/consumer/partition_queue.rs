@@ -18,10 +18,10 @@ use futures::task::AtomicWaker;
 use futures::Stream;
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::error::{IsError, KafkaError, KafkaResult};
+use rdkafka::error::{IsError, KafkaError};
 use rdkafka::TopicPartitionList;
 
-use crate::processors::processor::{key_and_value_bytes, FetchedMessage};
+use crate::processors::processor::{key_and_value_bytes, Fetched, FetchedMessage};
 
 /// At most this many messages taken from librdkafka's queue in one call, ...
 pub const READ_AHEAD: usize = 64;
@@ -327,7 +327,7 @@ impl Messages<'_> {
 }
 
 impl<'q> Stream for Messages<'q> {
-    type Item = KafkaResult<FetchedMessage<'q>>;
+    type Item = Fetched<'q>;
 
     /// Never ends: `Ready(None)` is not returned.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -336,7 +336,10 @@ impl<'q> Stream for Messages<'q> {
             self.waker.register(cx.waker());
             if !self.take() {
                 return match self.at_end() {
-                    true => Poll::Ready(Some(Err(KafkaError::PartitionEOF(self.partition.number)))),
+                    true => {
+                        let end = KafkaError::PartitionEOF(self.partition.number);
+                        Poll::Ready(Some(Err(Box::new(end))))
+                    }
                     false => Poll::Pending,
                 };
             }
