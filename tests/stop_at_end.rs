@@ -59,6 +59,33 @@ fn it_stops_at_the_end_of_every_partition_with_everything_committed() {
     assert!(common::lines::processed(&again.lines()).is_empty());
 }
 
+/// The end is said once the last message the broker had is handed out, not with the
+/// broker's answer to the next fetch, which it holds up to `fetch.wait.max.ms` when
+/// nothing is new.
+#[test]
+fn the_end_is_said_without_waiting_for_the_brokers_hold() {
+    let (topic, group) = fresh_topic("end-hold", 1);
+    let delivered = produce_keyed(&topic, 200, 0);
+    let hold = Duration::from_secs(40);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_PROCESSOR", "noop")
+        .env(
+            "ACKD_RDKAFKA_FETCH_WAIT_MAX_MS",
+            hold.as_millis().to_string(),
+        )
+        .spawn();
+    // Long before the broker answers a fetch it holds.
+    ackd.assert_exit(0, hold / 2);
+    assert_eq!(
+        processed(&ackd.lines()).len(),
+        delivered.len(),
+        "each message once"
+    );
+    let committed = committed(&group, &topic, 1);
+    assert_eq!(committed[&0], log_ends(&delivered).get(&0).copied());
+}
+
 /// The daemon closes the consumer itself (the final revoke, LeaveGroup) rather than
 /// through rust-rdkafka's drop: the close completes and says so, without an error. (How
 /// long it takes is the benchmark's: `at=closed duration_ms=`.)

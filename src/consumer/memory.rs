@@ -330,7 +330,7 @@ impl Budget {
 /// without this count holding it up.
 pub fn count_partitions(settings: &Settings, timeout: Duration) -> Option<u64> {
     let consumer: BaseConsumer<CountContext> =
-        crate::settings::client_config::base_config(settings)
+        crate::settings::client_config::asking_config(settings)
             .create_with_context(CountContext::default())
             .ok()?;
     let deadline = Instant::now() + timeout;

@@ -18,10 +18,10 @@ use futures::task::AtomicWaker;
 use futures::Stream;
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::error::{IsError, KafkaResult};
+use rdkafka::error::{IsError, KafkaError};
 use rdkafka::TopicPartitionList;
 
-use crate::processors::processor::{key_and_value_bytes, FetchedMessage};
+use crate::processors::processor::{key_and_value_bytes, Fetched, FetchedMessage};
 
 /// At most this many messages taken from librdkafka's queue in one call, ...
 pub const READ_AHEAD: usize = 64;
@@ -123,6 +123,8 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
             queue,
             partition: Pausable {
                 client,
+                topic,
+                number: partition,
                 list: {
                     let mut list = TopicPartitionList::with_capacity(1);
                     list.add_partition(name, partition);
@@ -137,13 +139,17 @@ impl<C: ConsumerContext + 'static> PartitionQueue<C> {
     /// The partition's messages (and fetch errors) in offset order. With `large` > 0 (the
     /// memory budget's bound on what a worker holds taken out of its queue), a call that
     /// takes a message larger than `large` pauses the partition's fetching until every
-    /// message it took was handed out and the worker asks for more.
-    pub(crate) fn messages(&self, large: usize) -> Messages<'_> {
+    /// message it took was handed out and the worker asks for more. With `ends`
+    /// (`ACKD_STOP_AT_END`), the end of the log is said (`PartitionEOF`) as soon as the
+    /// queue is empty and the last message handed out was the last the broker had.
+    pub(crate) fn messages(&self, large: usize, ends: bool) -> Messages<'_> {
         Messages {
             queue: self.queue,
             partition: &self.partition,
             large,
             paused: false,
+            ends,
+            after_last: None,
             waker: &self.waker,
             taken: Vec::with_capacity(READ_AHEAD),
             next: 0,
@@ -172,6 +178,8 @@ impl<C: ConsumerContext + 'static> Drop for PartitionQueue<C> {
 /// rarely anything, as the queue held only the message just taken.
 struct Pausable {
     client: *mut rdsys::rd_kafka_t,
+    topic: CString,
+    number: i32,
     /// The one partition, as librdkafka's pause and resume take it.
     list: TopicPartitionList,
 }
@@ -194,6 +202,23 @@ impl Pausable {
             }
         }
     }
+
+    /// The log's end offset as the last fetch response said it (librdkafka's copy: no
+    /// request); `None` before any response.
+    fn log_end(&self) -> Option<i64> {
+        let (mut low, mut high) = (-1, -1);
+        // SAFETY: the client outlives the queue; the topic is NUL-terminated.
+        let err = unsafe {
+            rdsys::rd_kafka_get_watermark_offsets(
+                self.client,
+                self.topic.as_ptr(),
+                self.number,
+                &mut low,
+                &mut high,
+            )
+        };
+        (!err.is_error() && high >= 0).then_some(high)
+    }
 }
 
 /// A partition's messages, taken from its queue up to [`READ_AHEAD`] at a time; the
@@ -205,6 +230,10 @@ pub(crate) struct Messages<'q> {
     /// Above this (0: never), a taken message pauses the partition's fetching.
     large: usize,
     paused: bool,
+    /// Say the end of the log when the queue runs dry there (`ACKD_STOP_AT_END`).
+    ends: bool,
+    /// The offset after the last message taken, until the end was said there.
+    after_last: Option<i64>,
     waker: &'q AtomicWaker,
     /// What the last `rd_kafka_consume_batch_queue` took (ours to destroy from `next` on),
     /// and its out-array next time: 8 bytes a message, allocated once.
@@ -245,6 +274,12 @@ impl Messages<'_> {
         // SAFETY: librdkafka wrote `n` live message pointers, now ours.
         unsafe { self.taken.set_len(n) };
         self.taken.retain(|m| !m.is_null());
+        if self.ends {
+            if let Some(&last) = self.taken.iter().rev().find(|&&m| !is_error(m)) {
+                // SAFETY: a live message just taken.
+                self.after_last = Some(unsafe { (*last).offset } + 1);
+            }
+        }
         let largest = self.taken.iter().map(|&m| size(m)).max().unwrap_or(0);
         self.recent.took(largest);
         if self.large > 0 && largest > self.large {
@@ -257,17 +292,42 @@ impl Messages<'_> {
 
 /// A taken message's key and value bytes (0 for a fetch error).
 fn size(message: *mut rdsys::rd_kafka_message_t) -> usize {
-    // SAFETY: a live message from `rd_kafka_consume_batch_queue`.
-    let m = unsafe { &*message };
-    if m.err.is_error() {
+    if is_error(message) {
         0
     } else {
-        key_and_value_bytes(m)
+        // SAFETY: a live message from `rd_kafka_consume_batch_queue`.
+        key_and_value_bytes(unsafe { &*message })
+    }
+}
+
+/// Whether a taken message is a fetch error (an end of partition included).
+fn is_error(message: *mut rdsys::rd_kafka_message_t) -> bool {
+    // SAFETY: a live message from `rd_kafka_consume_batch_queue`.
+    unsafe { (*message).err.is_error() }
+}
+
+impl Messages<'_> {
+    /// With `ends`, the queue being empty: whether the last message handed out was the
+    /// log's last when the broker last answered a fetch. Said once per end reached.
+    /// librdkafka says it too, but only with the next fetch's answer, which the broker
+    /// holds up to `fetch.wait.max.ms` when nothing is left.
+    fn at_end(&mut self) -> bool {
+        let Some(after_last) = self.after_last.filter(|_| self.ends) else {
+            return false;
+        };
+        let ended = self
+            .partition
+            .log_end()
+            .is_some_and(|end| after_last >= end);
+        if ended {
+            self.after_last = None;
+        }
+        ended
     }
 }
 
 impl<'q> Stream for Messages<'q> {
-    type Item = KafkaResult<FetchedMessage<'q>>;
+    type Item = Fetched<'q>;
 
     /// Never ends: `Ready(None)` is not returned.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -275,7 +335,13 @@ impl<'q> Stream for Messages<'q> {
             // Registered before looking again: a message enqueued in between wakes us.
             self.waker.register(cx.waker());
             if !self.take() {
-                return Poll::Pending;
+                return match self.at_end() {
+                    true => {
+                        let end = KafkaError::PartitionEOF(self.partition.number);
+                        Poll::Ready(Some(Err(Box::new(end))))
+                    }
+                    false => Poll::Pending,
+                };
             }
         }
         let message = self.taken[self.next];

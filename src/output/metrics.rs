@@ -113,14 +113,14 @@ const SAMPLE_FAST_CALLS: u32 = 16;
 /// `/metrics` their totals ([`PartitionMetrics::counts`]): one count, two readers.
 #[derive(Debug)]
 pub struct PartitionMetrics {
-    received: AtomicU64,
-    processed: AtomicU64,
-    failed: AtomicU64,
-    retried: AtomicU64,
-    skipped: AtomicU64,
-    dead_lettered: AtomicU64,
+    received: Count,
+    processed: Count,
+    failed: Count,
+    retried: Count,
+    skipped: Count,
+    dead_lettered: Count,
     /// Offsets passed with no message at them (gaps), or unread after a fetch error.
-    offsets_skipped: AtomicU64,
+    offsets_skipped: Count,
     /// The counts as the summary last took them (only the summary touches it).
     taken: Mutex<Counts>,
     durations: Mutex<Histogram<u64>>,
@@ -131,6 +131,24 @@ pub struct PartitionMetrics {
     /// will stand for. Written only by the partition's worker.
     untimed: AtomicU32,
     weight: AtomicU32,
+}
+
+/// A count only the partition's worker adds to (one task, so never two threads at
+/// once), which others read: a load and a store where a locked add, twice a message,
+/// was a tenth of ackd's own cost per message.
+#[derive(Debug, Default)]
+struct Count(AtomicU64);
+
+impl Count {
+    #[inline]
+    fn add(&self, n: u64) {
+        let c = &self.0;
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// Times one processor call, or (in a run of fast calls) does not.
@@ -160,13 +178,13 @@ impl From<Duration> for Took {
 impl Default for PartitionMetrics {
     fn default() -> Self {
         PartitionMetrics {
-            received: AtomicU64::new(0),
-            processed: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            retried: AtomicU64::new(0),
-            skipped: AtomicU64::new(0),
-            dead_lettered: AtomicU64::new(0),
-            offsets_skipped: AtomicU64::new(0),
+            received: Count::default(),
+            processed: Count::default(),
+            failed: Count::default(),
+            retried: Count::default(),
+            skipped: Count::default(),
+            dead_lettered: Count::default(),
+            offsets_skipped: Count::default(),
             taken: Mutex::new(Counts::default()),
             durations: Mutex::new(histogram()),
             buckets: DurationBuckets::default(),
@@ -178,7 +196,7 @@ impl Default for PartitionMetrics {
 
 impl PartitionMetrics {
     pub fn received(&self) {
-        self.received.fetch_add(1, Ordering::Relaxed);
+        self.received.add(1);
     }
 
     /// Starts timing a processor call (see [`SAMPLE_FAST_CALLS`]).
@@ -200,34 +218,34 @@ impl PartitionMetrics {
     /// `n` messages acknowledged by one processor call (a batch, or its part before
     /// the message that failed); the call's duration is recorded once.
     pub fn processed_many(&self, n: u64, took: impl Into<Took>) {
-        self.processed.fetch_add(n, Ordering::Relaxed);
+        self.processed.add(n);
         self.record(took.into());
     }
 
     /// Messages handed to the processor in one batch.
     pub fn received_many(&self, n: u64) {
-        self.received.fetch_add(n, Ordering::Relaxed);
+        self.received.add(n);
     }
 
     pub fn failed(&self, took: impl Into<Took>) {
-        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.failed.add(1);
         self.record(took.into());
     }
 
     pub fn retried(&self) {
-        self.retried.fetch_add(1, Ordering::Relaxed);
+        self.retried.add(1);
     }
 
     pub fn skipped(&self) {
-        self.skipped.fetch_add(1, Ordering::Relaxed);
+        self.skipped.add(1);
     }
 
     pub fn dead_lettered(&self) {
-        self.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        self.dead_lettered.add(1);
     }
 
     pub fn offsets_skipped(&self, n: u64) {
-        self.offsets_skipped.fetch_add(n, Ordering::Relaxed);
+        self.offsets_skipped.add(n);
     }
 
     fn record(&self, took: Took) {
@@ -250,13 +268,13 @@ impl PartitionMetrics {
     /// Everything counted since the partition was assigned.
     pub fn counts(&self) -> Counts {
         Counts {
-            received: self.received.load(Ordering::Relaxed),
-            processed: self.processed.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            retried: self.retried.load(Ordering::Relaxed),
-            skipped: self.skipped.load(Ordering::Relaxed),
-            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
-            offsets_skipped: self.offsets_skipped.load(Ordering::Relaxed),
+            received: self.received.get(),
+            processed: self.processed.get(),
+            failed: self.failed.get(),
+            retried: self.retried.get(),
+            skipped: self.skipped.get(),
+            dead_lettered: self.dead_lettered.get(),
+            offsets_skipped: self.offsets_skipped.get(),
         }
     }
 

@@ -31,10 +31,29 @@ pub fn base_config(settings: &Settings) -> ClientConfig {
     config
 }
 
+/// A client that asks the brokers one thing at start and is dropped (the memory
+/// budget's partition count, the session's terms): [`base_config`], connecting at once
+/// to every broker the metadata names. librdkafka drops the bootstrap connection once
+/// the brokers are named, failing a request under way on it, and by default opens one
+/// first connection at a time, at most every `reconnect.backoff.ms` / 2 (at least
+/// 11 ms): the request waited that long, on every start.
+pub fn asking_config(settings: &Settings) -> ClientConfig {
+    let mut config = base_config(settings);
+    config.set("enable.sparse.connections", "false");
+    config
+}
+
 fn is_connection_property(property: &str) -> bool {
-    ["ssl.", "sasl.", "socket.", "broker.", "client."]
-        .iter()
-        .any(|p| property.starts_with(p))
+    [
+        "ssl.",
+        "sasl.",
+        "socket.",
+        "broker.",
+        "client.",
+        "reconnect.",
+    ]
+    .iter()
+    .any(|p| property.starts_with(p))
 }
 
 fn log_level(settings: &Settings) -> RDKafkaLogLevel {
@@ -100,6 +119,24 @@ mod tests {
 
     fn get<'a>(config: &'a ClientConfig, key: &str) -> Option<&'a str> {
         config.get(key)
+    }
+
+    /// The reconnect backoff applies to every client, not only the consumer.
+    #[test]
+    fn every_client_has_the_reconnect_backoff() {
+        let url = ("KAFKA_URL", "kafka://b.example.com:9092");
+        let config = base_config(&settings(&[url]));
+        assert_eq!(get(&config, "reconnect.backoff.ms"), Some("20"));
+        let config = base_config(&settings(&[
+            url,
+            ("ACKD_RDKAFKA_RECONNECT_BACKOFF_MS", "50"),
+        ]));
+        assert_eq!(get(&config, "reconnect.backoff.ms"), Some("50"));
+        assert_eq!(get(&config, "fetch.max.bytes"), None, "the consumer's own");
+        // The clients that ask at start connect to every broker at once.
+        let asking = asking_config(&settings(&[url]));
+        assert_eq!(get(&asking, "enable.sparse.connections"), Some("false"));
+        accepted(&asking);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
 use crate::consumer::membership::LeaseTerms;
-use crate::settings::client_config::{base_config, consumer_config};
+use crate::settings::client_config::{asking_config, consumer_config};
 use crate::settings::{GroupProtocol, Settings};
 
 /// librdkafka's defaults for the classic protocol.
@@ -106,8 +106,9 @@ fn read_from_broker(
     settings: &Settings,
     timeout: Duration,
 ) -> Result<(Duration, Duration, Source), String> {
-    let admin: AdminClient<DefaultClientContext> =
-        base_config(settings).create().map_err(|e| e.to_string())?;
+    let admin: AdminClient<DefaultClientContext> = asking_config(settings)
+        .create()
+        .map_err(|e| e.to_string())?;
     // One budget for every request: a broker that does not answer delays the start once.
     let deadline = Instant::now() + timeout;
     let left = || {

@@ -43,16 +43,17 @@ impl<P: Processor> GroupContext<P> {
             return;
         }
         let mut resume = read_committed(base, tpl);
-        self.start_where_nothing_is_committed(tpl, &resume);
         // Asked before the lock is taken: the committer needs it meanwhile.
-        let ends = crashed_log_ends(base, &resume);
+        let bounds = LogBounds::ask(base, tpl, &resume);
+        self.start_where_nothing_is_committed(tpl, &resume, &bounds);
+        let ends = crashed_log_ends(&bounds, &resume);
         let generation = generation(base);
         let mut group = self.lock();
         // The group assigned to this member: it is one.
         membership::confirmed(&mut *group, "rebalance");
         for e in tpl.elements() {
             let tp: TopicPartition = (Arc::from(e.topic()), e.partition());
-            let mut point = self.resume_point(base, &tp, resume.remove(&tp), generation);
+            let mut point = self.resume_point(&bounds, &tp, resume.remove(&tp), generation);
             point.existed_through = ends.get(&tp).copied();
             self.start_worker(&mut group, &consumer, tp, point);
         }
@@ -61,28 +62,34 @@ impl<P: Processor> GroupContext<P> {
     /// Sets each partition that has no committed offset to start where the start policy
     /// says, as librdkafka would after reading the same commit again: it would treat
     /// "nothing committed" as an error and reset only after a fixed 100 ms backoff
-    /// (`rd_kafka_offset_reset`), the longest step to a fresh group's first message. A
-    /// partition whose commit could not be read is left to librdkafka. A retry tier's
-    /// partition starts at its beginning whatever the policy: its copies were made by
-    /// this group, after their originals were acknowledged, and must not be skipped.
+    /// (`rd_kafka_offset_reset`), the longest step to a fresh group's first message. At
+    /// the log's bound just read, when known (where the window was measured from, and
+    /// librdkafka need not ask again; one since removed by retention is out of range,
+    /// and librdkafka resets it by the same policy). A partition whose commit could not
+    /// be read is left to librdkafka. A retry tier's partition starts at its beginning
+    /// whatever the policy: its copies were made by this group, after their originals
+    /// were acknowledged, and must not be skipped.
     fn start_where_nothing_is_committed(
         &self,
         tpl: &TopicPartitionList,
         resume: &HashMap<TopicPartition, (Offset, ReadMetadata)>,
+        bounds: &LogBounds<'_, Self>,
     ) {
-        let start = match self.start_from {
-            StartFrom::Earliest => Offset::Beginning,
-            StartFrom::Latest => Offset::End,
-        };
-        let (Some(raw), Some(beginning)) = (start.to_raw(), Offset::Beginning.to_raw()) else {
-            return;
-        };
         for (tp, (offset, _)) in resume {
             if matches!(offset, Offset::Offset(_)) {
                 continue;
             }
             let tier = self.worker.retry_tiers.delay_of(&tp.0).is_some();
-            let raw = if tier { beginning } else { raw };
+            let earliest = tier || self.start_from == StartFrom::Earliest;
+            let start = match (bounds.known.get(tp), earliest) {
+                (Some((low, _)), true) => Offset::Offset(*low),
+                (Some((_, high)), false) => Offset::Offset(*high),
+                (None, true) => Offset::Beginning,
+                (None, false) => Offset::End,
+            };
+            let Some(raw) = start.to_raw() else {
+                continue;
+            };
             let Ok(topic) = std::ffi::CString::new(&*tp.0) else {
                 continue;
             };
@@ -105,14 +112,14 @@ impl<P: Processor> GroupContext<P> {
     /// logged `at=assigned`.
     fn resume_point(
         &self,
-        base: &BaseConsumer<Self>,
+        bounds: &LogBounds<'_, Self>,
         tp: &TopicPartition,
         committed: Option<(Offset, ReadMetadata)>,
         generation: Option<i32>,
     ) -> ResumePoint {
         let (topic, partition) = (&*tp.0, tp.1);
         if let Some((Offset::Offset(o), read)) = committed {
-            let (acked_above, window) = resume_from_commit(base, tp, o, &read, generation);
+            let (acked_above, window) = resume_from_commit(bounds, tp, o, &read, generation);
             return ResumePoint {
                 resume_from: Some(o),
                 acked_above,
@@ -129,7 +136,7 @@ impl<P: Processor> GroupContext<P> {
             (Some(_), _) if tier => Start::Earliest,
             (Some(_), StartFrom::Latest) => Start::Latest,
         };
-        let window = bounded_by_log_end(base, tp, start);
+        let window = bounded_by_log_end(bounds, tp, start);
         let from = match committed {
             Some(_) if tier => StartFrom::Earliest.as_str(),
             Some(_) => self.start_from.as_str(),
@@ -279,7 +286,7 @@ fn take_over<P: Processor>(
 /// offsets to flag as possible repeats. Otherwise nothing is skipped, and `metadata=`
 /// says why.
 fn resume_from_commit<C: rdkafka::consumer::ConsumerContext>(
-    base: &BaseConsumer<C>,
+    bounds: &LogBounds<'_, C>,
     tp: &TopicPartition,
     o: i64,
     read: &ReadMetadata,
@@ -297,7 +304,7 @@ fn resume_from_commit<C: rdkafka::consumer::ConsumerContext>(
     // what the log holds now.
     let window = previous
         .and_then(|p| window_from(p, o, skipped))
-        .unwrap_or_else(|| bounded_by_log_end(base, tp, Start::At(o)));
+        .unwrap_or_else(|| bounded_by_log_end(bounds, tp, Start::At(o)));
     let released = previous.filter(|p| p.released);
     tracing::info!(
         at = "assigned",
@@ -355,11 +362,11 @@ enum Start {
 /// may have been (nothing above it can have been: it did not exist). Asks the broker
 /// for the log's bounds; if that fails, every message is flagged and the count unknown.
 fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
-    base: &BaseConsumer<C>,
+    bounds: &LogBounds<'_, C>,
     tp: &TopicPartition,
     start: Start,
 ) -> RedeliveryWindow {
-    match base.fetch_watermarks(&tp.0, tp.1, WATERMARKS_TIMEOUT) {
+    match bounds.of(tp) {
         Ok((low, high)) => {
             let from = match start {
                 Start::At(o) => o,
@@ -389,16 +396,15 @@ fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
 /// may be gone starts nothing new* in docs/guarantees.md). So a graceful release of
 /// this owner passes the crashed owner's window on only that far.
 fn crashed_log_ends<C: rdkafka::consumer::ConsumerContext>(
-    base: &BaseConsumer<C>,
+    bounds: &LogBounds<'_, C>,
     resume: &HashMap<TopicPartition, (Offset, ReadMetadata)>,
 ) -> HashMap<TopicPartition, i64> {
-    let crashed = |read: &ReadMetadata| read.previous.as_ref().is_some_and(|p| !p.released);
     resume
         .iter()
         .filter(|(_, (_, read))| crashed(read))
         .filter_map(|(tp, _)| {
-            let (_, high) = base
-                .fetch_watermarks(&tp.0, tp.1, WATERMARKS_TIMEOUT)
+            let (_, high) = bounds
+                .of(tp)
                 .map_err(|e| tracing::warn!(at = "watermarks_unknown", topic = &*tp.0, partition = tp.1, error = %e,
                     "could not read the log's end: a release of this partition names the whole window it inherited"))
                 .ok()?;
@@ -407,8 +413,91 @@ fn crashed_log_ends<C: rdkafka::consumer::ConsumerContext>(
         .collect()
 }
 
-/// How long reading a partition's log bounds at assignment may take.
+/// Whether the previous owner's metadata says it crashed (or was fenced, or lost the
+/// partition) rather than released it.
+fn crashed(read: &ReadMetadata) -> bool {
+    read.previous.as_ref().is_some_and(|p| !p.released)
+}
+
+/// How long reading the log's bounds at assignment may take.
 const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The log's bounds (first offset, end offset) of the new partitions whose window or
+/// handover needs them, asked of the brokers together: one request per bound and
+/// leader, where asking each partition took a round trip per partition, in the
+/// rebalance callback, before anything is fetched. A partition missing (its answer
+/// was an error, or it was thought not to need them) is asked alone.
+struct LogBounds<'a, C: rdkafka::consumer::ConsumerContext> {
+    base: &'a BaseConsumer<C>,
+    known: HashMap<TopicPartition, (i64, i64)>,
+}
+
+impl<'a, C: rdkafka::consumer::ConsumerContext> LogBounds<'a, C> {
+    fn ask(
+        base: &'a BaseConsumer<C>,
+        tpl: &TopicPartitionList,
+        resume: &HashMap<TopicPartition, (Offset, ReadMetadata)>,
+    ) -> Self {
+        // Those resuming from a release that names its window need nothing of the log.
+        let needs = |tp: &TopicPartition| match resume.get(tp) {
+            Some((Offset::Offset(_), read)) => read
+                .previous
+                .as_ref()
+                .is_none_or(|p| !p.released || p.window_end().is_none()),
+            _ => true,
+        };
+        let wanted: Vec<TopicPartition> = tpl
+            .elements()
+            .iter()
+            .map(|e| (Arc::from(e.topic()), e.partition()))
+            .filter(needs)
+            .collect();
+        let mut known = HashMap::new();
+        if !wanted.is_empty() {
+            let low = offsets_at(base, &wanted, Offset::Beginning);
+            let high = offsets_at(base, &wanted, Offset::End);
+            for (tp, l) in low {
+                if let Some(h) = high.get(&tp) {
+                    known.insert(tp, (l, *h));
+                }
+            }
+        }
+        LogBounds { base, known }
+    }
+
+    fn of(&self, tp: &TopicPartition) -> rdkafka::error::KafkaResult<(i64, i64)> {
+        match self.known.get(tp) {
+            Some(b) => Ok(*b),
+            None => self.base.fetch_watermarks(&tp.0, tp.1, WATERMARKS_TIMEOUT),
+        }
+    }
+}
+
+/// The offset of `at` (the log's beginning or end) of each of `tps` that has one, in a
+/// ListOffsets request per leader.
+fn offsets_at<C: rdkafka::consumer::ConsumerContext>(
+    base: &BaseConsumer<C>,
+    tps: &[TopicPartition],
+    at: Offset,
+) -> HashMap<TopicPartition, i64> {
+    let mut tpl = TopicPartitionList::with_capacity(tps.len());
+    for tp in tps {
+        // A bound's special offset is what ListOffsets takes as its timestamp.
+        let _ = tpl.add_partition_offset(&tp.0, tp.1, at);
+    }
+    let Ok(answer) = base.offsets_for_times(tpl, WATERMARKS_TIMEOUT) else {
+        return HashMap::new();
+    };
+    answer
+        .elements()
+        .iter()
+        .filter(|e| e.error().is_ok())
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some(((Arc::from(e.topic()), e.partition()), o)),
+            _ => None,
+        })
+        .collect()
+}
 
 /// `redelivery_at_most=`: a count, or `unknown`.
 fn at_most_str(w: RedeliveryWindow) -> String {

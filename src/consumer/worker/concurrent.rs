@@ -31,14 +31,13 @@ use std::sync::atomic::Ordering;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use rdkafka::error::{KafkaError, KafkaResult};
 use tokio::sync::watch;
 
 use super::handler::{Acks, BatchEnd, Handled, Handler};
 use super::shared::NONE;
-use super::task::{Batching, Step, Worker};
+use super::task::{is_end, Batching, Step, Worker};
 use crate::consumer::key_order::{key_hash, KeyOrder, UnitId};
-use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
+use crate::processors::processor::{Fetched, FetchedMessage, Kafka, Message, Processor};
 use crate::settings::ProcessingOrder;
 
 /// What one processor call gets: a message, or a batch (`ACKD_BATCH_MAX_MESSAGES`).
@@ -269,7 +268,7 @@ impl<'q, P: Processor> Worker<'q, P> {
     /// What the queue gave (`None`: told to stop, or the queue is gone).
     fn read_one(
         &mut self,
-        next: Option<KafkaResult<FetchedMessage<'q>>>,
+        next: Option<Fetched<'q>>,
         run: &mut Concurrent<'q>,
         batching: &Batching,
     ) {
@@ -290,12 +289,12 @@ impl<'q, P: Processor> Worker<'q, P> {
                     Err(at) => run.halt(at),
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(_))) if self.config.at_end.is_some() => {
+            Some(Err(e)) if is_end(&e) && self.config.at_end.is_some() => {
                 run.course.ended = true;
                 self.close_batch(run);
             }
             Some(Err(e)) => {
-                if let Err(at) = self.progress.fetch_failed(e) {
+                if let Err(at) = self.progress.fetch_failed(*e) {
                     run.halt(at);
                 }
             }

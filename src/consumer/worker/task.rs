@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::ConsumerContext;
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::KafkaError;
 use rdkafka::Timestamp;
 use tokio::sync::{watch, Notify};
 
@@ -23,7 +23,7 @@ use super::shared::{DispatchLimit, LimitPolicy, SetOnDrop, WorkerShared, NONE};
 use crate::consumer::copier::{epoch_ms, tier_delivery, Copier};
 use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
-use crate::processors::processor::{FetchedMessage, Kafka, Message, Processor};
+use crate::processors::processor::{Fetched, FetchedMessage, Kafka, Message, Processor};
 use crate::settings::ProcessingOrder;
 use crate::settings::{OnFailure, RetryPolicy, RetryTiers};
 
@@ -313,7 +313,7 @@ async fn consume<C, P>(
         ..
     } = resume;
     let mut worker = Worker {
-        messages: queue.messages(config.taken_max_bytes),
+        messages: queue.messages(config.taken_max_bytes, config.at_end.is_some()),
         held: None,
         progress: Progress::new(
             shared,
@@ -383,7 +383,7 @@ pub(super) struct Worker<'a, P> {
     /// batch's first. Or one waiting for the dispatch limit or its due time
     /// (`ACKD_DELAY_MS`). Dropped unprocessed on a stop, like a batch being gathered. Or a
     /// fetch error that ended the last batch, handled before anything after it.
-    pub(super) held: Option<KafkaResult<FetchedMessage<'a>>>,
+    pub(super) held: Option<Fetched<'a>>,
     pub(super) progress: Progress<'a>,
     pub(super) config: &'a WorkerConfig<P>,
     pub(super) shared: &'a WorkerShared,
@@ -469,11 +469,9 @@ impl<'a, P: Processor> Worker<'a, P> {
         };
         let message = match next {
             Ok(m) => m,
-            Err(KafkaError::PartitionEOF(_)) if self.config.at_end.is_some() => {
-                return Step::End;
-            }
+            Err(e) if is_end(&e) && self.config.at_end.is_some() => return Step::End,
             Err(e) => {
-                return match self.progress.fetch_failed(e) {
+                return match self.progress.fetch_failed(*e) {
                     Ok(()) => Step::Read,
                     Err(offset) => Step::Halt(offset),
                 };
@@ -506,7 +504,7 @@ impl<'a, P: Processor> Worker<'a, P> {
     /// or the queue is gone. One async function on the hot path: a second layer of
     /// future around the read moved each message through twice (about 75 instructions
     /// a message under callgrind).
-    pub(super) async fn next(&mut self) -> Option<KafkaResult<FetchedMessage<'a>>> {
+    pub(super) async fn next(&mut self) -> Option<Fetched<'a>> {
         if self.ready >= YIELD_EVERY {
             self.ready = 0;
             tokio::task::yield_now().await;
@@ -783,7 +781,7 @@ enum After {
 /// ends. A backlog fills it without waiting.
 async fn gather<'q, S>(
     batch: &mut Vec<FetchedMessage<'q>>,
-    held: &mut Option<KafkaResult<FetchedMessage<'q>>>,
+    held: &mut Option<Fetched<'q>>,
     stream: &mut S,
     batching: &Batching,
     stop_at_end: bool,
@@ -791,7 +789,7 @@ async fn gather<'q, S>(
     stop: &mut watch::Receiver<bool>,
 ) -> After
 where
-    S: futures::Stream<Item = Result<FetchedMessage<'q>, KafkaError>> + Unpin,
+    S: futures::Stream<Item = Fetched<'q>> + Unpin,
 {
     let deadline = tokio::time::Instant::now() + batching.max_wait;
     // Weighed only with a byte limit: key and payload are two FFI calls per message.
@@ -834,7 +832,7 @@ where
                 }
                 batch.push(m);
             }
-            Some(Err(KafkaError::PartitionEOF(_))) if stop_at_end => return After::End,
+            Some(Err(e)) if stop_at_end && is_end(&e) => return After::End,
             Some(Err(e)) => {
                 // The batch ends before it; the partition handles it next.
                 *held = Some(Err(e));
@@ -844,6 +842,11 @@ where
         }
     }
     After::More
+}
+
+/// Whether a fetch error is the partition's end (said only with `ACKD_STOP_AT_END`).
+pub(super) fn is_end(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::PartitionEOF(_))
 }
 
 /// How long `message` must still wait under `ACKD_DELAY_MS` (`delay_ms`): until its

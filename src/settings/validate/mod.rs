@@ -15,6 +15,9 @@ mod required;
 pub(super) mod retry_topics;
 pub(super) mod telemetry;
 
+use std::collections::BTreeMap;
+
+use crate::settings::properties::PassThrough;
 use crate::settings::SettingError;
 
 use super::keys::env_name;
@@ -45,6 +48,10 @@ pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
     )?;
     let shutdown_timeout = raw.millis("shutdown_timeout_ms", 1, 3_600_000)?;
     let stop_at_end = raw.boolean("stop_at_end")?;
+    let mut rdkafka = rdkafka;
+    if stop_at_end {
+        hold_no_fetch(raw, &mut rdkafka);
+    }
     let (batching, concurrency) = processing::parse(raw)?;
     let exec = ExecSettings::parse(raw)?;
     let http = HttpSettings::parse(raw)?;
@@ -82,6 +89,25 @@ pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
     processing::ordering_fits_concurrency(&settings.concurrency)?;
     http_endpoint::body_fits_batching(&settings)?;
     Ok(settings)
+}
+
+/// `fetch.wait.max.ms` under `ACKD_STOP_AT_END`, unless set by hand: a run to the end
+/// waits for no new message, so the broker need not hold a fetch for one. librdkafka has
+/// one fetch per broker in flight, and one held for partitions at their end kept a
+/// partition still reading (left out of that fetch while its queue was full) waiting
+/// out the hold, 100 ms by ackd's default, each time. 10 ms is how soon such a
+/// partition is fetched again anyway (`fetch.queue.backoff.ms`).
+fn hold_no_fetch(raw: &RawSettings, rdkafka: &mut BTreeMap<String, PassThrough>) {
+    const PROPERTY: &str = "fetch.wait.max.ms";
+    if raw.rdkafka_defaults.iter().any(|p| p == PROPERTY) {
+        rdkafka.insert(
+            PROPERTY.into(),
+            PassThrough {
+                value: "10".into(),
+                origin: env_name("stop_at_end"),
+            },
+        );
+    }
 }
 
 /// A message in flight when SIGTERM arrives must be able to finish inside the drain: the
@@ -174,6 +200,22 @@ mod tests {
         let e = err(&[("ACKD_TEST_DELAY_MS", "5-0")]);
         assert_eq!(e.setting, "ACKD_TEST_DELAY_MS", "{e}");
         assert!(e.problem.contains("MIN-MAX"), "{e}");
+    }
+
+    /// A run to the end has the broker hold no fetch long, unless the hold is set by hand.
+    #[test]
+    fn stop_at_end_shortens_the_fetch_hold_unless_it_is_set() {
+        let hold = |extra: &[(&str, &str)]| {
+            let s = Settings::from_vars(vars(extra)).unwrap();
+            s.rdkafka["fetch.wait.max.ms"].value.clone()
+        };
+        assert_eq!(hold(&[]), "100", "config/default.toml's");
+        assert_eq!(hold(&[("ACKD_STOP_AT_END", "true")]), "10");
+        let by_hand = [
+            ("ACKD_STOP_AT_END", "true"),
+            ("ACKD_RDKAFKA_FETCH_WAIT_MAX_MS", "250"),
+        ];
+        assert_eq!(hold(&by_hand), "250");
     }
 
     /// A message in flight at SIGTERM can finish: the defaults' processor timeouts fit in
