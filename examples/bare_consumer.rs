@@ -6,9 +6,10 @@
 //! bare_consumer --brokers 127.0.0.1:9092 --topic bench --group g1 [--print] [--batch N] [--session-timeout-ms 1000]
 //! ```
 //!
-//! It uses the librdkafka properties ackd uses by default (the `[rdkafka]` table of
-//! `config/default.toml`, read at build time), so that the benchmark compares the code
-//! around librdkafka, not its settings. With
+//! It uses the librdkafka properties ackd uses by default for a run to the end (the
+//! `[rdkafka]` table of `config/default.toml`, as ackd's settings give it with
+//! `ACKD_STOP_AT_END`), so that the benchmark compares the code around librdkafka, not
+//! its settings. With
 //! `--print` it writes the line ackd's `log` processor writes, one per message, to a
 //! buffered stdout, as ackd writes it for a group with nothing committed (the bench's
 //! fresh groups), where every message may be a repeat:
@@ -112,28 +113,22 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
-/// The `[rdkafka]` table of ackd's compiled-in defaults.
-fn ackd_rdkafka_defaults() -> Result<Vec<(String, String)>, String> {
-    use config::{Config, File, FileFormat};
-    let defaults = Config::builder()
-        .add_source(File::from_str(
-            include_str!("../config/default.toml"),
-            FileFormat::Toml,
-        ))
-        .build()
-        .map_err(|e| format!("config/default.toml: {e}"))?;
-    let table = defaults
-        .get_table("rdkafka")
-        .map_err(|e| format!("config/default.toml [rdkafka]: {e}"))?;
-    table
+/// The librdkafka properties ackd runs with by default when it reads to the end
+/// (`ACKD_STOP_AT_END`, as this consumer does): ackd's own settings decide them.
+fn ackd_rdkafka(args: &Args) -> Result<Vec<(String, String)>, String> {
+    let vars = [
+        ("KAFKA_URL", args.brokers.as_str()),
+        ("ACKD_TOPICS", args.topic.as_str()),
+        ("ACKD_GROUP_ID", args.group.as_str()),
+        ("ACKD_STOP_AT_END", "true"),
+    ];
+    let settings = ackd::Settings::from_vars(vars.map(|(k, v)| (k.to_string(), v.to_string())))
+        .map_err(|e| format!("ackd's settings: {e}"))?;
+    Ok(settings
+        .rdkafka
         .into_iter()
-        .map(|(k, v)| {
-            let v = v
-                .into_string()
-                .map_err(|e| format!("config/default.toml [rdkafka] {k}: {e}"))?;
-            Ok((k, v))
-        })
-        .collect()
+        .map(|(property, pass)| (property, pass.value))
+        .collect())
 }
 
 /// librdkafka's own logs (and its `debug` output, with `--set debug=...`) on stderr.
@@ -269,7 +264,7 @@ fn create(args: &Args) -> Result<BaseConsumer<Stderr>, String> {
         )
         .set("client.id", "bare");
     // ackd's defaults: the same fetching (and assignor) for both.
-    for (k, v) in ackd_rdkafka_defaults()? {
+    for (k, v) in ackd_rdkafka(args)? {
         if k != "client.id" {
             config.set(k, v);
         }
