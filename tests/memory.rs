@@ -382,6 +382,58 @@ fn a_slow_handler_on_hundreds_of_partitions_stays_under_the_default_bound() {
     );
 }
 
+/// A share whose eighth is below a producer's record batch (16 KiB, the Java client's
+/// default): a partition's piece of a fetch still holds a whole batch. A broker answers a
+/// partition whose next batch is larger than its piece with nothing (but for the first
+/// partition of a response), so each response carried one partition's batch: a round
+/// trip per batch (at 1,000 partitions under a 128 MiB budget, 100,000 messages of 1 KiB
+/// took 27 s instead of 1).
+#[test]
+fn a_fetch_carries_many_partitions_of_producer_sized_batches() {
+    const PARTITIONS: i32 = 8;
+    let (topic, group) = fresh_topic("memory-batch", PARTITIONS);
+    let delivered = produce_with(&small_batches(), &topic, &sized_messages(800, 1024));
+    let ends = log_ends(&delivered);
+    // 1 MiB among 8 partitions: a share of 128 KiB, an eighth of its prefetch 12 KiB.
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_MEMORY_MB", "1")
+        .env("ACKD_PROCESSOR", "noop")
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_RDKAFKA_DEBUG", "fetch")
+        .env("ACKD_LOG_LEVEL", "debug")
+        .spawn();
+    let line = planned(&ackd);
+    let code = ackd.wait_exit(WAIT);
+    let lines = ackd.lines();
+    assert_eq!(code, 0);
+    // librdkafka has one fetch per broker in flight: what it enqueues between two fetch
+    // requests ("Fetch 8/8/8 toppar(s)") came in one response ("Enqueue 15 message(s)
+    // ... on TOPIC [3] fetch queue").
+    let (mut responses, mut pieces, mut in_response) = (0, 0, 0);
+    for l in &lines {
+        if l.contains(" toppar(s)") && l.contains(": Fetch ") {
+            in_response = 0;
+        } else if l.contains(": Enqueue ") && l.contains(&topic) {
+            responses += usize::from(in_response == 0);
+            in_response += 1;
+            pieces += 1;
+        }
+    }
+    eprintln!("{pieces} partitions' batches in {responses} fetch responses");
+    assert!(
+        pieces >= 2 * responses,
+        "{pieces} partitions' batches in {responses} fetch responses: about one a response; {line}"
+    );
+    assert!(
+        num(&line, "max_partition_fetch_bytes") >= 16 * 1024,
+        "{line}"
+    );
+    let t = tally(&delivered, &processed(&lines), &lines);
+    assert!(t.lost.is_empty(), "lost {:?}", t.lost);
+    assert!(t.duplicated.is_empty(), "duplicated {:?}", t.duplicated);
+    assert_committed_to_ends(&group, &topic, PARTITIONS, &ends);
+}
+
 /// A message larger than its partition's share comes whole (a fetch returns at least one
 /// record batch), is processed and committed, and so are the small ones around it.
 #[test]

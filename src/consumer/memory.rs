@@ -36,7 +36,8 @@
 //!   held, Q + F. A batch, and the messages `key`/`none` ordering holds in calls or
 //!   waiting for their key, are held within the same Q + F ([`Budget::taken_bytes`]).
 //!
-//! 2Q + 3F + P/8 = P. Every limit is capped at the configured one (ackd's default, or a
+//! 2Q + 3F + P/8 = P, with F at least a producer's record batch ([`RECORD_BATCH`]) and
+//! Q giving way for it. Every limit is capped at the configured one (ackd's default, or a
 //! value set by hand with `auto`), so a budget never raises the prefetch above what
 //! ackd does without one. A message larger than its share still comes whole (a fetch
 //! returns at least one record batch): the share bounds what piles up, not a message.
@@ -69,6 +70,11 @@ pub const MIN_SHARE: u64 = 96 * 1024;
 pub const ASSUMED_PARTITIONS: u64 = 256;
 /// librdkafka's least `message.max.bytes`.
 const MIN_FETCH_BYTES: u64 = 8 * 1024;
+/// The least a partition's piece of a fetch may be: a Java producer's record batch
+/// (`batch.size` 16384). A broker answers a partition whose next batch does not fit its
+/// piece with nothing (but for the first partition of a response), so below it a fetch
+/// carries one partition's batch, a round trip each.
+pub const RECORD_BATCH: u64 = 16 * 1024;
 /// Where the files of `/proc/self/cgroup` and `/sys/fs/cgroup` are read; the testkit
 /// stages a tree of its own with this variable.
 #[cfg(feature = "testkit")]
@@ -235,7 +241,10 @@ impl Budget {
             ));
         }
         let prefetch = share - PARTITION_COST;
-        let fetch_bytes = (prefetch / 8).max(MIN_FETCH_BYTES).min(caps.fetch_bytes);
+        let fetch_bytes = (prefetch / 8).max(RECORD_BATCH).min(caps.fetch_bytes);
+        // 2Q + 3F + P/8 = P: a piece of a fetch raised to a record batch comes out of
+        // the queue, which is P/4 otherwise (and when a cap keeps F below P/8).
+        let queue = (prefetch / 4).min(prefetch.saturating_sub(prefetch / 8 + 3 * fetch_bytes) / 2);
         Ok(Budget {
             bytes,
             source: limit.source.clone(),
@@ -243,7 +252,7 @@ impl Budget {
             counted,
             share,
             // The configured caps win over the least values (they may be below them).
-            queue_kbytes: (prefetch / 4 / 1024).max(1).min(caps.queue_kbytes),
+            queue_kbytes: (queue / 1024).max(1).min(caps.queue_kbytes),
             // librdkafka keeps a few hundred bytes per queued message besides its value:
             // bound the count too, for small messages.
             queue_messages: (prefetch / 8 / 512).max(16).min(caps.queue_messages),
@@ -402,6 +411,30 @@ mod tests {
         let queue = b.queue_kbytes * 1024;
         let bookkeeping = b.queue_messages * 512;
         assert!(PARTITION_COST + 2 * queue + 3 * b.fetch_bytes + bookkeeping <= b.share);
+    }
+
+    #[test]
+    fn a_partitions_piece_of_a_fetch_holds_a_record_batch() {
+        // 1,000 partitions under 128 MiB, 300 under 32 MiB, the least share: an eighth
+        // of the prefetch is below a record batch, the queue gives way, the share holds.
+        for (mb, partitions) in [(128, 1000), (32, 300), (19, 200)] {
+            let b = plan(mb, Some(partitions)).unwrap();
+            assert_eq!(b.fetch_bytes, RECORD_BATCH, "{b:?}");
+            assert!(b.queue_kbytes >= 1, "{b:?}");
+            let queue = b.queue_kbytes * 1024;
+            let bookkeeping = b.queue_messages * 512;
+            assert!(
+                PARTITION_COST + 2 * queue + 3 * b.fetch_bytes + bookkeeping <= b.share,
+                "{b:?}"
+            );
+        }
+        // A piece capped below an eighth (1 MiB here) leaves the queue at a quarter.
+        let b = plan(128, Some(8)).unwrap();
+        assert_eq!(
+            b.queue_kbytes,
+            (b.share - PARTITION_COST) / 4 / 1024,
+            "{b:?}"
+        );
     }
 
     #[test]
