@@ -406,11 +406,18 @@ mod tests {
         let p = b.share - PARTITION_COST;
         assert_eq!(b.queue_kbytes, p / 4 / 1024);
         assert_eq!(b.fetch_bytes, p / 8);
-        // The queue, a response on top, responses kept alive, a read-ahead of what the
-        // queue held, and librdkafka's bookkeeping per message: within the share.
+        assert_within_share(&b);
+    }
+
+    /// The queue, a response on top, responses kept alive, a read-ahead of what the
+    /// queue held, and librdkafka's bookkeeping per message: within the share.
+    fn assert_within_share(b: &Budget) {
         let queue = b.queue_kbytes * 1024;
         let bookkeeping = b.queue_messages * 512;
-        assert!(PARTITION_COST + 2 * queue + 3 * b.fetch_bytes + bookkeeping <= b.share);
+        assert!(
+            PARTITION_COST + 2 * queue + 3 * b.fetch_bytes + bookkeeping <= b.share,
+            "{b:?}"
+        );
     }
 
     #[test]
@@ -421,12 +428,7 @@ mod tests {
             let b = plan(mb, Some(partitions)).unwrap();
             assert_eq!(b.fetch_bytes, RECORD_BATCH, "{b:?}");
             assert!(b.queue_kbytes >= 1, "{b:?}");
-            let queue = b.queue_kbytes * 1024;
-            let bookkeeping = b.queue_messages * 512;
-            assert!(
-                PARTITION_COST + 2 * queue + 3 * b.fetch_bytes + bookkeeping <= b.share,
-                "{b:?}"
-            );
+            assert_within_share(&b);
         }
         // A piece capped below an eighth (1 MiB here) leaves the queue at a quarter.
         let b = plan(128, Some(8)).unwrap();
