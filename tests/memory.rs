@@ -403,9 +403,8 @@ fn a_fetch_carries_many_partitions_of_producer_sized_batches() {
         .env("ACKD_LOG_LEVEL", "debug")
         .spawn();
     let line = planned(&ackd);
-    let code = ackd.wait_exit(WAIT);
+    ackd.assert_exit(0, WAIT);
     let lines = ackd.lines();
-    assert_eq!(code, 0);
     // librdkafka has one fetch per broker in flight: what it enqueues between two fetch
     // requests ("Fetch 8/8/8 toppar(s)") came in one response ("Enqueue 15 message(s)
     // ... on TOPIC [3] fetch queue").
