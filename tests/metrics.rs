@@ -183,8 +183,9 @@ fn lag_is_positive_while_a_backlog_is_processed() {
     let lag: i64 = field(&line, "sample#ackd.lag").unwrap().parse().unwrap();
     assert!(lag > 0 && lag <= delivered.len() as i64, "{line}");
     // A summary's in-flight sample sees the slow processor at work. Waited for, not
-    // looked up after the stop: the first lag line can come before the first call starts,
-    // and a stop that soon writes no summary in between.
+    // looked up after the stop: the summary written with the first lag line can fall
+    // where no call is under way (before the first, or between two), and a stop that
+    // soon leaves no other summary.
     ackd.wait_for_line(
         |l| at(l, "summary") && field(l, "sample#ackd.in_flight").as_deref() == Some("1"),
         WAIT,
