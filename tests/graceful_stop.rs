@@ -373,10 +373,12 @@ fn released_at_zero(group: &str, topic: &str, partitions: i32) {
 /// message it is handed (as tests/common's recorder does) and then answers each request;
 /// the message at offset `argv[4]` as `argv[3]` says: `retry` or `fail` (then the
 /// messages of a batch before it are acknowledged), or `ack` like the others.
-const ANSWERING_RECORDER: &str = r#"import json, os, signal, sys
+const ANSWERING_RECORDER: &str = r#"import json, os, signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 run, how, at = sys.argv[2], sys.argv[3], int(sys.argv[4])
+# Seconds to wait before answering the message at `at` (0 unless given).
+delay = float(sys.argv[5]) if len(sys.argv) > 5 else 0
 for line in sys.stdin:
     req = json.loads(line)
     batch = req if isinstance(req, list) else [req]
@@ -389,6 +391,7 @@ for line in sys.stdin:
     else:
         reply.update(offset=req["offset"])
     if how != "ack" and any(m["offset"] == at for m in batch):
+        time.sleep(delay)
         reply.update({how: f"{how} at {at}", "offset": at})
     else:
         reply.update(ack=True)
@@ -528,6 +531,36 @@ fn a_halted_message_comes_back_flagged() {
     a.wait_for_line(|l| at_offset(l, "process_failed", 5), WAIT);
     a.stop(1, WAIT);
     assert_eq!(h.handed_to_a(), (0..=5).collect());
+    h.b_flags_exactly(5, &BTreeSet::from([5]), 19);
+}
+
+/// The permanent failure comes during the drain: offset 5 is answered `fail` 3 s after
+/// A's handler took it, and A got SIGTERM once it had. The halt is the stop's to report
+/// (`at=halted`, exit 1), and A's release names 5 as handed over, not the read-ahead.
+#[test]
+fn a_halt_during_the_drain_is_reported_and_exits_1() {
+    let h = Handover::numbered("handed-halt-drain", 20);
+    let script = h.dir.join("answering.py");
+    std::fs::write(&script, ANSWERING_RECORDER).expect("write the handler");
+    let command = format!(
+        "python3 {} {} 0 fail 5 3",
+        script.display(),
+        h.file.display()
+    );
+    let a = exec_ackd(&h.topic, &h.group, &command)
+        .env("ACKD_ON_FAILURE", "halt")
+        .spawn();
+    common::wait::wait_until(WAIT, || h.handed_to_a().contains(&5));
+    let lines = a.stop(1, WAIT);
+    let halted: Vec<&String> = all_at(&lines, "halted");
+    assert!(
+        halted
+            .iter()
+            .any(|l| field(l, "partition").as_deref() == Some("0")),
+        "the stop's report names the partition halted during its drain:\n{}",
+        lines.join("\n")
+    );
+    assert_eq!(h.handed_to_a(), (0..=5).collect(), "A handed 0 to 5 over");
     h.b_flags_exactly(5, &BTreeSet::from([5]), 19);
 }
 

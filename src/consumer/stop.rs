@@ -451,6 +451,9 @@ pub(crate) fn sequence<P: Processor>(
         complete,
         duration_ms = millis(started.elapsed())
     );
+    // The halted partitions as the drain left them: a call that fails for good during
+    // the drain halts its partition then, and the stop is not clean either.
+    let halted = halted_after(&drained, halted);
     report(&drained, commit, &halted);
     if code == exit::OK && (!complete || !halted.is_empty()) {
         code = exit::INCOMPLETE;
@@ -536,20 +539,40 @@ fn stop_terms(
     }
 }
 
-/// The partitions owned as the stop begins, and those of them halted by a failure.
+/// The partitions owned as the stop begins, and those of them halted by a failure so
+/// far (where). A call under way may still halt its partition during the drain: the
+/// release says so ([`halted_after`]).
 fn owned_and_halted<P: Processor>(
     consumer: &AckdConsumer<P>,
-) -> (Vec<TopicPartition>, Vec<TopicPartition>) {
+) -> (Vec<TopicPartition>, Vec<(TopicPartition, i64)>) {
     let ctx = consumer.context();
-    let tps: Vec<TopicPartition> = ctx.lock().owned.keys().cloned().collect();
-    let halted: Vec<TopicPartition> = ctx
-        .lock()
+    let group = ctx.lock();
+    let tps: Vec<TopicPartition> = group.owned.keys().cloned().collect();
+    let halted = group
         .owned
         .iter()
-        .filter(|(_, p)| p.worker.shared.halted_at().is_some())
-        .map(|(tp, _)| tp.clone())
+        .filter_map(|(tp, p)| p.worker.shared.halted_at().map(|o| (tp.clone(), o)))
         .collect();
     (tps, halted)
+}
+
+/// The partitions halted once the release is over, and where: those its drain left
+/// halted, and those halted as the stop began that a revoke served during the stop
+/// released instead.
+fn halted_after(
+    drained: &Outcome,
+    at_start: Vec<(TopicPartition, i64)>,
+) -> Vec<(TopicPartition, i64)> {
+    let mut halted: Vec<(TopicPartition, i64)> = drained
+        .halted()
+        .map(|(tp, offset)| (tp.clone(), offset))
+        .collect();
+    for (tp, offset) in at_start {
+        if !drained.partitions.iter().any(|(t, _)| *t == tp) {
+            halted.push((tp, offset));
+        }
+    }
+    halted
 }
 
 /// Stops fetching: nothing new is handed out, what is prefetched stays unprocessed.
@@ -564,8 +587,9 @@ fn stop_fetching<P: Processor>(consumer: &AckdConsumer<P>) {
 }
 
 /// The stop's account, per partition: the final commit, or what is left uncommitted
-/// (and redelivered), and the partitions a processor failure halted.
-fn report(drained: &Outcome, commit: bool, halted: &[TopicPartition]) {
+/// (and redelivered), and the partitions a processor failure halted (before the stop or
+/// during its drain).
+fn report(drained: &Outcome, commit: bool, halted: &[(TopicPartition, i64)]) {
     for (tp, offset) in drained.committed() {
         tracing::info!(
             at = "final_commit",
@@ -593,11 +617,12 @@ fn report(drained: &Outcome, commit: bool, halted: &[TopicPartition]) {
             );
         }
     }
-    for tp in halted {
+    for (tp, offset) in halted {
         tracing::error!(
             at = "halted",
             topic = &*tp.0,
             partition = tp.1,
+            offset,
             "a processor failure stopped this partition"
         );
     }

@@ -197,6 +197,9 @@ impl<P: Processor> GroupContext<P> {
         let partitions = removed
             .into_iter()
             .map(|(tp, p)| {
+                // Read after the drain: a call that failed for good during it halted
+                // the partition then.
+                let halted = p.worker.shared.halted_at();
                 if !committing || fatal {
                     // Nothing committed by this release; what was acknowledged is left.
                     let left = pending.iter().find(|c| c.tp == tp).cloned();
@@ -205,6 +208,7 @@ impl<P: Processor> GroupContext<P> {
                         Released {
                             committed: None,
                             left,
+                            halted,
                         },
                     );
                 }
@@ -219,6 +223,7 @@ impl<P: Processor> GroupContext<P> {
                     Released {
                         committed: p.committed,
                         left,
+                        halted,
                     },
                 )
             })
@@ -552,6 +557,9 @@ pub struct Released {
     /// What was acknowledged and left uncommitted: refused or not answered, or, without
     /// a commit, all that was acknowledged since the last commit.
     pub left: Option<CommitOffset>,
+    /// The offset a processor failure halted it at, as the drain left it (a call that
+    /// failed for good during the drain included).
+    pub halted: Option<i64>,
 }
 
 /// What a release achieved.
@@ -579,6 +587,14 @@ impl Outcome {
             .iter()
             .filter(|(_, r)| r.committed.is_none())
             .map(|(tp, _)| tp)
+    }
+
+    /// Partitions a processor failure halted, and where: before the release or during
+    /// its drain.
+    pub fn halted(&self) -> impl Iterator<Item = (&TopicPartition, i64)> {
+        self.partitions
+            .iter()
+            .filter_map(|(tp, r)| r.halted.map(|o| (tp, o)))
     }
 
     /// What was acknowledged and left uncommitted: redelivered to the next owner.
