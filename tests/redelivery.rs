@@ -815,3 +815,37 @@ fn after_a_crash_behind_a_held_message_the_redelivered_count_leaves_out_the_skip
         summary("one crash behind a held message", 1, &f, &rows)
     );
 }
+
+/// A new group (nothing committed) over a partition of 30 messages: every message is
+/// flagged (conservatively: offsets may have expired or been deleted), and the
+/// partition's `at=redelivered` says why, without a previous owner or an "again", and
+/// `complete=true` once all of its window was read.
+#[test]
+fn a_new_group_says_why_it_flags_and_that_its_window_is_complete() {
+    let (topic, group) = fresh_topic("fresh-wording", 1);
+    produce_numbered(&topic, 30);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_STOP_AT_END", "true")
+        .spawn();
+    ackd.assert_exit(0, WAIT);
+    let lines = ackd.lines();
+    let all = lines.join("\n");
+    assert_eq!(processed(&lines).len(), 30, "{all}");
+    let flagged = lines
+        .iter()
+        .filter(|l| is_processed(l) && field(l, "redelivered").as_deref() == Some("true"))
+        .count();
+    assert_eq!(flagged, 30, "a new group flags every message: {all}");
+    let redelivered = all_at(&lines, "redelivered");
+    assert_eq!(redelivered.len(), 1, "{all}");
+    for l in redelivered {
+        assert_eq!(field(l, "flagged").as_deref(), Some("30"), "{l}");
+        assert_eq!(field(l, "complete").as_deref(), Some("true"), "{l}");
+        let msg = field(l, "msg").unwrap_or_default();
+        assert!(
+            !msg.contains("previous owner") && !msg.contains("again"),
+            "no previous owner is known, nothing is handed over again: {l}"
+        );
+        assert!(msg.contains("no committed offset"), "says why: {l}");
+    }
+}

@@ -136,7 +136,10 @@ impl<P: Processor> GroupContext<P> {
             (Some(_), _) if tier => Start::Earliest,
             (Some(_), StartFrom::Latest) => Start::Latest,
         };
-        let window = bounded_by_log_end(bounds, tp, start);
+        let window = RedeliveryWindow {
+            no_commit: true,
+            ..bounded_by_log_end(bounds, tp, start)
+        };
         let from = match committed {
             Some(_) if tier => StartFrom::Earliest.as_str(),
             Some(_) => self.start_from.as_str(),
@@ -347,6 +350,7 @@ fn window_from(p: &Previous, o: i64, skipped: i64) -> Option<RedeliveryWindow> {
     Some(RedeliveryWindow {
         through,
         at_most: Some(at_most),
+        no_commit: false,
     })
 }
 
@@ -376,6 +380,7 @@ fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
             RedeliveryWindow {
                 through: high.saturating_sub(1),
                 at_most: Some(high.saturating_sub(from).max(0)),
+                no_commit: false,
             }
         }
         Err(e) => {
@@ -384,6 +389,7 @@ fn bounded_by_log_end<C: rdkafka::consumer::ConsumerContext>(
             RedeliveryWindow {
                 through: i64::MAX,
                 at_most: None,
+                no_commit: false,
             }
         }
     }

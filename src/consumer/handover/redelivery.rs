@@ -163,6 +163,10 @@ pub struct RedeliveryWindow {
     /// How many of them the previous owner may have processed, as `at=assigned` stated
     /// it (`None`: unknown).
     pub at_most: Option<i64>,
+    /// Flagged because no committed offset is known for the partition (a new group,
+    /// offsets expired or deleted, a commit that could not be read): no previous owner
+    /// is known.
+    pub no_commit: bool,
 }
 
 impl RedeliveryWindow {
@@ -171,6 +175,7 @@ impl RedeliveryWindow {
     pub const NONE: RedeliveryWindow = RedeliveryWindow {
         through: -1,
         at_most: Some(0),
+        no_commit: false,
     };
 
     /// Whether the message at `offset` may have been handed to a processor before.
@@ -185,12 +190,20 @@ impl Default for RedeliveryWindow {
     }
 }
 
+/// What `at=redelivered` says of a window a previous owner left.
+const PREVIOUS_OWNER: &str = "messages the previous owner may have processed, handed to the processor again flagged redelivered";
+/// ... and of one flagged for want of a commit, where no previous owner is known.
+const NO_COMMIT: &str = "no committed offset known for this partition (a new group, offsets expired or deleted, or a commit that could not be read): any message in the log may have been processed before, so each was handed to the processor flagged redelivered";
+
 /// A worker's count of the messages it read inside its window.
 #[derive(Debug)]
 pub(crate) struct Flagging {
     pub(crate) window: RedeliveryWindow,
     /// Messages read inside the window (those then skipped as acknowledged included).
     read: u64,
+    /// The highest offset read (-1: none): the window's last one read means it is
+    /// complete, even when no message past it exists yet.
+    last: i64,
     reported: bool,
 }
 
@@ -200,6 +213,7 @@ impl Flagging {
         Flagging {
             window,
             read: 0,
+            last: -1,
             reported: nothing,
         }
     }
@@ -208,6 +222,7 @@ impl Flagging {
     /// reports the window (`skipped`: the window's messages acknowledged by the
     /// previous owner, not handed on).
     pub(crate) fn read(&mut self, offset: i64, skipped: u64, topic: &str, partition: i32) {
+        self.last = self.last.max(offset);
         if self.window.covers(offset) {
             self.read += 1;
         } else if !self.reported {
@@ -215,10 +230,12 @@ impl Flagging {
         }
     }
 
-    /// The worker ends: a window not passed yet is reported as such.
+    /// The worker ends: a window not reported yet is, complete if its last offset was
+    /// read (the log may end there: nothing past it came to report it earlier).
     pub(crate) fn finish(&mut self, skipped: u64, topic: &str, partition: i32) {
         if !self.reported {
-            self.report(false, skipped, topic, partition);
+            let complete = self.last >= self.window.through;
+            self.report(complete, skipped, topic, partition);
         }
     }
 
@@ -226,6 +243,11 @@ impl Flagging {
         self.reported = true;
         let flagged = self.read.saturating_sub(skipped);
         let at_most = self.window.at_most;
+        let why = if self.window.no_commit {
+            NO_COMMIT
+        } else {
+            PREVIOUS_OWNER
+        };
         tracing::info!(
             at = "redelivered",
             topic,
@@ -233,7 +255,7 @@ impl Flagging {
             flagged,
             redelivery_at_most = at_most.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
             complete,
-            "messages the previous owner may have processed, handed to the processor again flagged redelivered"
+            "{why}"
         );
     }
 }
@@ -273,6 +295,7 @@ mod tests {
         let w = RedeliveryWindow {
             through: 41,
             at_most: Some(12),
+            no_commit: false,
         };
         assert!(w.covers(30) && w.covers(41) && !w.covers(42));
         assert!(!RedeliveryWindow::NONE.covers(0));
@@ -285,6 +308,29 @@ mod tests {
         assert!(
             Flagging::new(RedeliveryWindow::NONE).reported,
             "nothing to report"
+        );
+    }
+
+    #[test]
+    fn a_window_whose_last_offset_was_read_is_complete_at_the_end() {
+        let w = RedeliveryWindow {
+            through: 9,
+            at_most: Some(10),
+            no_commit: true,
+        };
+        let mut f = Flagging::new(w);
+        for o in 0..=9 {
+            f.read(o, 0, "t", 0);
+        }
+        assert!(!f.reported, "nothing past the window came");
+        assert_eq!(f.last, 9);
+        f.finish(0, "t", 0);
+        assert!(f.reported);
+        let mut f = Flagging::new(w);
+        f.read(0, 0, "t", 0);
+        assert!(
+            f.last < f.window.through,
+            "released inside its window: incomplete"
         );
     }
 }
