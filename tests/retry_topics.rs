@@ -541,3 +541,87 @@ fn a_revoke_while_copies_wait_loses_nothing() {
         assert_committed(&group, t, p, Some(log_end(t, p)));
     }
 }
+
+/// Produces one message of `payload` to partition 0 of `topic`, with a producer whose
+/// own limit takes it (librdkafka's default, 1,000,000 bytes, is below the broker's).
+fn produce_large(topic: &str, payload: &[u8]) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = common::broker::broker()
+        .client_config()
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    let record: FutureRecord<'_, [u8], [u8]> =
+        FutureRecord::to(topic).partition(0).payload(payload);
+    futures::executor::block_on(producer.send(record, WAIT)).expect("the broker takes it");
+}
+
+/// Creates `name` (one partition) with `max.message.bytes` set to `max`.
+fn create_topic_taking(name: &str, max: usize) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = common::broker::broker()
+        .client_config()
+        .create()
+        .expect("admin");
+    let max = max.to_string();
+    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &max);
+    let results = futures::executor::block_on(admin.create_topics([&topic], &AdminOptions::new()))
+        .expect("create topic");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    common::broker::wait_for_leaders(common::broker::broker(), name, 1);
+}
+
+/// `attempts:1` padded to `len` bytes: fails once, then passes (from its tier).
+fn failing_once(len: usize) -> Vec<u8> {
+    let mut payload = b"attempts:1 ".to_vec();
+    payload.resize(len, b'.');
+    payload
+}
+
+/// A message the topic took (1,040,000 bytes, under the broker's default
+/// `max.message.bytes` of 1,048,588) is copied to a tier topic with the same default:
+/// its copy is not refused by the producer's own, lower limit. And a message too large
+/// for its tier (20,000 bytes, the tier taking 10,000) is not retried as if the failure
+/// were passing: one `at=copy_too_large` line, the partition halts, the stop exits 1.
+#[test]
+fn copies_are_sized_to_what_their_topics_take() {
+    let (topic, group) = fresh_topic("copy-size", 1);
+    let tier = format!("{topic}.retry.1s");
+    create_topic(&tier, 1);
+    produce_large(&topic, &failing_once(1_040_000));
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_RETRY_TOPICS", "1s")
+        .quick_retries()
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed(l) && field(l, "topic").as_deref() == Some(&*tier),
+        WAIT,
+    );
+    let lines = ackd.stop(0, WAIT);
+    let all = lines.join("\n");
+    assert_eq!(count_at(&lines, "retry_topic"), 1, "{all}");
+    assert_eq!(count_at(&lines, "retry_topic_retry"), 0, "{all}");
+
+    let (topic, group) = fresh_topic("copy-too-large", 1);
+    let tier = format!("{topic}.retry.1s");
+    create_topic_taking(&tier, 10_000);
+    produce_large(&topic, &failing_once(20_000));
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_RETRY_TOPICS", "1s")
+        .quick_retries()
+        .spawn();
+    let line = ackd.wait_for_line(|l| at(l, "copy_too_large"), WAIT);
+    assert_eq!(field(&line, "to").as_deref(), Some(&*tier), "{line}");
+    let lines = ackd.stop(1, WAIT);
+    let all = lines.join("\n");
+    assert_eq!(
+        count_at(&lines, "retry_topic_retry"),
+        0,
+        "not retried: {all}"
+    );
+    assert_eq!(count_at(&lines, "retry_topic"), 0, "{all}");
+    assert!(count_at(&lines, "halted") >= 1, "{all}");
+}

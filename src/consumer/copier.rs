@@ -8,11 +8,14 @@
 //! time. ackd acknowledges the original only after the broker confirmed the copy
 //! (acks=all, idempotent producer): a message never goes nowhere.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 
 use crate::processors::processor::{Message, ProcessError};
@@ -55,30 +58,115 @@ pub struct Copy<'a> {
 
 /// The producer of copies: dead letters and retry copies.
 pub struct Copier {
-    producer: FutureProducer,
+    /// Replaced once the copy topics' limits are known, and after a fatal error of the
+    /// idempotent producer, which fails every later produce of that instance.
+    producer: Mutex<Arc<FutureProducer>>,
+    /// The producer's configuration, to make it again.
+    config: Mutex<ClientConfig>,
     /// `ACKD_DEAD_LETTER_TOPIC`, with `ACKD_ON_FAILURE=dead-letter`.
     dead_letter_topic: Option<String>,
     timeout: Duration,
+    /// Each copy topic's `max.message.bytes`, read at start (a topic not in it: not
+    /// known, the broker alone judges).
+    limits: OnceLock<HashMap<String, usize>>,
+}
+
+/// The broker's own default `max.message.bytes`: what a copy topic whose limit could
+/// not be read is taken to allow, for the producer's `message.max.bytes`.
+const BROKER_DEFAULT_MAX: usize = 1_048_588;
+/// librdkafka's largest `message.max.bytes`.
+const PRODUCER_MAX: usize = 1_000_000_000;
+/// The `ackd.error` header's text is cut to this many bytes (a handler's traceback can
+/// be long; the copy must stay within what its topic takes).
+pub const ERROR_MAX_BYTES: usize = 4096;
+
+/// Why a copy was not made.
+#[derive(Debug)]
+pub enum CopyError {
+    /// The copy (its record batch) is larger than its topic takes: it never will be.
+    TooLarge { bytes: usize, max: usize },
+    /// The producer's error.
+    Kafka(KafkaError),
+}
+
+impl CopyError {
+    /// Whether trying again cannot help: the copy is too large for its topic (as sized
+    /// here, or as the producer or the broker said).
+    pub fn too_large(&self) -> bool {
+        match self {
+            CopyError::TooLarge { .. } => true,
+            CopyError::Kafka(e) => matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidRecord)
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyError::TooLarge { bytes, max } => write!(
+                f,
+                "the copy takes {bytes} bytes, more than the topic's max.message.bytes of {max}"
+            ),
+            CopyError::Kafka(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 impl Copier {
     /// `base` is the client configuration shared with the consumer (brokers, security).
     /// A delivery not acknowledged within `timeout` fails (and the message with it); the
     /// daemon passes the drain budget, so a copy under way at SIGTERM is settled before
-    /// the final commit.
+    /// the final commit. `limits`: the copy topics' `max.message.bytes`
+    /// ([`crate::consumer::topics::max_message_bytes`]).
     pub fn new(
         mut base: ClientConfig,
         dead_letter_topic: Option<String>,
         timeout: Duration,
     ) -> Result<Copier, KafkaError> {
+        // librdkafka reads 0 as "never time out": a timeout under 1 ms is 1 ms.
+        let timeout = timeout.max(Duration::from_millis(1));
         base.set("acks", "all")
             .set("enable.idempotence", "true")
-            .set("message.timeout.ms", timeout.as_millis().to_string());
+            .set("message.timeout.ms", timeout.as_millis().to_string())
+            .set("message.max.bytes", BROKER_DEFAULT_MAX.to_string());
         Ok(Copier {
-            producer: base.create()?,
+            producer: Mutex::new(Arc::new(base.create()?)),
+            config: Mutex::new(base),
             dead_letter_topic,
             timeout,
+            limits: OnceLock::new(),
         })
+    }
+
+    /// Sizes the copies to what their topics take (`limits`, their `max.message.bytes`:
+    /// [`crate::consumer::topics::max_message_bytes`]), before the first copy: the
+    /// producer's own limit never refuses what a topic takes, and its batches never
+    /// exceed what the smallest topic takes (the broker refuses a batch whole).
+    pub fn size_to(&self, limits: HashMap<String, usize>) -> Result<(), KafkaError> {
+        let largest = limits.values().copied().max().unwrap_or(0);
+        let max = largest.clamp(BROKER_DEFAULT_MAX, PRODUCER_MAX);
+        let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        config.set("message.max.bytes", max.to_string());
+        if let Some(smallest) = limits.values().copied().min() {
+            let batch = smallest.saturating_sub(BATCH_OVERHEAD).clamp(1, max);
+            config.set("batch.size", batch.to_string());
+        }
+        let fresh = config.create::<FutureProducer>()?;
+        *self.producer.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+        let _ = self.limits.set(limits);
+        Ok(())
+    }
+
+    /// The topics copies go to: the dead-letter topic and `tiers`.
+    pub fn topics(&self, tiers: &[String]) -> Vec<String> {
+        self.dead_letter_topic
+            .iter()
+            .chain(tiers)
+            .cloned()
+            .collect()
     }
 
     pub fn dead_letter_topic(&self) -> Option<&str> {
@@ -92,22 +180,25 @@ impl Copier {
         topic: &str,
         message: &Message<'_>,
         copy: &Copy<'_>,
-    ) -> Result<(i32, i64, Option<i64>), KafkaError> {
+    ) -> Result<(i32, i64, Option<i64>), CopyError> {
         let now = epoch_ms();
         let due = copy.delay.map(|d| now.saturating_add(d.as_millis() as i64));
         let added = added_headers(message, copy, due);
-        let mut headers = OwnedHeaders::new();
-        for h in message.headers().filter(|h| !ADDED.contains(&h.name)) {
-            headers = headers.insert(Header {
-                key: h.name,
-                value: h.value,
-            });
+        let kept: Vec<(&str, Option<&[u8]>)> = message
+            .headers()
+            .filter(|h| !ADDED.contains(&h.name))
+            .map(|h| (h.name, h.value))
+            .chain(added.iter().map(|(k, v)| (*k, Some(v.as_bytes()))))
+            .collect();
+        if let Some(&max) = self.limits.get().and_then(|l| l.get(topic)) {
+            let bytes = batch_size(message.key(), message.payload(), &kept);
+            if bytes > max {
+                return Err(CopyError::TooLarge { bytes, max });
+            }
         }
-        for (key, value) in &added {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value.as_str()),
-            });
+        let mut headers = OwnedHeaders::new_with_capacity(kept.len());
+        for (key, value) in &kept {
+            headers = headers.insert(Header { key, value: *value });
         }
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
         if let Some(k) = message.key() {
@@ -126,11 +217,109 @@ impl Copier {
         if let Some(ts) = timestamp {
             record = record.timestamp(ts);
         }
-        match self.producer.send(record, self.timeout).await {
+        let producer = self.producer();
+        match producer.send(record, self.timeout).await {
             Ok(delivery) => Ok((delivery.partition, delivery.offset, due)),
-            Err((e, _)) => Err(e),
+            Err((e, _)) => {
+                self.renew_if_fatal(&producer);
+                Err(CopyError::Kafka(e))
+            }
         }
     }
+
+    fn producer(&self) -> Arc<FutureProducer> {
+        self.producer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// After a fatal error of the idempotent producer (e.g. authorization refused) every
+    /// later produce of it fails: a new one takes its place (once, for the copies that
+    /// failed together), and the copy is tried again like any failed one.
+    fn renew_if_fatal(&self, failed: &Arc<FutureProducer>) {
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let mut current = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        if !Arc::ptr_eq(&current, failed) {
+            return;
+        }
+        let made = self
+            .config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .create::<FutureProducer>();
+        match made {
+            Ok(fresh) => {
+                *current = Arc::new(fresh);
+                tracing::warn!(at = "copier_recreated", error = ?code, reason = %reason,
+                    "the producer of copies had a fatal error: a new one makes the next copies");
+            }
+            Err(e) => {
+                tracing::error!(at = "copier_recreated", error = %e, "the producer of copies had a fatal error and a new one could not be made: copies keep failing");
+            }
+        }
+    }
+
+    /// Test only: what a fatal error of the producer does (librdkafka's own test hook).
+    #[cfg(test)]
+    fn fail_fatally(&self) {
+        let producer = self.producer();
+        // SAFETY: a live client; librdkafka copies the reason.
+        unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                producer.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED,
+                c"test: fatal".as_ptr(),
+            );
+        }
+    }
+}
+
+/// A record batch's fixed part (its header), in bytes.
+const BATCH_OVERHEAD: usize = 61;
+
+/// The bytes of a record batch holding one record with `key`, `value` and `headers`
+/// (uncompressed; magic 2): what the broker compares with `max.message.bytes`.
+fn batch_size(
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[(&str, Option<&[u8]>)],
+) -> usize {
+    let field =
+        |b: Option<&[u8]>| b.map_or(varint_len(-1), |b| varint_len(b.len() as i64) + b.len());
+    // attributes, timestamp delta 0, offset delta 0
+    let mut record = 1 + 1 + 1 + field(key) + field(value) + varint_len(headers.len() as i64);
+    for (name, v) in headers {
+        record += field(Some(name.as_bytes())) + field(*v);
+    }
+    BATCH_OVERHEAD + varint_len(record as i64) + record
+}
+
+/// The length of `n` as a zigzag varint.
+fn varint_len(n: i64) -> usize {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut len = 1;
+    while z >= 0x80 {
+        z >>= 7;
+        len += 1;
+    }
+    len
+}
+
+/// `text` cut to at most [`ERROR_MAX_BYTES`] bytes, at a character boundary, saying
+/// how much was cut.
+fn cut_error(text: String) -> String {
+    if text.len() <= ERROR_MAX_BYTES {
+        return text;
+    }
+    let cut = text.len();
+    let mut end = ERROR_MAX_BYTES - 40;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} ... ({} bytes cut)", &text[..end], cut - end)
 }
 
 /// The headers ackd adds to a copy of `message`.
@@ -169,7 +358,7 @@ fn added_headers(
         added.push((SOURCE_TIMESTAMP, ts));
     }
     added.push((ATTEMPTS, copy.attempts.to_string()));
-    added.push((ERROR, copy.error.to_string()));
+    added.push((ERROR, cut_error(copy.error.to_string())));
     if let Some(due) = due {
         added.push((DUE, due.to_string()));
     }
@@ -241,6 +430,78 @@ mod tests {
         let h = added(&copy, None);
         assert!(h.iter().all(|(k, _)| *k != SOURCE_TIMESTAMP && *k != DUE));
         assert!(h.contains(&(SOURCE_OFFSET, "41".to_string())));
+    }
+
+    #[test]
+    fn a_long_error_is_cut_to_its_stated_size() {
+        let long = "é".repeat(100_000);
+        let cut = cut_error(long.clone());
+        assert!(cut.len() <= ERROR_MAX_BYTES, "{}", cut.len());
+        assert!(cut.ends_with("bytes cut)"), "{cut}");
+        assert_eq!(cut_error("short".into()), "short");
+        let error = ProcessError::retryable(long);
+        let copy = Copy {
+            error: &error,
+            attempts: 1,
+            from_tier: false,
+            delay: None,
+        };
+        let h = added(&copy, None);
+        let text = &h.iter().find(|(k, _)| *k == ERROR).unwrap().1;
+        assert!(text.len() <= ERROR_MAX_BYTES);
+    }
+
+    #[test]
+    fn a_batch_of_one_record_is_sized_as_the_broker_counts_it() {
+        assert_eq!(varint_len(-1), 1);
+        assert_eq!(varint_len(63), 1);
+        assert_eq!(varint_len(64), 2);
+        // No key, 10 bytes of value, no headers: 1 + 1 + 1 + 1 + (1 + 10) + 1 = 16
+        // bytes of record, 1 of its length, 61 of the batch.
+        assert_eq!(batch_size(None, Some(&[0; 10]), &[]), 78);
+        let h: &[(&str, Option<&[u8]>)] = &[("a", Some(b"bc"))];
+        assert_eq!(batch_size(None, Some(&[0; 10]), h), 78 + 1 + 1 + 1 + 2);
+    }
+
+    /// A fatal error of the idempotent producer (librdkafka's test hook; a real broker
+    /// stages it only with ACLs) fails the copy under way; the next one is made by a new
+    /// producer.
+    #[tokio::test]
+    async fn a_fatal_error_of_the_producer_is_followed_by_a_new_one() {
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        mock.create_topic("copies", 1, 1).unwrap();
+        let mut base = ClientConfig::new();
+        base.set("bootstrap.servers", mock.bootstrap_servers());
+        let copier = Copier::new(base, None, Duration::from_secs(10)).unwrap();
+        let error = ProcessError::retryable("busy");
+        let copy = Copy {
+            error: &error,
+            attempts: 1,
+            from_tier: false,
+            delay: None,
+        };
+        let m = Message::new("orders", 0, 1, None, Some(b"v"), None);
+        copier
+            .send("copies", &m, &copy)
+            .await
+            .expect("the first copy");
+        let before = copier.producer();
+        copier.fail_fatally();
+        assert!(copier.send("copies", &m, &copy).await.is_err());
+        assert!(!Arc::ptr_eq(&before, &copier.producer()), "a new producer");
+        copier
+            .send("copies", &m, &copy)
+            .await
+            .expect("made by the new producer");
+    }
+
+    #[test]
+    fn a_timeout_under_a_millisecond_never_means_none() {
+        // ACKD_SHUTDOWN_TIMEOUT_MS=1 leaves a drain budget of 0.8 ms; librdkafka reads
+        // message.timeout.ms=0 as "never time out".
+        let copier = Copier::new(ClientConfig::new(), None, Duration::from_micros(800)).unwrap();
+        let config = copier.config.lock().unwrap();
+        assert_eq!(config.get("message.timeout.ms"), Some("1"));
     }
 
     #[test]

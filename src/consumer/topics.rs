@@ -9,6 +9,7 @@
 //! `allow.auto.create.topics` is false (tests/missing_topic.rs checks it against a broker
 //! with `auto.create.topics.enable=true`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -153,4 +154,62 @@ pub fn report_missing(settings: &Settings, missing: &str) {
         problem = "names topics that do not exist on the brokers: check the names (KAFKA_PREFIX included) or create the topics; ACKD_WAIT_FOR_TOPICS=true waits for them",
         "invalid configuration; fix the setting and start again"
     );
+}
+
+/// The largest record batch each of `topics` takes (its `max.message.bytes`), asked of
+/// the brokers with `base`'s connection; a topic left out could not be asked (missing
+/// yet, the client may not describe its configuration, no answer within `timeout`).
+/// The copies of failed messages are sized to it (src/consumer/copier.rs).
+pub async fn max_message_bytes(
+    base: &rdkafka::ClientConfig,
+    topics: &[String],
+    timeout: Duration,
+) -> HashMap<String, usize> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let mut limits = HashMap::new();
+    let admin: AdminClient<DefaultClientContext> = match base.create() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(at = "copy_limits_unknown", error = %e, "could not ask the brokers for the copy topics' max.message.bytes");
+            return limits;
+        }
+    };
+    let specs: Vec<ResourceSpecifier<'_>> =
+        topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+    let opts = AdminOptions::new().request_timeout(Some(timeout));
+    let answer = tokio::time::timeout(timeout, admin.describe_configs(&specs, &opts)).await;
+    let results = match answer {
+        Ok(Ok(results)) => results,
+        Ok(Err(e)) => {
+            tracing::warn!(at = "copy_limits_unknown", error = %e, "could not ask the brokers for the copy topics' max.message.bytes");
+            return limits;
+        }
+        Err(_) => {
+            tracing::warn!(
+                at = "copy_limits_unknown",
+                error = "no answer",
+                "could not ask the brokers for the copy topics' max.message.bytes"
+            );
+            return limits;
+        }
+    };
+    for (topic, result) in topics.iter().zip(results) {
+        let limit = result.ok().and_then(|r| {
+            r.get("max.message.bytes")
+                .and_then(|e| e.value.as_deref())
+                .and_then(|v| v.parse::<usize>().ok())
+        });
+        match limit {
+            Some(bytes) => {
+                limits.insert(topic.clone(), bytes);
+            }
+            None => tracing::warn!(
+                at = "copy_limits_unknown",
+                topic = topic.as_str(),
+                "could not read this topic's max.message.bytes: a copy too large for it is refused by the broker instead"
+            ),
+        }
+    }
+    limits
 }

@@ -352,6 +352,7 @@ pub(super) async fn subscribe<P: Processor>(
         () = auth_failed => Err(exit::NOPERM),
     };
     checked?;
+    size_copies(consumer, settings).await?;
     let consumed = settings.consumed_topics();
     let topics: Vec<&str> = consumed.iter().map(String::as_str).collect();
     if let Err(e) = consumer.subscribe(&topics) {
@@ -359,6 +360,35 @@ pub(super) async fn subscribe<P: Processor>(
         return Err(exit::CONFIG);
     }
     Ok(())
+}
+
+/// The copies of failed messages sized to what their topics take, read once the
+/// topics are known to exist. `Err(code)`: librdkafka refused the producer.
+async fn size_copies<P: Processor>(
+    consumer: &Arc<AckdConsumer<P>>,
+    settings: &Settings,
+) -> Result<(), i32> {
+    let Some(copier) = consumer.context().worker.copier.clone() else {
+        return Ok(());
+    };
+    let targets = copier.topics(settings.failure.retry_tiers.topics());
+    let limits =
+        topics::max_message_bytes(&base_config(settings), &targets, Duration::from_secs(10)).await;
+    tracing::info!(
+        at = "copy_limits",
+        topics = targets.join(","),
+        max_message_bytes = targets
+            .iter()
+            .map(|t| limits
+                .get(t)
+                .map_or_else(|| "unknown".to_string(), |b| b.to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
+        error_max_bytes = crate::consumer::copier::ERROR_MAX_BYTES
+    );
+    copier
+        .size_to(limits)
+        .map_err(|e| report_client_error(settings, e))
 }
 
 /// librdkafka refused the configuration: name the setting it came from.

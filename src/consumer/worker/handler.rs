@@ -409,6 +409,12 @@ impl<P: Processor> Handler<'_, P> {
         loop {
             match copier.send(to, view, copy).await {
                 Ok(sent) => return Ok(sent),
+                // Never made however often it is tried: say so, and halt.
+                Err(e) if e.too_large() => {
+                    tracing::error!(at = "copy_too_large", topic, partition, offset, to, error = %e,
+                        "the copy of this message is larger than its topic takes (max.message.bytes): not retried; partition halted, its offset is not committed past it; raise the topic's max.message.bytes");
+                    return Err(Handled::Halt);
+                }
                 Err(e) if self.config.retry.again(attempt) => {
                     let delay = self.config.retry.delay(attempt, self.rng);
                     tracing::warn!(at = retry_at, topic, partition, offset, attempt, delay_ms = delay.as_millis() as u64, error = %e);
