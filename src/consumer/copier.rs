@@ -131,7 +131,8 @@ impl Copier {
         base.set("acks", "all")
             .set("enable.idempotence", "true")
             .set("message.timeout.ms", timeout.as_millis().to_string())
-            .set("message.max.bytes", BROKER_DEFAULT_MAX.to_string());
+            .set("message.max.bytes", BROKER_DEFAULT_MAX.to_string())
+            .set("queue.buffering.max.kbytes", queue_kbytes(0).to_string());
         Ok(Copier {
             producer: Mutex::new(Arc::new(base.create()?)),
             config: Mutex::new(base),
@@ -149,7 +150,10 @@ impl Copier {
         let largest = limits.values().copied().max().unwrap_or(0);
         let max = largest.clamp(BROKER_DEFAULT_MAX, PRODUCER_MAX);
         let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
-        config.set("message.max.bytes", max.to_string());
+        config.set("message.max.bytes", max.to_string()).set(
+            "queue.buffering.max.kbytes",
+            queue_kbytes(largest).to_string(),
+        );
         if let Some(smallest) = limits.values().copied().min() {
             let batch = smallest.saturating_sub(BATCH_OVERHEAD).clamp(1, max);
             config.set("batch.size", batch.to_string());
@@ -275,6 +279,16 @@ impl Copier {
             );
         }
     }
+}
+
+/// The producer's queue, in KiB: the memory budget's share for it
+/// ([`crate::consumer::memory::COPIER_QUEUE`]), or one copy of the `largest` a topic
+/// takes if more (a copy larger than the queue would never be taken).
+fn queue_kbytes(largest: usize) -> u64 {
+    let one = largest as u64 + (64 << 10);
+    crate::consumer::memory::COPIER_QUEUE
+        .max(one)
+        .div_ceil(1024)
 }
 
 /// A record batch's fixed part (its header), in bytes.
@@ -502,6 +516,8 @@ mod tests {
         let copier = Copier::new(ClientConfig::new(), None, Duration::from_micros(800)).unwrap();
         let config = copier.config.lock().unwrap();
         assert_eq!(config.get("message.timeout.ms"), Some("1"));
+        // Its queue is bounded, by the memory budget's share for it.
+        assert_eq!(config.get("queue.buffering.max.kbytes"), Some("2048"));
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //! *could* hold: every partition of `ACKD_TOPICS`, counted when ackd starts. Whatever
 //! it is assigned, 1 or all, what it holds stays within the budget.
 //!
+//! With copies to make (retry tiers, dead letters), the producer of copies' queue
+//! ([`COPIER_QUEUE`]) comes off the budget first; the partitions divide the rest.
+//!
 //! Per partition, with share S = budget / partitions, first [`PARTITION_COST`] for what
 //! a partition costs held at all (its worker, librdkafka's partition state), and of the
 //! rest, P:
@@ -155,7 +158,15 @@ pub struct Caps {
     queue_messages: u64,
     fetch_bytes: u64,
     response_bytes: u64,
+    /// What the producer of copies may queue ([`COPIER_QUEUE`], with copies to make):
+    /// kept out of what the partitions divide.
+    copier_bytes: u64,
 }
+
+/// The producer of copies' queue (`queue.buffering.max.kbytes`; more only when a copy
+/// topic takes larger messages, to fit one: src/consumer/copier.rs). Copies wait for
+/// room beyond it.
+pub const COPIER_QUEUE: u64 = 2 << 20;
 
 impl Caps {
     /// From `settings`' `[rdkafka]` (config/default.toml's values layered under the
@@ -173,6 +184,11 @@ impl Caps {
                 .or_else(|| configured("fetch.message.max.bytes"))
                 .map_or(fetch, |p| p.min(fetch)),
             response_bytes: fetch,
+            copier_bytes: if makes_copies(settings) {
+                COPIER_QUEUE
+            } else {
+                0
+            },
         }
     }
 
@@ -191,8 +207,17 @@ impl Caps {
             queue_messages: limit("queued.min.messages"),
             fetch_bytes: limit("fetch.max.bytes"),
             response_bytes: limit("fetch.max.bytes"),
+            copier_bytes: 0,
         }
     }
+}
+
+/// Whether ackd makes copies of failed messages (retry tiers, dead letters): as
+/// src/consumer/daemon/startup.rs decides to make a producer of copies.
+fn makes_copies(settings: &Settings) -> bool {
+    let dead_letter = settings.failure.on_failure == crate::settings::OnFailure::DeadLetter
+        && settings.failure.dead_letter_topic.is_some();
+    dead_letter || !settings.failure.retry_tiers.is_empty()
 }
 
 /// The budget and what it gives each partition.
@@ -219,12 +244,14 @@ impl Budget {
     /// problem, for an `at=config_error setting=ACKD_MEMORY_MB` line.
     pub fn plan(limit: &Limit, partitions: Option<u64>, caps: Caps) -> Result<Budget, String> {
         let bytes = limit.mb << 20;
+        // The copier's queue first; the partitions divide the rest.
+        let divided = bytes.saturating_sub(caps.copier_bytes);
         let (partitions, counted) = match partitions {
             Some(p) => (p.max(1), true),
             // Unknown: assume many, but never a share below the minimum.
-            None => ((bytes / MIN_SHARE).clamp(1, ASSUMED_PARTITIONS), false),
+            None => ((divided / MIN_SHARE).clamp(1, ASSUMED_PARTITIONS), false),
         };
-        let share = bytes / partitions;
+        let share = divided / partitions;
         if share < MIN_SHARE {
             let needed = (partitions * MIN_SHARE).div_ceil(1 << 20);
             let cgroup = match &limit.source {
@@ -454,6 +481,35 @@ mod tests {
     }
 
     #[test]
+    fn the_copiers_queue_comes_out_of_the_budget() {
+        let without = plan(64, Some(4)).unwrap();
+        let copies = Caps {
+            copier_bytes: COPIER_QUEUE,
+            ..Caps::defaults()
+        };
+        let with = Budget::plan(&setting(64), Some(4), copies).unwrap();
+        assert_eq!(with.share, ((64 << 20) - COPIER_QUEUE) / 4);
+        assert!(with.share < without.share);
+        assert!(with.share * 4 + COPIER_QUEUE <= with.bytes);
+        let settings = |extra: &[(&str, &str)]| {
+            let mut v: Vec<(String, String)> = [
+                ("KAFKA_URL", "kafka://127.0.0.1:9092"),
+                ("ACKD_TOPICS", "t"),
+                ("ACKD_GROUP_ID", "g"),
+            ]
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            v.sort();
+            Settings::from_vars(v).unwrap()
+        };
+        let tiers = settings(&[("ACKD_RETRY_TOPICS", "10s")]);
+        assert_eq!(Caps::of(&tiers).copier_bytes, COPIER_QUEUE);
+        assert_eq!(Caps::of(&settings(&[])).copier_bytes, 0);
+    }
+
+    #[test]
     fn never_raises_the_configured_limits() {
         let b = plan(4096, Some(1)).unwrap();
         let most = Caps::defaults();
@@ -465,6 +521,7 @@ mod tests {
             queue_messages: 100,
             fetch_bytes: 65536,
             response_bytes: 65536,
+            copier_bytes: 0,
         };
         let b = Budget::plan(&setting(4096), Some(1), lower).unwrap();
         assert_eq!(
@@ -557,6 +614,7 @@ mod tests {
             queue_messages: 5,
             fetch_bytes: 512,
             response_bytes: 512,
+            copier_bytes: 0,
         };
         let b = Budget::plan(&setting(320), Some(1), tiny).unwrap();
         assert_eq!(
