@@ -583,7 +583,8 @@ fn failing_once(len: usize) -> Vec<u8> {
 /// `max.message.bytes` of 1,048,588) is copied to a tier topic with the same default:
 /// its copy is not refused by the producer's own, lower limit. And a message too large
 /// for its tier (20,000 bytes, the tier taking 10,000) is not retried as if the failure
-/// were passing: one `at=copy_too_large` line, the partition halts, the stop exits 1.
+/// were passing: one `at=copy_too_large` line, the partition halts, the stop exits 1;
+/// and the same for a dead letter.
 #[test]
 fn copies_are_sized_to_what_their_topics_take() {
     let (topic, group) = fresh_topic("copy-size", 1);
@@ -624,4 +625,26 @@ fn copies_are_sized_to_what_their_topics_take() {
     );
     assert_eq!(count_at(&lines, "retry_topic"), 0, "{all}");
     assert!(count_at(&lines, "halted") >= 1, "{all}");
+
+    // The same for a dead letter (no tiers), the dead-letter topic taking 10,000 bytes.
+    let (topic, group) = fresh_topic("dead-letter-too-large", 1);
+    let dlq = format!("{topic}.dlq");
+    create_topic_taking(&dlq, 10_000);
+    produce_large(&topic, &failing_once(20_000));
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "faulty")
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "1")
+        .env("ACKD_ON_FAILURE", "dead-letter")
+        .env("ACKD_DEAD_LETTER_TOPIC", &dlq)
+        .spawn();
+    let line = ackd.wait_for_line(|l| at(l, "copy_too_large"), WAIT);
+    assert_eq!(field(&line, "to").as_deref(), Some(&*dlq), "{line}");
+    let lines = ackd.stop(1, WAIT);
+    let all = lines.join("\n");
+    assert_eq!(
+        count_at(&lines, "dead_letter_retry"),
+        0,
+        "not retried: {all}"
+    );
+    assert_eq!(count_at(&lines, "dead_lettered"), 0, "{all}");
 }
