@@ -210,22 +210,22 @@ fn all_at_end<P: Processor>(
     None
 }
 
-/// The commit interval passed: the committer commits what is uncommitted.
+/// The commit interval passed: the committer commits what changed.
 fn commit_due<P: Processor>(consumer: &AckdConsumer<P>) {
     let ctx = consumer.context();
     let _busy = ctx.health.busy(Busy::Commit);
     if let Some(committer) = ctx.committer.get() {
-        committer.periodic(ctx.lock().uncommitted(None));
+        committer.periodic_round(&ctx.lock());
     }
 }
 
 /// A worker wants its dispatch limit raised: the committer commits its partition (and
-/// any other that wants one) now.
+/// any other that wants one, unless a commit of it is on its way) now.
 fn limits_due<P: Processor>(consumer: &AckdConsumer<P>) {
     let ctx = consumer.context();
     let _busy = ctx.health.busy(Busy::Commit);
     if let Some(committer) = ctx.committer.get() {
-        committer.limits(ctx.lock().limits_wanted());
+        committer.limits_round(&ctx.lock());
     }
 }
 
