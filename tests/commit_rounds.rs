@@ -2,6 +2,7 @@
 //! traffic on a few, a commit round carries only the partitions whose offset or dispatch
 //! limit must change. One partition's request for a higher limit commits no other
 //! partition again, and no partition is committed with the offset and limit it has.
+//! Past 16 partitions the periodic commits' lines are summed up, once per interval.
 //! (What the broker does with each partition's commit: `tests/commits.rs`.)
 
 mod common;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use rdkafka::producer::FutureRecord;
 
-use common::{ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*};
+use common::{ackd::*, broker::*, lines::*, offsets::*, produce::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PARTITIONS: i32 = 48;
@@ -48,10 +49,16 @@ fn a_round_commits_only_the_partitions_whose_offset_or_limit_changes() {
         .env("ACKD_PROCESSOR", "noop")
         .env("ACKD_COMMIT_INTERVAL_MS", "200")
         .env("ACKD_REDELIVERY_WINDOW_MAX", "1000")
-        .env("ACKD_STOP_AT_END", "true")
+        // Each partition's periodic commit is a debug line past 16 partitions.
+        .env("ACKD_LOG_LEVEL", "debug")
         .spawn();
-    ackd.assert_exit(0, WAIT);
-    let lines = ackd.lines();
+    let ends: BTreeMap<i32, Option<i64>> = (0..PARTITIONS)
+        .map(|p| (p, Some(if p < 2 { BUSY } else { 1 })))
+        .collect();
+    wait_until(WAIT, || committed(&group, &topic, PARTITIONS) == ends);
+    // The next commit interval's line sums up what was committed.
+    ackd.wait_for_line(|l| at(l, "commits"), WAIT);
+    let lines = ackd.stop(0, WAIT);
     let all = lines.join("\n");
 
     // Each partition's periodic commits, (offset, limit), in order.
@@ -85,10 +92,24 @@ fn a_round_commits_only_the_partitions_whose_offset_or_limit_changes() {
         quiet.iter().all(|n| *n <= 2),
         "periodic commits of each quiet partition: {quiet:?}"
     );
-    let ends: BTreeMap<i32, Option<i64>> = (0..PARTITIONS)
-        .map(|p| (p, Some(if p < 2 { BUSY } else { 1 })))
-        .collect();
-    assert_eq!(committed(&group, &topic, PARTITIONS), ends);
+    // At info, one line per commit interval sums them up.
+    let periodic = lines
+        .iter()
+        .filter(|l| at(l, "committed") && field(l, "reason").as_deref() == Some("periodic"));
+    assert!(
+        periodic
+            .clone()
+            .all(|l| field(l, "level").as_deref() == Some("debug")),
+        "{all}"
+    );
+    let summed: u64 = all_at(&lines, "commits")
+        .iter()
+        .map(|l| field(l, "partitions").unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        summed > 0 && summed <= periodic.count() as u64,
+        "at=commits lines sum up {summed} partition-commits:\n{all}"
+    );
     let busy: Vec<usize> = (0..2)
         .map(|p| commits.get(&p).map_or(0, Vec::len))
         .collect();

@@ -272,6 +272,21 @@ impl Committer {
         self.queue_round(group, true);
     }
 
+    /// Writes the `at=commits` line of the periodic and confirming commits answered since
+    /// the last one, if any: one line per commit interval, however many partitions.
+    pub fn log_rounds(&self) {
+        let r = std::mem::take(&mut *self.shared.rounds.lock().unwrap_or_else(|e| e.into_inner()));
+        if r.rounds > 0 {
+            tracing::info!(
+                at = "commits",
+                rounds = r.rounds,
+                partitions = r.tally.partitions,
+                offsets_moved = r.tally.moved,
+                duration_ms = millis(r.took)
+            );
+        }
+    }
+
     /// Queues a round of `group`'s partitions whose offset or limit must change beyond
     /// what the commits queued and unanswered carry (`limits`: only those whose worker
     /// wants its limit raised), nobody waiting for its answer; false if there was none.
@@ -456,6 +471,8 @@ struct Shared {
     /// The most bytes of `a=` ranges a commit's metadata carries: lowered each time
     /// the broker refuses metadata with ranges as too large.
     ranges_budget: AtomicUsize,
+    /// What the periodic and confirming commits did since the last `at=commits` line.
+    rounds: Mutex<Rounds>,
 }
 
 impl Default for Shared {
@@ -464,9 +481,32 @@ impl Default for Shared {
             ownership: Mutex::default(),
             sent: Condvar::new(),
             ranges_budget: AtomicUsize::new(RANGES_BUDGET),
+            rounds: Mutex::default(),
         }
     }
 }
+
+/// Periodic and confirming commits answered since the last `at=commits` line.
+#[derive(Debug, Default)]
+struct Rounds {
+    rounds: u64,
+    /// Partition-commits accepted, and how far they moved the committed offsets.
+    tally: Tally,
+    took: Duration,
+}
+
+/// The partitions of one commit the broker accepted, and the offsets they moved.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    partitions: u64,
+    moved: u64,
+}
+
+/// Up to this many partitions owned, each partition a periodic or confirming commit
+/// carries gets its `at=committed` line at info (a small deployment reads them); above,
+/// at debug: the `at=commits` line sums them up once per commit interval, so that the
+/// log does not grow with partitions. Releases and refusals keep their lines.
+pub const COMMITTED_LINES_UP_TO: usize = 16;
 
 /// The bytes of `a=` ranges a commit carries at first (see [`RANGES_MAX_BYTES`]).
 pub const RANGES_BUDGET: usize = RANGES_MAX_BYTES;
@@ -550,10 +590,20 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
             ranges: &ranges,
             bare: &bare,
         };
-        let first_error = account(&mut group, &answered, &to_send, &carried, answers);
+        let mut tally = Tally::default();
+        let first_error = account(
+            &mut group, &answered, &to_send, &carried, answers, &mut tally,
+        );
         // Under the group's lock: a round built after this answer sees it.
         if job.reason == Reason::Periodic {
             shared.lock().answered(&to_send);
+        }
+        if !job.reason.releases() {
+            let mut r = shared.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            r.rounds += 1;
+            r.tally.partitions += tally.partitions;
+            r.tally.moved += tally.moved;
+            r.took += took;
         }
         first_error
     };
@@ -677,23 +727,20 @@ fn account(
     sent: &[&CommitOffset],
     carried: &Carried<'_>,
     answers: Vec<Result<(), KafkaError>>,
+    tally: &mut Tally,
 ) -> Option<KafkaError> {
-    let reason = answered.reason.as_str();
     let mut first_error = None;
     let mut accepted = false;
+    let each_at_info = answered.reason.releases() || group.owned.len() <= COMMITTED_LINES_UP_TO;
     for (i, (c, answer)) in sent.iter().zip(answers).enumerate() {
         match answer {
             Ok(()) => {
                 accepted = true;
-                tracing::info!(
-                    at = "committed",
-                    topic = &*c.tp.0,
-                    partition = c.tp.1,
-                    offset = c.offset,
-                    limit = c.limit.filter(|_| !carried.bare[i]),
-                    reason,
-                    duration_ms = answered.duration_ms
-                );
+                let limit = c.limit.filter(|_| !carried.bare[i]);
+                log_committed(answered, c, limit, each_at_info);
+                let before = group.owned.get(&c.tp).and_then(|p| p.committed);
+                tally.partitions += 1;
+                tally.moved += before.map_or(0, |b| c.offset.saturating_sub(b).max(0) as u64);
                 // FIFO: the last commit accepted is what the group has.
                 let limit = match carried.bare[i] {
                     true => Limit::None,
@@ -727,6 +774,34 @@ fn account(
         }
     }
     first_error
+}
+
+/// The `at=committed` line of a partition the broker accepted: at info, or at debug when
+/// the `at=commits` line sums it up ([`COMMITTED_LINES_UP_TO`]).
+fn log_committed(answered: &Answered, c: &CommitOffset, limit: Option<i64>, at_info: bool) {
+    let (topic, partition, offset) = (&*c.tp.0, c.tp.1, c.offset);
+    let (reason, duration_ms) = (answered.reason.as_str(), answered.duration_ms);
+    if at_info {
+        tracing::info!(
+            at = "committed",
+            topic,
+            partition,
+            offset,
+            limit,
+            reason,
+            duration_ms
+        );
+    } else {
+        tracing::debug!(
+            at = "committed",
+            topic,
+            partition,
+            offset,
+            limit,
+            reason,
+            duration_ms
+        );
+    }
 }
 
 /// The `at=commit_failed` line of a partition the broker refused (none for a confirming

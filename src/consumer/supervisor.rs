@@ -49,6 +49,10 @@ pub fn run<P: Processor>(
     shutdown_timeout: Duration,
 ) -> i32 {
     let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
+    // The commits since the last interval's line, before the stop's own lines.
+    if let Some(committer) = consumer.context().committer.get() {
+        committer.log_rounds();
+    }
     stop::sequence(consumer, stop, control, shutdown_timeout)
 }
 
@@ -210,12 +214,14 @@ fn all_at_end<P: Processor>(
     None
 }
 
-/// The commit interval passed: the committer commits what changed.
+/// The commit interval passed: the committer commits what changed, and the
+/// `at=commits` line sums up the commits of the interval past.
 fn commit_due<P: Processor>(consumer: &AckdConsumer<P>) {
     let ctx = consumer.context();
     let _busy = ctx.health.busy(Busy::Commit);
     if let Some(committer) = ctx.committer.get() {
         committer.periodic_round(&ctx.lock());
+        committer.log_rounds();
     }
 }
 
