@@ -21,8 +21,9 @@ pub(crate) fn main_with<P: Processor>(
     };
     let settings = read_settings();
     let guard = start_logging(&command, &settings);
+    let exit_wait = exit_wait(&settings);
     if command == cli::Command::Check || command == cli::Command::Status {
-        run_command(&command, settings, make, guard);
+        run_command(&command, settings, make, guard, exit_wait);
     }
     let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
         Ok((settings, processor)) => consumer::daemon::run(settings, processor),
@@ -32,7 +33,16 @@ pub(crate) fn main_with<P: Processor>(
             exit::CONFIG
         }
     };
-    exit::end_process(guard, code)
+    exit::end_process(guard, code, exit_wait)
+}
+
+/// How long the exit waits for a slow stdout to take every line: the shutdown timeout.
+/// Refused settings leave a few lines, one write: a stdout that takes none for
+/// `lines::STALL` is stuck, so that bounds the wait.
+fn exit_wait(settings: &Result<Settings, SettingError>) -> std::time::Duration {
+    settings
+        .as_ref()
+        .map_or(output::lines::STALL, |s| s.shutdown_timeout)
 }
 
 /// The command the arguments name (`Run`, `Check` or `Status`); `Err`: the process's
@@ -104,6 +114,7 @@ fn run_command<P: Processor>(
     settings: Result<Settings, SettingError>,
     make: impl FnOnce(&Settings) -> Result<P, SettingError>,
     guard: output::lines::OutputGuard,
+    exit_wait: std::time::Duration,
 ) -> ! {
     let check = *command == cli::Command::Check;
     let started = std::time::Instant::now();
@@ -134,7 +145,7 @@ fn run_command<P: Processor>(
             duration_ms = started.elapsed().as_millis() as u64
         );
     }
-    exit::end_process(guard, code)
+    exit::end_process(guard, code, exit_wait)
 }
 
 /// Writes `text` to stdout for `--help`/`--version`; a closed pipe (`ackd --help | head`)

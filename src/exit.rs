@@ -3,6 +3,8 @@
 //! the end of the process once every line is written (`end_process`), and the panic hook
 //! that makes a panic one line.
 
+use std::time::Duration;
+
 use crate::output;
 
 /// Everything acknowledged was committed; the group was left.
@@ -38,9 +40,10 @@ pub const FORCED: i32 = 130;
 /// group was left and offsets committed (or given up on) before `at=exit`.
 /// stdout is not flushed here: only the line writer writes to it (and flushes each
 /// batch), and a stuck stdout must not hold the exit (the writer holds its lock).
-pub(crate) fn end_process(lines: output::lines::OutputGuard, code: i32) -> ! {
-    // Waits for the writer thread to write every line (at most 1 s for a stuck stdout).
-    drop(lines);
+/// `wait` bounds the wait for a slow stdout (the shutdown timeout); a stuck one is
+/// given up on after `lines::STALL` without a byte taken.
+pub(crate) fn end_process(lines: output::lines::OutputGuard, code: i32, wait: Duration) -> ! {
+    lines.finish(wait);
     // SAFETY: _exit only ends the process; nothing runs after it.
     unsafe { libc::_exit(code) }
 }

@@ -2,6 +2,10 @@
 //! graceful stop go on, the lines that could not wait are dropped and counted, and the count
 //! is reported once stdout takes lines again. Before this, ackd with 50,000 messages and an
 //! unread stdout committed nothing and was still running 40 s after SIGTERM.
+//!
+//! A drain that takes lines, slowly, is no stuck one: it slows ackd down and loses nothing,
+//! at exit too, up to the shutdown timeout; what that cannot wait for is counted in the exit
+//! line, written last.
 
 mod common;
 
@@ -146,6 +150,139 @@ fn lines_dropped_while_stdout_was_stuck_are_reported_once_it_reads_again() {
         "{exit}"
     );
     eprintln!("stdout stuck, then read: {written} per-message lines written, {dropped} dropped and reported, exit 0");
+}
+
+/// ackd on `topic` that stops at the log ends, its stdout read by a thread that takes at
+/// most `bytes_per_s` (a log drain slower than ackd, that keeps reading): the exit code
+/// and every byte the reader received.
+fn run_read_slowly(
+    topic: &str,
+    group: &str,
+    bytes_per_s: u64,
+    shutdown_timeout_ms: u64,
+) -> (Option<i32>, Vec<u8>) {
+    let env = AckdBuilder::new(topic, group)
+        .env("ACKD_STOP_AT_END", "true")
+        .env("ACKD_SHUTDOWN_TIMEOUT_MS", shutdown_timeout_ms.to_string())
+        .env_map();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ackd"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut ackd = spawn_tied(cmd).expect("spawn ackd");
+    let mut out = ackd.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let started = Instant::now();
+        let (mut got, mut piece) = (Vec::new(), [0u8; 4096]);
+        loop {
+            match out.read(&mut piece) {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got.extend_from_slice(&piece[..n]),
+            }
+            // Paced: the bytes taken so far at `bytes_per_s`.
+            let due = Duration::from_secs_f64(got.len() as f64 / bytes_per_s as f64);
+            if let Some(ahead) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(ahead);
+            }
+        }
+    });
+    let code = exit_within(&mut ackd, WAIT);
+    let _ = ackd.kill();
+    let _ = ackd.wait();
+    (code, reader.join().expect("reader"))
+}
+
+/// The lines of what a reader received.
+fn lines_of(out: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The output ends with a whole line (not cut by the exit).
+#[track_caller]
+fn assert_ends_whole(out: &[u8]) {
+    let text = String::from_utf8_lossy(out);
+    assert!(
+        text.ends_with('\n'),
+        "the output ends inside a line: {:?}",
+        &text[text.len().saturating_sub(200)..]
+    );
+}
+
+#[test]
+fn a_slow_reader_gets_every_line_and_the_exit_line_last() {
+    // ~2.2 MB of per-message lines, twice what the line buffer holds; at 512 KiB/s one
+    // write of the buffer would take 2 s, over the 1 s a stuck stdout is given.
+    const N: usize = 16_000;
+    let (topic, group) = fresh_topic("stdout-slow", 2);
+    produce_keyed(&topic, N, 0);
+    let (code, out) = run_read_slowly(&topic, &group, 512 * 1024, 25_000);
+    let lines = lines_of(&out);
+    assert_eq!(code, Some(0), "{}", tail(&lines));
+
+    let counts = processed_counts(&lines);
+    assert_eq!(
+        counts.len(),
+        N,
+        "{} of {N} per-message lines arrived ({} bytes read):\n{}",
+        counts.len(),
+        out.len(),
+        tail(&lines)
+    );
+    assert_eq!(count_at(&lines, "lines_dropped"), 0, "{}", tail(&lines));
+    let last = lines.last().expect("no line at all");
+    assert!(
+        at(last, "exit"),
+        "the exit line is not last:\n{}",
+        tail(&lines)
+    );
+    assert_eq!(field(last, "lines_dropped"), None, "{last}");
+    assert_ends_whole(&out);
+    eprintln!(
+        "read at 512 KiB/s: {N} of {N} per-message lines and the exit line, {} bytes",
+        out.len()
+    );
+}
+
+#[test]
+fn at_exit_what_the_shutdown_timeout_cannot_wait_for_is_counted_in_the_exit_line() {
+    // ~1.1 MB of lines, nearly all of them queued when the end is reached; at 128 KiB/s a
+    // 3 s shutdown timeout writes about a third of them: the rest is dropped and counted.
+    const N: usize = 8_000;
+    let (topic, group) = fresh_topic("stdout-slower", 2);
+    produce_keyed(&topic, N, 0);
+    let started = Instant::now();
+    let (code, out) = run_read_slowly(&topic, &group, 128 * 1024, 3_000);
+    let lines = lines_of(&out);
+    assert_eq!(code, Some(0), "{}", tail(&lines));
+    assert_ends_whole(&out);
+
+    let last = lines.last().expect("no line at all");
+    assert!(
+        at(last, "exit"),
+        "the exit line is not last:\n{}",
+        tail(&lines)
+    );
+    let dropped: u64 = field(last, "lines_dropped")
+        .unwrap_or_else(|| panic!("no count in {last}"))
+        .parse()
+        .unwrap();
+    let written = processed_counts(&lines).len() as u64;
+    assert!(
+        written < N as u64 && written + dropped >= N as u64,
+        "{written} per-message lines written, {dropped} lines dropped, of {N}"
+    );
+    eprintln!(
+        "read at 128 KiB/s, shutdown timeout 3 s: {written} per-message lines written, \
+         {dropped} dropped and counted in the exit line, exit 0 after {:?}",
+        started.elapsed()
+    );
 }
 
 fn tail(lines: &[String]) -> String {

@@ -215,6 +215,7 @@ impl Committer {
         o.last_epoch += 1;
         let epoch = o.last_epoch;
         o.owned.insert(tp.clone(), epoch);
+        o.queued.remove(tp);
     }
 
     /// Unregisters `tps`, once no commit holding one of them is inside librdkafka. When
@@ -228,6 +229,7 @@ impl Committer {
             .unwrap_or_else(|e| e.into_inner());
         for tp in tps {
             o.owned.remove(tp);
+            o.queued.remove(tp);
         }
     }
 
@@ -235,32 +237,81 @@ impl Committer {
         tag(&self.shared, offsets)
     }
 
-    /// Queues a periodic commit unless one is already waiting (the next one will carry
-    /// newer offsets anyway).
+    /// Queues a periodic commit of `offsets` as given unless one is already waiting: the
+    /// committer's order and ownership, without a round's choice of partitions.
+    #[cfg(test)]
     pub fn periodic(&self, offsets: Vec<CommitOffset>) {
         if offsets.is_empty() || self.periodic_queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.queue_periodic(offsets);
-    }
-
-    /// Queues a commit of partitions whose workers wait for (or will soon reach) their
-    /// dispatch limit, even while a periodic one waits: that one may not carry their new
-    /// limit. Each worker asks once per limit accepted, so these do not pile up.
-    pub fn limits(&self, offsets: Vec<CommitOffset>) {
-        if !offsets.is_empty() {
-            self.queue_periodic(offsets);
-        }
-    }
-
-    /// Queues `offsets` as a periodic commit, nobody waiting for its answer.
-    fn queue_periodic(&self, offsets: Vec<CommitOffset>) {
         let _ = self.jobs.send(Job {
             offsets: self.tag(offsets),
             reason: Reason::Periodic,
             deadline: None,
             reply: None,
         });
+    }
+
+    /// The commit interval's round: queues a periodic commit of what changed in
+    /// `group`'s partitions ([`Group::round`]) unless one is already waiting (the next
+    /// one will carry newer offsets anyway).
+    pub fn periodic_round(&self, group: &Group) {
+        if self.periodic_queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if !self.queue_round(group, false) {
+            self.periodic_queued.store(false, Ordering::Release);
+        }
+    }
+
+    /// Queues a commit of the partitions whose workers wait for (or will soon reach)
+    /// their dispatch limit, even while a periodic one waits: that one may not carry
+    /// their new limit. A partition whose commit is queued already is left to it: the
+    /// one accepted raises its limit, or its worker asks again.
+    pub fn limits_round(&self, group: &Group) {
+        self.queue_round(group, true);
+    }
+
+    /// Writes the `at=commits` line of the periodic and confirming commits answered since
+    /// the last one, if any: one line per commit interval, however many partitions.
+    pub fn log_rounds(&self) {
+        let r = std::mem::take(&mut *self.shared.rounds.lock().unwrap_or_else(|e| e.into_inner()));
+        if r.rounds > 0 {
+            tracing::info!(
+                at = "commits",
+                rounds = r.rounds,
+                partitions = r.tally.partitions,
+                offsets_moved = r.tally.moved,
+                duration_ms = millis(r.took)
+            );
+        }
+    }
+
+    /// Queues a round of `group`'s partitions whose offset or limit must change beyond
+    /// what the commits queued and unanswered carry (`limits`: only those whose worker
+    /// wants its limit raised), nobody waiting for its answer; false if there was none.
+    /// The caller holds the group's lock: no answer changes it meanwhile.
+    fn queue_round(&self, group: &Group, limits: bool) -> bool {
+        let mut o = self.shared.lock();
+        let offsets = group.round(&o.queued, limits);
+        if offsets.is_empty() {
+            return false;
+        }
+        let offsets: Vec<(CommitOffset, u64)> = offsets
+            .into_iter()
+            .map(|c| {
+                let epoch = o.owned.get(&c.tp).copied().unwrap_or(0);
+                o.queued.entry(c.tp.clone()).or_default().add(&c);
+                (c, epoch)
+            })
+            .collect();
+        let _ = self.jobs.send(Job {
+            offsets,
+            reason: Reason::Periodic,
+            deadline: None,
+            reply: None,
+        });
+        true
     }
 
     /// Commits and waits for the broker's answer until `deadline()`. A commit still
@@ -375,6 +426,42 @@ struct Ownership {
     /// Partitions whose metadata the broker refused even without ranges: their commits
     /// carry none (no dispatch limit either) from then on.
     bare: HashSet<TopicPartition>,
+    /// The periodic commits (rounds) of each partition queued and not yet answered.
+    queued: HashMap<TopicPartition, Queued>,
+}
+
+/// One partition's periodic commits queued and not yet answered: a round leaves the
+/// partition out unless its offset or ranges moved past the latest of them, and leaves
+/// its limit to them (the one accepted raises it, or the worker asks again).
+#[derive(Debug, Default)]
+pub struct Queued {
+    jobs: u32,
+    /// The latest one's offset and `a=` ranges.
+    offset: i64,
+    acked: Vec<(i64, i64)>,
+}
+
+impl Queued {
+    fn add(&mut self, c: &CommitOffset) {
+        self.jobs += 1;
+        self.offset = c.offset;
+        self.acked = c.acked.clone();
+    }
+}
+
+impl Ownership {
+    /// A round carrying `sent` was answered (or not sent): those partitions' commits
+    /// queued are one fewer.
+    fn answered(&mut self, sent: &[&CommitOffset]) {
+        for c in sent {
+            if let Some(q) = self.queued.get_mut(&c.tp) {
+                q.jobs = q.jobs.saturating_sub(1);
+                if q.jobs == 0 {
+                    self.queued.remove(&c.tp);
+                }
+            }
+        }
+    }
 }
 
 struct Shared {
@@ -384,6 +471,8 @@ struct Shared {
     /// The most bytes of `a=` ranges a commit's metadata carries: lowered each time
     /// the broker refuses metadata with ranges as too large.
     ranges_budget: AtomicUsize,
+    /// What the periodic and confirming commits did since the last `at=commits` line.
+    rounds: Mutex<Rounds>,
 }
 
 impl Default for Shared {
@@ -392,9 +481,32 @@ impl Default for Shared {
             ownership: Mutex::default(),
             sent: Condvar::new(),
             ranges_budget: AtomicUsize::new(RANGES_BUDGET),
+            rounds: Mutex::default(),
         }
     }
 }
+
+/// Periodic and confirming commits answered since the last `at=commits` line.
+#[derive(Debug, Default)]
+struct Rounds {
+    rounds: u64,
+    /// Partition-commits accepted, and how far they moved the committed offsets.
+    tally: Tally,
+    took: Duration,
+}
+
+/// The partitions of one commit the broker accepted, and the offsets they moved.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    partitions: u64,
+    moved: u64,
+}
+
+/// Up to this many partitions owned, each partition a periodic or confirming commit
+/// carries gets its `at=committed` line at info (a small deployment reads them); above,
+/// at debug: the `at=commits` line sums them up once per commit interval, so that the
+/// log does not grow with partitions. Releases and refusals keep their lines.
+pub const COMMITTED_LINES_UP_TO: usize = 16;
 
 /// The bytes of `a=` ranges a commit carries at first (see [`RANGES_MAX_BYTES`]).
 pub const RANGES_BUDGET: usize = RANGES_MAX_BYTES;
@@ -478,7 +590,22 @@ fn run<X: Consumer<C>, C: ConsumerContext>(
             ranges: &ranges,
             bare: &bare,
         };
-        account(&mut group, &answered, &to_send, &carried, answers)
+        let mut tally = Tally::default();
+        let first_error = account(
+            &mut group, &answered, &to_send, &carried, answers, &mut tally,
+        );
+        // Under the group's lock: a round built after this answer sees it.
+        if job.reason == Reason::Periodic {
+            shared.lock().answered(&to_send);
+        }
+        if !job.reason.releases() {
+            let mut r = shared.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            r.rounds += 1;
+            r.tally.partitions += tally.partitions;
+            r.tally.moved += tally.moved;
+            r.took += took;
+        }
+        first_error
     };
     // The send is over: a release waiting for these partitions may go on.
     shared.lock().sending.clear();
@@ -600,22 +727,20 @@ fn account(
     sent: &[&CommitOffset],
     carried: &Carried<'_>,
     answers: Vec<Result<(), KafkaError>>,
+    tally: &mut Tally,
 ) -> Option<KafkaError> {
-    let reason = answered.reason.as_str();
     let mut first_error = None;
     let mut accepted = false;
+    let each_at_info = answered.reason.releases() || group.owned.len() <= COMMITTED_LINES_UP_TO;
     for (i, (c, answer)) in sent.iter().zip(answers).enumerate() {
         match answer {
             Ok(()) => {
                 accepted = true;
-                tracing::info!(
-                    at = "committed",
-                    topic = &*c.tp.0,
-                    partition = c.tp.1,
-                    offset = c.offset,
-                    reason,
-                    duration_ms = answered.duration_ms
-                );
+                let limit = c.limit.filter(|_| !carried.bare[i]);
+                log_committed(answered, c, limit, each_at_info);
+                let before = group.owned.get(&c.tp).and_then(|p| p.committed);
+                tally.partitions += 1;
+                tally.moved += before.map_or(0, |b| c.offset.saturating_sub(b).max(0) as u64);
                 // FIFO: the last commit accepted is what the group has.
                 let limit = match carried.bare[i] {
                     true => Limit::None,
@@ -649,6 +774,34 @@ fn account(
         }
     }
     first_error
+}
+
+/// The `at=committed` line of a partition the broker accepted: at info, or at debug when
+/// the `at=commits` line sums it up ([`COMMITTED_LINES_UP_TO`]).
+fn log_committed(answered: &Answered, c: &CommitOffset, limit: Option<i64>, at_info: bool) {
+    let (topic, partition, offset) = (&*c.tp.0, c.tp.1, c.offset);
+    let (reason, duration_ms) = (answered.reason.as_str(), answered.duration_ms);
+    if at_info {
+        tracing::info!(
+            at = "committed",
+            topic,
+            partition,
+            offset,
+            limit,
+            reason,
+            duration_ms
+        );
+    } else {
+        tracing::debug!(
+            at = "committed",
+            topic,
+            partition,
+            offset,
+            limit,
+            reason,
+            duration_ms
+        );
+    }
 }
 
 /// The `at=commit_failed` line of a partition the broker refused (none for a confirming
@@ -718,14 +871,20 @@ impl Group {
         self.pending(only, false)
     }
 
-    /// What a commit asked for by workers at their dispatch limit sends: the partitions
-    /// whose worker wants its limit raised (src/consumer/worker/shared.rs), and only
-    /// those: the others keep to the commit interval.
-    pub fn limits_wanted(&self) -> Vec<CommitOffset> {
+    /// What a round sends ([`Committer::periodic`]): the partitions whose offset, ranges
+    /// or dispatch limit must change beyond what their commits `queued` carry; with
+    /// `limits` (asked for by workers at their dispatch limit), only those whose worker
+    /// wants its limit raised (src/consumer/worker/shared.rs): the others keep to the
+    /// commit interval.
+    pub fn round(
+        &self,
+        queued: &HashMap<TopicPartition, Queued>,
+        limits: bool,
+    ) -> Vec<CommitOffset> {
         self.owned
             .iter()
-            .filter(|(_, p)| p.worker.shared.dispatch.wanted())
-            .filter_map(|(tp, p)| p.to_commit(tp, false))
+            .filter(|(_, p)| !limits || p.worker.shared.dispatch.wanted())
+            .filter_map(|(tp, p)| p.to_commit_beyond(tp, false, queued.get(tp)))
             .collect()
     }
 
@@ -803,8 +962,19 @@ impl Owned {
     /// flags exactly that). Running, also when the worker wants its dispatch
     /// limit raised (src/consumer/worker/shared.rs): a commit carries the next one.
     fn to_commit(&self, tp: &TopicPartition, releasing: bool) -> Option<CommitOffset> {
+        self.to_commit_beyond(tp, releasing, None)
+    }
+
+    /// [`Owned::to_commit`], beyond the commits of it `queued` and not yet answered: the
+    /// offset must move past theirs (or the ranges grow), and the limit is left to them.
+    fn to_commit_beyond(
+        &self,
+        tp: &TopicPartition,
+        releasing: bool,
+        queued: Option<&Queued>,
+    ) -> Option<CommitOffset> {
         let dispatch = &self.worker.shared.dispatch;
-        let limit_wanted = !releasing && dispatch.wanted();
+        let limit_wanted = !releasing && dispatch.wanted() && queued.is_none();
         let Some(acked) = self.worker.shared.committable() else {
             let wanted = limit_wanted || (releasing && !self.released);
             return wanted.then(|| self.limit_only(tp, releasing)).flatten();
@@ -835,9 +1005,15 @@ impl Owned {
         };
         // The same offset again when only the ranges grew: a slow message holding the
         // offset back must not leave everything acknowledged after it to a crash.
-        let more_acked = self.committed == Some(acked) && above != self.committed_acked;
+        let more_acked = match queued {
+            Some(q) => q.offset == acked && above != q.acked,
+            None => self.committed == Some(acked) && above != self.committed_acked,
+        };
         let processed = highest(&self.worker.shared, &above, releasing);
-        let moved = baseline.is_none_or(|c| acked > c);
+        let moved = match queued {
+            Some(q) => acked > q.offset && baseline.is_none_or(|c| acked > c),
+            None => baseline.is_none_or(|c| acked > c),
+        };
         (mark || more_acked || limit_wanted || moved).then(|| CommitOffset {
             tp: tp.clone(),
             offset: acked,

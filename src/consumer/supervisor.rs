@@ -49,6 +49,10 @@ pub fn run<P: Processor>(
     shutdown_timeout: Duration,
 ) -> i32 {
     let stop = futures::executor::block_on(poll_loop(&consumer, &mut control, shutdown_timeout));
+    // The commits since the last interval's line, before the stop's own lines.
+    if let Some(committer) = consumer.context().committer.get() {
+        committer.log_rounds();
+    }
     stop::sequence(consumer, stop, control, shutdown_timeout)
 }
 
@@ -210,22 +214,24 @@ fn all_at_end<P: Processor>(
     None
 }
 
-/// The commit interval passed: the committer commits what is uncommitted.
+/// The commit interval passed: the committer commits what changed, and the
+/// `at=commits` line sums up the commits of the interval past.
 fn commit_due<P: Processor>(consumer: &AckdConsumer<P>) {
     let ctx = consumer.context();
     let _busy = ctx.health.busy(Busy::Commit);
     if let Some(committer) = ctx.committer.get() {
-        committer.periodic(ctx.lock().uncommitted(None));
+        committer.periodic_round(&ctx.lock());
+        committer.log_rounds();
     }
 }
 
 /// A worker wants its dispatch limit raised: the committer commits its partition (and
-/// any other that wants one) now.
+/// any other that wants one, unless a commit of it is on its way) now.
 fn limits_due<P: Processor>(consumer: &AckdConsumer<P>) {
     let ctx = consumer.context();
     let _busy = ctx.health.busy(Busy::Commit);
     if let Some(committer) = ctx.committer.get() {
-        committer.limits(ctx.lock().limits_wanted());
+        committer.limits_round(&ctx.lock());
     }
 }
 

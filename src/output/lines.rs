@@ -7,10 +7,13 @@
 //! prefix. Byte fields (message keys) are written with [`logfmt::write_bytes`].
 //!
 //! Writes go through a writer thread ([`Lines`]): a busy log drain costs a processor
-//! nothing, and a slow one slows ackd down (lines wait for room). A drain that takes
-//! nothing at all for [`STALL`] gets lines dropped instead, counted and reported in an
-//! `at=lines_dropped` line once it takes lines again: processing, commits and the
-//! shutdown never wait on stdout for longer than that.
+//! nothing, and a slow one slows ackd down (lines wait for room, which comes back as stdout
+//! takes bytes). A drain that takes no byte at all for [`STALL`] gets lines dropped
+//! instead, counted and reported in an `at=lines_dropped` line once it takes bytes again:
+//! processing, commits and the shutdown never wait on a stuck stdout for longer than that.
+//! At exit ([`OutputGuard::finish`]) every line is written while stdout takes bytes, for at
+//! most the shutdown timeout; what that cannot wait for is dropped and counted, and the
+//! exit line, which carries the count, comes after it.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -28,49 +31,85 @@ use tracing_subscriber::EnvFilter;
 
 use crate::logfmt;
 
-/// Keeps the writer thread alive; dropping it flushes every line still queued (waiting
-/// at most a second for a stuck stdout).
+/// Keeps the writer thread alive; [`OutputGuard::finish`] (or dropping it) writes every
+/// line still queued while stdout takes bytes.
 #[must_use = "dropping the guard stops log output"]
-pub struct OutputGuard(Arc<Shared>);
+pub struct OutputGuard {
+    shared: Arc<Shared>,
+    /// The longest the drop waits for the writer thread; none: while stdout takes bytes.
+    bound: Option<Duration>,
+}
+
+impl OutputGuard {
+    /// At exit: every line queued is written while stdout takes bytes, for at most `bound`
+    /// (the shutdown timeout), the lines that cannot wait dropped and counted
+    /// ([`Lines::settle`]); then the writer thread writes what came since (the exit line)
+    /// and stops, waited for as long again at most.
+    pub fn finish(mut self, bound: Duration) {
+        Lines(self.shared.clone()).settle(bound);
+        self.bound = Some(bound);
+    }
+}
 
 impl Drop for OutputGuard {
     fn drop(&mut self) {
-        let mut state = self.0.lock();
+        let deadline = self.bound.map(|b| Instant::now() + b);
+        let mut state = self.shared.lock();
         state.closed = true;
-        self.0.queued.notify_all();
-        let deadline = Instant::now() + Duration::from_secs(1);
+        self.shared.queued.notify_all();
         while !state.done {
             let now = Instant::now();
-            if now >= deadline {
-                return;
+            let mut wait = stall_left(&state, now);
+            if let Some(deadline) = deadline {
+                wait = wait.min(deadline.saturating_duration_since(now));
+            }
+            if wait.is_zero() {
+                return; // stdout took nothing for STALL, or the bound passed
             }
             state = self
-                .0
+                .shared
                 .written
-                .wait_timeout(state, deadline - now)
+                .wait_timeout(state, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
     }
 }
 
-/// Bytes of lines that may wait for the writer thread before writers wait for it.
+/// Bytes of lines that may wait for stdout (queued, or handed to it and not taken yet)
+/// before writers wait for room.
 const MAX_QUEUED: usize = 1 << 20;
 /// The writer thread writes once this much is queued, or when a line has waited
 /// [`LINGER`]: one write (and one wake-up) per batch of lines, not per line.
 const BATCH: usize = 64 * 1024;
 const LINGER: Duration = Duration::from_millis(1);
-/// How long one write to stdout may stay stuck, with the buffer full, before lines are
-/// dropped rather than waited for.
+/// The most one write hands to stdout, cut after a line: a pipe frees room a page at a
+/// time, so the writer sees its reader's progress each time a page was taken, and one
+/// large write unfinished is never taken for a stuck stdout. A regular file takes whole
+/// batches (it takes them at once).
+const PIECE: usize = 4096;
+/// How long stdout may take no byte, with the buffer full, before lines are dropped rather
+/// than waited for.
 pub const STALL: Duration = Duration::from_secs(1);
 
-/// Lines dropped since the start, because stdout took nothing for [`STALL`].
+/// Lines dropped since the start, because stdout took nothing for [`STALL`] (or, at
+/// exit, did not take them all within the shutdown timeout).
 static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many lines were dropped since the start (for the exit line).
 pub fn dropped_lines() -> u64 {
     DROPPED.load(std::sync::atomic::Ordering::Relaxed)
 }
+
+/// [`Lines::settle`] on the writer `init` installed (nothing to wait for if another
+/// subscriber was installed first): before the exit line, which carries the count of
+/// the lines this drops.
+pub fn settle(bound: Duration) {
+    if let Some((lines, _)) = DIRECT.get() {
+        lines.settle(bound);
+    }
+}
+
 /// The writer and the metric prefix of the subscriber `init` installed: lines written
 /// with [`write_direct`] go there. Unset when another subscriber was installed first (an
 /// embedding's own), so that such lines go through it instead.
@@ -106,10 +145,10 @@ pub fn write_direct(render: impl FnOnce(&mut String, &str)) -> bool {
 const KEEP_PER_THREAD: usize = 16 * 1024;
 
 /// Where every line goes: one buffer that threads append their lines to, under a lock
-/// held for a copy, and that the writer thread takes whole and writes to stdout in one
-/// go, at most [`LINGER`] after a line was queued. A line costs no allocation and no
-/// message on a channel (tracing-appender's writer, one `Vec` and one channel send per
-/// line, was a third of what a per-message line cost).
+/// held for a copy, and that the writer thread takes whole and writes to stdout, at most
+/// [`LINGER`] after a line was queued. A line costs no allocation and no message on a
+/// channel (tracing-appender's writer, one `Vec` and one channel send per line, was a
+/// third of what a per-message line cost).
 #[derive(Clone)]
 pub struct Lines(Arc<Shared>);
 
@@ -117,8 +156,10 @@ struct Shared {
     state: Mutex<State>,
     /// Wakes the writer thread: a first line, a full batch, or the close.
     queued: Condvar,
-    /// Signalled when the writer took the buffer (for blocked writers), and when done.
+    /// Signalled when stdout took bytes (for blocked writers), a batch ended, and when done.
     written: Condvar,
+    /// The most one write hands to stdout ([`PIECE`], or a whole batch).
+    piece: usize,
 }
 
 #[derive(Default)]
@@ -128,15 +169,57 @@ struct State {
     waiting: Waiting,
     /// Writers waiting for room in the buffer.
     blocked: usize,
-    /// When the writer thread's current write to stdout began (None between writes).
-    writing_since: Option<Instant>,
-    /// A write has been stuck for [`STALL`] with the buffer full: lines are dropped until
-    /// a write completes.
+    /// Bytes of the batch being written that stdout has not taken yet.
+    in_flight: usize,
+    /// When stdout last took bytes of the batch being written, or when the batch began
+    /// (None between batches).
+    progress: Option<Instant>,
+    /// stdout has taken no byte for [`STALL`] with the buffer full: lines are dropped until
+    /// it takes some.
     stalled: bool,
     /// Lines dropped since the last `at=lines_dropped` report.
     dropped: u64,
+    /// Bytes queued since the start, and bytes the writer thread is done with (written,
+    /// or dropped at exit): what [`Lines::settle`] waits on.
+    queued_total: u64,
+    settled_total: u64,
+    /// At exit: the rest of the batch being written is dropped, after the line under way.
+    abandon: bool,
     closed: bool,
     done: bool,
+}
+
+impl State {
+    /// Bytes waiting for stdout: queued, and handed to it but not taken.
+    fn queued(&self) -> usize {
+        self.buf.len() + self.in_flight
+    }
+
+    /// Drops every line not yet handed to stdout, and counts them.
+    fn drop_queued(&mut self) {
+        let lines = count_lines(&self.buf);
+        self.count_dropped(lines);
+        self.settled_total += self.buf.len() as u64;
+        self.buf.clear();
+    }
+
+    fn count_dropped(&mut self, lines: u64) {
+        self.dropped += lines;
+        DROPPED.fetch_add(lines, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How much longer stdout may take no byte before it counts as stuck (zero: it is).
+fn stall_left(state: &State, now: Instant) -> Duration {
+    match state.progress {
+        Some(since) => STALL.saturating_sub(now.saturating_duration_since(since)),
+        // Between batches: the writer thread takes the next one within LINGER.
+        None => STALL,
+    }
+}
+
+fn count_lines(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -157,71 +240,151 @@ impl Shared {
     /// The writer thread: takes batches of lines and writes them to `out` until closed.
     fn write_lines(&self, out: &mut impl std::io::Write) {
         let mut batch = Vec::new();
-        let mut state = self.lock();
         loop {
-            let mut lingered = false;
-            loop {
-                if state.buf.len() >= BATCH || (!state.buf.is_empty() && (lingered || state.closed))
-                {
-                    break;
-                }
-                if state.buf.is_empty() && state.closed {
-                    state.done = true;
-                    self.written.notify_all();
-                    return;
-                }
-                if state.buf.is_empty() {
-                    state.waiting = Waiting::Line;
-                    state = self.queued.wait(state).unwrap_or_else(|e| e.into_inner());
-                } else {
-                    state.waiting = Waiting::Batch;
-                    state = self
-                        .queued
-                        .wait_timeout(state, LINGER)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                    lingered = true;
-                }
-            }
-            state.waiting = Waiting::Nothing;
-            std::mem::swap(&mut state.buf, &mut batch);
-            if state.blocked > 0 {
-                self.written.notify_all();
-            }
-            state.writing_since = Some(Instant::now());
+            let Some(mut state) = self.next_batch(&mut batch) else {
+                return;
+            };
+            state.in_flight = batch.len();
+            state.progress = Some(Instant::now());
             drop(state);
-            // A drain that went away must not stop ackd: the lines are lost then.
-            let _ = out.write_all(&batch).and_then(|()| out.flush());
+            let abandoned = self.write_batch(out, &batch);
+            let mut state = self.lock();
+            state.in_flight = 0;
+            state.progress = None;
+            state.stalled = false;
+            state.abandon = false;
+            state.settled_total += batch.len() as u64;
+            state.count_dropped(abandoned);
+            self.written.notify_all();
+            let dropped = std::mem::take(&mut state.dropped);
+            drop(state);
             batch.clear();
             if batch.capacity() > 2 * MAX_QUEUED {
                 batch.shrink_to(MAX_QUEUED); // grown by a huge line: give it back
             }
-            state = self.lock();
-            state.writing_since = None;
-            state.stalled = false;
-            if state.dropped > 0 {
-                let dropped = std::mem::take(&mut state.dropped);
-                drop(state);
+            if dropped > 0 {
                 let _ = writeln!(
                     out,
-                    "level=warn at=lines_dropped count={dropped} msg=\"stdout took no line for {} ms: \
-                     these lines were dropped so that processing, commits and the shutdown do not wait for the log drain\"",
+                    "level=warn at=lines_dropped count={dropped} msg=\"stdout took no byte for {} ms, \
+                     or not every line within the shutdown timeout at exit: these lines were dropped \
+                     so that processing, commits and the shutdown do not wait for the log drain\"",
                     STALL.as_millis()
                 )
                 .and_then(|()| out.flush());
-                state = self.lock();
             }
         }
+    }
+
+    /// Waits for a batch (a full one, or lines that lingered) and swaps it into `batch`,
+    /// returning the lock; None once closed with nothing left (then done is set).
+    fn next_batch(&self, batch: &mut Vec<u8>) -> Option<MutexGuard<'_, State>> {
+        let mut state = self.lock();
+        let mut lingered = false;
+        loop {
+            if state.buf.len() >= BATCH || (!state.buf.is_empty() && (lingered || state.closed)) {
+                break;
+            }
+            if state.buf.is_empty() && state.closed {
+                state.done = true;
+                self.written.notify_all();
+                return None;
+            }
+            if state.buf.is_empty() {
+                state.waiting = Waiting::Line;
+                state = self.queued.wait(state).unwrap_or_else(|e| e.into_inner());
+            } else {
+                state.waiting = Waiting::Batch;
+                state = self
+                    .queued
+                    .wait_timeout(state, LINGER)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                lingered = true;
+            }
+        }
+        state.waiting = Waiting::Nothing;
+        std::mem::swap(&mut state.buf, batch);
+        Some(state)
+    }
+
+    /// Writes `batch` in pieces, each one's progress made known (room for blocked writers,
+    /// and the proof that stdout is not stuck). Returns the lines dropped when the exit
+    /// gave up on the rest ([`State::abandon`]).
+    fn write_batch(&self, out: &mut impl std::io::Write, batch: &[u8]) -> u64 {
+        let mut rest = batch;
+        while !rest.is_empty() {
+            let n = piece_end(rest, self.piece);
+            // A drain that went away must not stop ackd: the lines are lost then.
+            if out
+                .write_all(&rest[..n])
+                .and_then(|()| out.flush())
+                .is_err()
+            {
+                return 0;
+            }
+            rest = &rest[n..];
+            let mut state = self.lock();
+            state.in_flight = rest.len();
+            state.progress = Some(Instant::now());
+            state.stalled = false;
+            if state.blocked > 0 {
+                self.written.notify_all();
+            }
+            if state.abandon && !rest.is_empty() {
+                drop(state);
+                // The line under way is finished: a log must not end inside a line.
+                let end = if batch[..batch.len() - rest.len()].ends_with(b"\n") {
+                    0
+                } else {
+                    rest.iter()
+                        .position(|&b| b == b'\n')
+                        .map_or(rest.len(), |i| i + 1)
+                };
+                let _ = out.write_all(&rest[..end]).and_then(|()| out.flush());
+                return count_lines(&rest[end..]);
+            }
+        }
+        0
+    }
+}
+
+/// Where the next write of `rest` ends: after the last whole line within `piece` bytes,
+/// or at `piece` within a line longer than that.
+fn piece_end(rest: &[u8], piece: usize) -> usize {
+    if rest.len() <= piece {
+        return rest.len();
+    }
+    rest[..piece]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(piece, |i| i + 1)
+}
+
+/// The most one write hands to stdout: [`PIECE`], or whole batches when stdout is a
+/// regular file.
+fn piece_for_stdout() -> usize {
+    use std::os::fd::AsFd;
+    let regular = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .is_ok_and(|m| m.is_file());
+    if regular {
+        usize::MAX
+    } else {
+        PIECE
     }
 }
 
 impl Lines {
-    /// Starts the writer thread, writing to `out`.
-    fn start(mut out: impl std::io::Write + Send + 'static) -> (Lines, OutputGuard) {
+    /// Starts the writer thread, writing to `out` at most `piece` bytes at a time.
+    fn start(mut out: impl std::io::Write + Send + 'static, piece: usize) -> (Lines, OutputGuard) {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             queued: Condvar::new(),
             written: Condvar::new(),
+            piece,
         });
         let theirs = shared.clone();
         let spawned = std::thread::Builder::new()
@@ -231,23 +394,25 @@ impl Lines {
             // No thread: lines go nowhere rather than piling up.
             shared.lock().done = true;
         }
-        (Lines(shared.clone()), OutputGuard(shared))
+        let guard = OutputGuard {
+            shared: shared.clone(),
+            bound: None,
+        };
+        (Lines(shared), guard)
     }
 
     fn append(&self, line: &[u8]) {
         let mut state = self.0.lock();
-        // Queued bytes stay within MAX_QUEUED; a line longer than that waits for an
-        // empty buffer and goes alone. Wait for the writer, unless its write has been stuck
-        // for STALL: then the line is dropped and counted.
-        while !state.buf.is_empty() && state.buf.len() + line.len() > MAX_QUEUED && !state.done {
-            let stuck_for = state.writing_since.map(|t| t.elapsed());
-            if state.stalled || stuck_for.is_some_and(|d| d >= STALL) {
+        // Bytes waiting for stdout stay within MAX_QUEUED; a line longer than that waits
+        // until nothing waits and goes alone. Wait for room while stdout takes bytes; once
+        // it took none for STALL, the line is dropped and counted.
+        while state.queued() > 0 && state.queued() + line.len() > MAX_QUEUED && !state.done {
+            let wait = stall_left(&state, Instant::now());
+            if state.stalled || wait.is_zero() {
                 state.stalled = true;
-                state.dropped += 1;
-                DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                state.count_dropped(1);
                 return;
             }
-            let wait = STALL - stuck_for.unwrap_or_default();
             state.blocked += 1;
             state = self
                 .0
@@ -261,6 +426,7 @@ impl Lines {
             return;
         }
         state.buf.extend_from_slice(line);
+        state.queued_total += line.len() as u64;
         let wake = match state.waiting {
             Waiting::Line => true,
             Waiting::Batch => state.buf.len() >= BATCH,
@@ -272,6 +438,41 @@ impl Lines {
         drop(state);
         if wake {
             self.0.queued.notify_one();
+        }
+    }
+
+    /// Waits until every line queued before the call is written, while stdout takes
+    /// bytes, for at most `bound`. Then the lines still queued are dropped and counted,
+    /// and so is the rest of the batch being written, after its line under way; a stdout
+    /// that takes no byte for [`STALL`] ends the wait at once (what it holds is lost).
+    fn settle(&self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        let mut state = self.0.lock();
+        let target = state.queued_total;
+        let mut gave_up = false;
+        while state.settled_total < target && !state.done {
+            let now = Instant::now();
+            let stall = stall_left(&state, now);
+            if gave_up && stall.is_zero() {
+                return;
+            }
+            if !gave_up && (now >= deadline || stall.is_zero()) {
+                gave_up = true;
+                state.drop_queued();
+                state.abandon = state.in_flight > 0;
+                continue;
+            }
+            let wait = if gave_up {
+                stall
+            } else {
+                stall.min(deadline - now)
+            };
+            state = self
+                .0
+                .written
+                .wait_timeout(state, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 }
@@ -301,7 +502,7 @@ impl<'a> MakeWriter<'a> for Lines {
 /// Installs the logfmt subscriber. `level` is `ACKD_LOG_LEVEL`; `RUST_LOG`, when set and
 /// valid, wins. Returns the guard and, when `RUST_LOG` was invalid, the reason.
 pub fn init(level: &str, metric_prefix: &str) -> (OutputGuard, Option<String>) {
-    let (writer, guard) = Lines::start(std::io::stdout());
+    let (writer, guard) = Lines::start(std::io::stdout(), piece_for_stdout());
     let mut rust_log_error = None;
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
@@ -535,7 +736,7 @@ mod tests {
     #[test]
     fn every_line_is_written_in_order_by_the_time_the_guard_is_dropped() {
         let out = Capture::default();
-        let (lines, guard) = Lines::start(out.clone());
+        let (lines, guard) = Lines::start(out.clone(), PIECE);
         let threads: Vec<_> = (0..2)
             .map(|t| {
                 let lines = lines.clone();
@@ -565,7 +766,7 @@ mod tests {
     #[test]
     fn a_lone_line_is_written_without_waiting_for_a_batch() {
         let out = Capture::default();
-        let (lines, _guard) = Lines::start(out.clone());
+        let (lines, _guard) = Lines::start(out.clone(), PIECE);
         write_line(&lines, "at=one\n");
         let deadline = Instant::now() + Duration::from_secs(5);
         while out.0.lock().unwrap().is_empty() {
@@ -599,10 +800,13 @@ mod tests {
     fn a_stuck_output_holds_writers_back_and_loses_no_line() {
         let out = Capture::default();
         let open = Arc::new((Mutex::new(false), Condvar::new()));
-        let (lines, guard) = Lines::start(Gated {
-            out: out.clone(),
-            open: open.clone(),
-        });
+        let (lines, guard) = Lines::start(
+            Gated {
+                out: out.clone(),
+                open: open.clone(),
+            },
+            PIECE,
+        );
         let line = format!("{}\n", "x".repeat(99));
         let n = 3 * MAX_QUEUED / line.len();
         let writer = {
@@ -613,14 +817,87 @@ mod tests {
                 }
             })
         };
-        std::thread::sleep(Duration::from_millis(200));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lines.0.lock().blocked == 0 {
+            assert!(Instant::now() < deadline, "no writer ever waited for room");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(!writer.is_finished(), "the writer waits for room");
-        assert!(lines.0.lock().buf.len() <= MAX_QUEUED);
+        assert!(lines.0.lock().queued() <= MAX_QUEUED);
         *open.0.lock().unwrap() = true;
         open.1.notify_all();
         writer.join().unwrap();
         drop(guard);
         assert_eq!(out.0.lock().unwrap().len(), n * line.len());
+    }
+
+    /// An output that takes one piece every `every`: a log drain that reads, slowly.
+    struct Trickle {
+        out: Capture,
+        every: Duration,
+    }
+
+    impl std::io::Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            std::thread::sleep(self.every);
+            let n = buf.len().min(PIECE);
+            self.out.write(&buf[..n])
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// At exit the wait ends at its bound although stdout still takes bytes: what is left
+    /// is dropped and counted, the log ends with a whole line, then the count.
+    #[test]
+    fn settling_past_its_bound_drops_the_rest_after_a_whole_line_and_counts_it() {
+        let out = Capture::default();
+        let every = Duration::from_millis(20);
+        let (lines, guard) = Lines::start(
+            Trickle {
+                out: out.clone(),
+                every,
+            },
+            PIECE,
+        );
+        // ~100 pieces, 2 s at the trickle's pace.
+        let n = 100 * PIECE / 37;
+        for i in 0..n {
+            write_line(&lines, &format!("at=line i={i:>20}\n"));
+        }
+        lines.settle(10 * every);
+        write_line(&lines, "at=exit\n");
+        guard.finish(Duration::from_secs(10));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let all: Vec<&str> = text.lines().collect();
+        let written = all.iter().filter(|l| l.starts_with("at=line ")).count();
+        let [report, exit] = all[written..] else {
+            panic!(
+                "{} lines after {written} written: {:?}",
+                all.len() - written,
+                &all[written..]
+            );
+        };
+        assert!(
+            report.starts_with("level=warn at=lines_dropped count="),
+            "{report}"
+        );
+        assert_eq!(exit, "at=exit");
+        for (i, line) in all[..written].iter().enumerate() {
+            assert_eq!(*line, format!("at=line i={i:>20}"), "whole lines, in order");
+        }
+        let dropped: usize = report["level=warn at=lines_dropped count=".len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            written > 0 && dropped > 0,
+            "{written} written, {dropped} dropped"
+        );
+        assert_eq!(written + dropped, n, "every line written or counted");
     }
 
     /// A line over the bound goes only into an empty queue: queued bytes never exceed
@@ -629,10 +906,13 @@ mod tests {
     fn a_huge_line_never_queues_beside_others_and_is_written_whole() {
         let out = Capture::default();
         let open = Arc::new((Mutex::new(false), Condvar::new()));
-        let (lines, guard) = Lines::start(Gated {
-            out: out.clone(),
-            open: open.clone(),
-        });
+        let (lines, guard) = Lines::start(
+            Gated {
+                out: out.clone(),
+                open: open.clone(),
+            },
+            PIECE,
+        );
         let small = format!("{}\n", "s".repeat(99));
         let huge = format!("{}\n", "h".repeat(3 * MAX_QUEUED));
         let writer = {

@@ -21,6 +21,7 @@ pub(crate) use startup::report_client_error;
 /// Runs ackd until it is stopped; returns the process exit code.
 pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
     let started = Instant::now();
+    let exit_wait = settings.shutdown_timeout;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ackd-runtime")
@@ -35,6 +36,8 @@ pub fn run<P: Processor>(settings: Settings, processor: P) -> i32 {
     let code = runtime.block_on(run_async(settings, processor));
     // Workers of an abandoned stop may still be parked; they must not hold up exit.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    // Every line before the exit line, which carries the count of those that could not wait.
+    crate::output::lines::settle(exit_wait);
     let dropped = crate::output::lines::dropped_lines();
     tracing::info!(
         at = "exit",
