@@ -257,7 +257,7 @@ fn begin_stop(
     let begun = Instant::now();
     let deadline = begun + timeout;
     // The clock before the line: a revoke holding the supervisor reads only the
-    // clock, and writing a line may wait (at most lines::STALL) on a slow stdout.
+    // clock, and writing a line may wait for room while a slow stdout takes the queue.
     // The line before the announce: the supervisor's lines of the stop come after it.
     health.set_phase(Phase::Stopping);
     clock.begin(begun, deadline);
