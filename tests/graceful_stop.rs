@@ -269,16 +269,18 @@ fn a_second_sigint_exits_at_once() {
     );
 }
 
-/// The signal's line comes before the stop it starts, in every run that has one.
+/// The signal's line is written, and before the stop it starts.
+#[track_caller]
 fn assert_signal_line_first(lines: &[String]) {
-    let position = |what| lines.iter().position(|l| at(l, what));
-    if let (Some(signal), Some(begun)) = (position("signal"), position("shutdown_begun")) {
-        assert!(
-            signal < begun,
-            "shutdown_begun before the signal:\n{}",
-            lines.join("\n")
-        );
-    }
+    let all = lines.join("\n");
+    let position = |what| {
+        lines
+            .iter()
+            .position(|l| at(l, what))
+            .unwrap_or_else(|| panic!("no at={what} line:\n{all}"))
+    };
+    let (signal, begun) = (position("signal"), position("shutdown_begun"));
+    assert!(signal < begun, "shutdown_begun before the signal:\n{all}");
 }
 
 /// A process manager (honcho, overmind, foreman) sends SIGTERM to its children while the
