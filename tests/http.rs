@@ -1364,15 +1364,28 @@ fn trace_context_headers_become_http_headers() {
     }
 }
 
-/// Adaptive mode keeps the stop's promise: 6 partitions against an endpoint that takes
-/// 1 s, the limit at its start (4). On SIGTERM the requests sent are answered,
-/// acknowledged and committed (exit 0, drain complete); those waiting for a permit are
-/// dropped unsent. A restart posts the rest: each message posted once.
+/// Adaptive mode keeps the stop's promise: 6 partitions against an endpoint that holds
+/// every request until the stop began, the limit at its start (4): 4 requests sent, 2
+/// partitions' calls waiting for a permit. On SIGTERM the requests sent are answered,
+/// acknowledged and committed (exit 0, drain complete); those waiting are dropped
+/// unsent: no request is posted after the signal. A restart posts the rest: each
+/// message posted once.
 #[test]
 fn sigterm_in_adaptive_mode_drains_the_requests_sent_and_drops_those_waiting() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     let (topic, group) = fresh_topic("http-adaptive-stop", 6);
-    let fast = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let endpoint = slow_until_fast(&fast);
+    let open = Arc::new(AtomicBool::new(false));
+    let gate = open.clone();
+    let endpoint = Endpoint::start(move |_, _| {
+        while !gate.load(SeqCst) {
+            thread::sleep(Duration::from_millis(5));
+        }
+        // Answered well after the stop began: the waiting calls were dropped by then.
+        Response {
+            delay: Duration::from_millis(100),
+            ..ok()
+        }
+    });
     produce_five_in_each_of_six(&topic);
     let adaptive = || {
         http_ackd(&topic, &group, &endpoint.url())
@@ -1382,18 +1395,27 @@ fn sigterm_in_adaptive_mode_drains_the_requests_sent_and_drops_those_waiting() {
             .env("ACKD_SHUTDOWN_TIMEOUT_MS", "5000")
     };
     let first = adaptive().spawn();
-    first.wait_for_count(is_processed, 4, WAIT);
-    let lines = first.stop(0, WAIT);
+    wait_until(WAIT, || endpoint.requests().len() >= 4);
+    first.sigterm();
+    first.wait_for_line(|l| at(l, "shutdown_begun"), WAIT);
+    open.store(true, SeqCst);
+    first.assert_exit(0, WAIT);
+    let lines = first.lines();
+    let all = lines.join("\n");
     assert!(
         lines
             .iter()
             .any(|l| at(l, "drained") && field(l, "complete").as_deref() == Some("true")),
-        "{}",
-        lines.join("\n")
+        "{all}"
     );
     let mut posted: Vec<(i32, i64)> = endpoint.requests().iter().map(|r| r.position()).collect();
+    assert_eq!(
+        posted.len(),
+        4,
+        "only the 4 requests sent were finished: {posted:?}\n{all}"
+    );
     let acked = acked_as_posted(&lines, &mut posted);
-    committed_as_acked_then_the_rest_once(&group, &topic, &acked, &fast, adaptive(), &endpoint);
+    committed_as_acked_then_the_rest_once(&group, &topic, &acked, &open, adaptive(), &endpoint);
 }
 
 /// An `ACKD_HTTP_CONCURRENCY_MODE` other than fixed or adaptive is a configuration
