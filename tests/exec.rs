@@ -583,7 +583,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
 /// ACKD_PROCESSOR=exec without a command is a configuration error naming the setting.
 #[test]
 fn exec_without_a_command_is_a_configuration_error() {
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .spawn();
     ackd.assert_config_error("ACKD_EXEC_COMMAND", WAIT);

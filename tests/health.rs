@@ -433,7 +433,8 @@ fn nothing_listens_by_default() {
 }
 
 /// A port that cannot be listened on is a configuration error naming the setting: exit
-/// 78 before connecting to Kafka.
+/// 78. (The port is bound once the partitions are counted: without a broker that count
+/// waits 10 s first, so this test uses the broker.)
 #[test]
 fn a_port_in_use_is_a_config_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -532,12 +532,12 @@ fn a_refused_connection_is_retried_until_the_endpoint_is_up() {
 /// configuration errors naming the setting and never showing a header value.
 #[test]
 fn bad_http_settings_are_configuration_errors_that_show_no_secret() {
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .spawn();
     ackd.assert_config_error("ACKD_HTTP_URL", WAIT);
 
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
         .env("ACKD_HTTP_HEADERS", "s3cr3t-t0ken-without-a-name")
@@ -1422,7 +1422,7 @@ fn sigterm_in_adaptive_mode_drains_the_requests_sent_and_drops_those_waiting() {
 /// error naming it (exit 78).
 #[test]
 fn a_bad_concurrency_mode_is_a_configuration_error() {
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_PROCESSOR", "http")
         .env("ACKD_HTTP_URL", "http://127.0.0.1:1/")
         .env("ACKD_HTTP_CONCURRENCY_MODE", "auto")

@@ -415,12 +415,12 @@ fn log_end(topic: &str, partition: i32) -> i64 {
 #[test]
 fn bad_retry_settings_and_missing_tier_topics_stop_ackd() {
     for bad in ["10s,5s", "10", "1s,1s"] {
-        let ackd = AckdBuilder::new("t", "g")
+        let ackd = AckdBuilder::without_broker("t", "g")
             .env("ACKD_RETRY_TOPICS", bad)
             .spawn();
         ackd.assert_config_error("ACKD_RETRY_TOPICS", WAIT);
     }
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_RETRY_TOPICS", "10s")
         .env("ACKD_RETRY_MAX_ATTEMPTS", "3")
         .spawn();

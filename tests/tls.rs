@@ -351,6 +351,8 @@ fn assert_config_error(builder: AckdBuilder, setting: &str, mentions: &str) {
 #[test]
 fn tls_and_sasl_configuration_errors_name_the_variable_without_its_content() {
     let pki = pki();
+    // Each ends at its configuration: no broker is started for them.
+    let ackd = |topic, group| AckdBuilder::on(&format!("kafka+ssl://{CLOSED_PORT}"), topic, group);
     let base = || heroku(ackd("t", "g"));
     assert_config_error(
         base().env_remove("KAFKA_CLIENT_CERT_KEY"),
