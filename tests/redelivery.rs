@@ -230,6 +230,11 @@ fn random_kills_of(case: Case, name: &str) {
         started.elapsed().as_secs_f64(),
         redelivered_lines(&runs).join(" | ")
     );
+    // Kills that all landed where nothing was read above a commit tested no repeat.
+    assert!(
+        !f.repeats.is_empty(),
+        "{name}: no kill left a message to repeat (REDELIVERY_SEED above reproduces it)"
+    );
 }
 
 /// The `at=redelivered` lines of every run, shortened to run, partition, flagged, bound.
