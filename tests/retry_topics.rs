@@ -153,11 +153,17 @@ fn through_the_tiers(prefix: &str, extra: &[(&str, &str)], exact: bool) {
         assert!(when <= due + LATE_MS, "{} ms late: {line}", when - due);
     }
     // The partition flowed past the failing message: all its other messages were
-    // processed before the first copy was due.
-    let first_due = copies.values().min().unwrap();
+    // processed before the first copy was handled (not "before it was due": how long 9
+    // messages take is the machine's speed, not a promise).
+    let first_copy = timed
+        .iter()
+        .filter(|(_, l)| handled(l) && copies.contains_key(&place(l)))
+        .map(|(arrived, _)| *arrived)
+        .min()
+        .expect("a copy was handled");
     for (arrived, line) in timed.iter().filter(|(_, l)| is_processed(l)) {
         if place(line).0 == topic {
-            assert!(at_ms(arrived) < *first_due, "waited for a retry: {line}");
+            assert!(*arrived < first_copy, "waited for a retry: {line}");
         }
     }
     // Every message but 2 processed once, from its source or a tier; a tier's flagged
