@@ -220,9 +220,9 @@ fn past_the_deadline_the_exit_is_non_zero_and_nothing_unacked_is_committed() {
     // The first message is in the processor once its partition resumed.
     ackd.wait_for_line(|l| field(l, "at").as_deref() == Some("resumed"), WAIT);
     ackd.sigterm();
+    // Within 20 s (wait_exit fails otherwise): not after the 30 s call.
     let code = ackd.wait_exit(Duration::from_secs(20));
     assert_eq!(code, 1, "{}", ackd.lines().join("\n"));
-    assert!(ackd.elapsed() < Duration::from_secs(20));
     let lines = ackd.lines();
     assert!(processed(&lines).is_empty());
     assert!(

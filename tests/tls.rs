@@ -195,11 +195,11 @@ fn assert_auth_failure(builder: AckdBuilder, reason: &str) -> String {
 #[track_caller]
 fn assert_auth_failure_lines(builder: AckdBuilder, reason: &str) -> (String, Vec<String>) {
     let ackd = builder.spawn();
+    // Within the bound: wait_exit fails otherwise.
     let code = ackd.wait_exit(AUTH_FAILURE_BOUND);
     let lines = ackd.lines();
     let all = lines.join("\n");
     assert_eq!(code, 77, "{all}");
-    assert!(ackd.elapsed() < AUTH_FAILURE_BOUND);
     let failed = at(&lines, "auth_failed");
     assert_eq!(failed.len(), 1, "one line, not one per retry:\n{all}");
     let line = failed[0].clone();
