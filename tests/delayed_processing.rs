@@ -216,7 +216,9 @@ fn a_stop_while_messages_wait_with_key_ordering_leaves_them_unstarted() {
 #[test]
 fn a_bad_delay_is_a_configuration_error() {
     for bad in ["604800001", "-1", "1s"] {
-        let ackd = AckdBuilder::new("t", "g").env("ACKD_DELAY_MS", bad).spawn();
+        let ackd = AckdBuilder::without_broker("t", "g")
+            .env("ACKD_DELAY_MS", bad)
+            .spawn();
         let line = ackd.assert_config_error("ACKD_DELAY_MS", WAIT);
         assert!(line.contains("604800000"), "{line}");
     }

@@ -552,9 +552,9 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
             .env("ACKD_EXEC_TIMEOUT_MS", "2000")
             .spawn();
         ackd.wait_for_count(is_processed, 1, WAIT);
-        let stopping = std::time::Instant::now();
+        // In time by ackd's own clock: the child's end is logged before the exit, under
+        // the 3 s deadline (a wall-clock bound here would time the machine instead).
         ackd.stop(0, WAIT);
-        let stop_took = stopping.elapsed();
         let lines = ackd.lines();
         let stopped = lines
             .iter()
@@ -563,12 +563,6 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
         assert_eq!(field(stopped, "how").as_deref(), Some(how), "{stopped}");
         let took: u64 = field(stopped, "duration_ms").unwrap().parse().unwrap();
         assert!((1000..3000).contains(&took), "{stopped}");
-        // Within ACKD_SHUTDOWN_TIMEOUT_MS (and the runtime's 100 ms), with room for a busy
-        // machine's scheduling.
-        assert!(
-            stop_took < Duration::from_millis(3600),
-            "{how}: {stop_took:?}"
-        );
         // The handler is gone.
         let pid = handled(&dir)[0].2 as libc::pid_t;
         // Gone, or a zombie (its parent `sh` died first and whoever inherited it has not
@@ -589,7 +583,7 @@ fn children_that_outlive_eof_get_sigterm_then_sigkill_within_the_shutdown_timeou
 /// ACKD_PROCESSOR=exec without a command is a configuration error naming the setting.
 #[test]
 fn exec_without_a_command_is_a_configuration_error() {
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .spawn();
     ackd.assert_config_error("ACKD_EXEC_COMMAND", WAIT);
@@ -1145,8 +1139,8 @@ fn a_batch_answered_per_message_or_out_of_order_acks_nothing_it_did_not_answer()
 
 /// A handler that writes a 32 MiB line to stderr and, once, a 32 MiB reply: the stderr
 /// line is logged cut at ACKD_EXEC_MAX_LINE_BYTES (saying how much was dropped), the
-/// reply is a protocol error (the message comes again), and ackd's peak memory stays
-/// far below the size of one such line.
+/// reply is a protocol error (the message comes again), and ackd's peak memory grows by
+/// far less than the size of one such line (a quarter of it) from before the first one.
 #[test]
 fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
     let (topic, group, dir) = exec_case("exec-huge", 1);
@@ -1156,6 +1150,8 @@ fn huge_handler_lines_are_cut_and_memory_stays_bounded() {
 for line in sys.stdin:
     msg = json.loads(line)
     p, o = msg["partition"], msg["offset"]
+    while o == 1 and not os.path.exists(os.path.join(DIR, "go")):
+        time.sleep(0.01)
     if o == 1 and once("stderr-1"):
         sys.stderr.write("e" * HUGE + "\n"); sys.stderr.flush()
     if o == 2 and once("stdout-2"):
@@ -1167,11 +1163,17 @@ for line in sys.stdin:
     );
     produce_numbered(&topic, 4);
     let ackd = exec_ackd(&topic, &group, &command).spawn();
+    // Running, offset 0 done, and the handler holds offset 1 back: memory before the lines.
+    ackd.wait_for_line(|l| is_processed_at(l, 0), WAIT);
+    let before_kib = peak_rss_kib(ackd.pid());
+    std::fs::write(dir.join("go"), "").unwrap();
     ackd.wait_for_line(|l| is_processed_at(l, 3), WAIT);
     let peak_kib = peak_rss_kib(ackd.pid());
     let lines = ackd.stop_exec_cleanly(WAIT);
     let longest = lines.iter().map(String::len).max().unwrap_or(0);
-    eprintln!("huge lines: ackd's peak RSS {peak_kib} KiB, longest log line {longest} bytes");
+    eprintln!(
+        "huge lines: ackd's peak RSS {before_kib} KiB before them, {peak_kib} KiB after; longest log line {longest} bytes"
+    );
     let stderr = lines
         .iter()
         .find(|l| at(l, "exec_stderr"))
@@ -1196,7 +1198,10 @@ for line in sys.stdin:
     );
     assert!(lines.iter().any(|l| at_offset(l, "retry", 2)));
     assert!(longest < 200_000, "longest log line {longest} bytes");
-    assert!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB");
+    assert!(
+        peak_kib < before_kib + 8 * 1024,
+        "peak RSS {peak_kib} KiB, {before_kib} KiB before the 32 MiB lines"
+    );
     assert_eq!(acked_unhandled(&lines, &dir), vec![]);
     assert_eq!(
         processed(&lines),

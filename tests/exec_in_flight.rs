@@ -597,7 +597,7 @@ fn adaptive_concurrency_settles_near_the_handlers_capacity() {
 /// error naming it and what is allowed (exit 78).
 #[test]
 fn a_bad_exec_concurrency_mode_is_a_configuration_error() {
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_PROCESSOR", "exec")
         .env("ACKD_EXEC_COMMAND", "cat")
         .env("ACKD_EXEC_CONCURRENCY_MODE", "auto")

@@ -153,11 +153,17 @@ fn through_the_tiers(prefix: &str, extra: &[(&str, &str)], exact: bool) {
         assert!(when <= due + LATE_MS, "{} ms late: {line}", when - due);
     }
     // The partition flowed past the failing message: all its other messages were
-    // processed before the first copy was due.
-    let first_due = copies.values().min().unwrap();
+    // processed before the first copy was handled (not "before it was due": how long 9
+    // messages take is the machine's speed, not a promise).
+    let first_copy = timed
+        .iter()
+        .filter(|(_, l)| handled(l) && copies.contains_key(&place(l)))
+        .map(|(arrived, _)| *arrived)
+        .min()
+        .expect("a copy was handled");
     for (arrived, line) in timed.iter().filter(|(_, l)| is_processed(l)) {
         if place(line).0 == topic {
-            assert!(at_ms(arrived) < *first_due, "waited for a retry: {line}");
+            assert!(*arrived < first_copy, "waited for a retry: {line}");
         }
     }
     // Every message but 2 processed once, from its source or a tier; a tier's flagged
@@ -415,12 +421,12 @@ fn log_end(topic: &str, partition: i32) -> i64 {
 #[test]
 fn bad_retry_settings_and_missing_tier_topics_stop_ackd() {
     for bad in ["10s,5s", "10", "1s,1s"] {
-        let ackd = AckdBuilder::new("t", "g")
+        let ackd = AckdBuilder::without_broker("t", "g")
             .env("ACKD_RETRY_TOPICS", bad)
             .spawn();
         ackd.assert_config_error("ACKD_RETRY_TOPICS", WAIT);
     }
-    let ackd = AckdBuilder::new("t", "g")
+    let ackd = AckdBuilder::without_broker("t", "g")
         .env("ACKD_RETRY_TOPICS", "10s")
         .env("ACKD_RETRY_MAX_ATTEMPTS", "3")
         .spawn();

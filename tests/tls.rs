@@ -188,12 +188,18 @@ fn heroku_variables_consume_and_commit_over_mutual_tls_with_the_prefixed_names()
 /// `at=auth_failed` line naming the broker with `reason` in it. Returns that line.
 #[track_caller]
 fn assert_auth_failure(builder: AckdBuilder, reason: &str) -> String {
+    assert_auth_failure_lines(builder, reason).0
+}
+
+/// [`assert_auth_failure`], also returning every line of the run.
+#[track_caller]
+fn assert_auth_failure_lines(builder: AckdBuilder, reason: &str) -> (String, Vec<String>) {
     let ackd = builder.spawn();
+    // Within the bound: wait_exit fails otherwise.
     let code = ackd.wait_exit(AUTH_FAILURE_BOUND);
     let lines = ackd.lines();
     let all = lines.join("\n");
     assert_eq!(code, 77, "{all}");
-    assert!(ackd.elapsed() < AUTH_FAILURE_BOUND);
     let failed = at(&lines, "auth_failed");
     assert_eq!(failed.len(), 1, "one line, not one per retry:\n{all}");
     let line = failed[0].clone();
@@ -220,7 +226,7 @@ fn assert_auth_failure(builder: AckdBuilder, reason: &str) -> String {
         "auth failure: exit {code} after {:?}: {line}",
         ackd.elapsed()
     );
-    line
+    (line, lines)
 }
 
 #[test]
@@ -247,22 +253,62 @@ fn with_the_wrong_trusted_ca_ackd_refuses_the_broker_and_exits_77() {
     );
 }
 
+/// librdkafka's TLS debug lines: which CAs it loads, whether it checks the host name.
+fn with_tls_debug(builder: AckdBuilder) -> AckdBuilder {
+    builder
+        .env("ACKD_RDKAFKA_DEBUG", "security")
+        .env("ACKD_LOG_LEVEL", "debug")
+}
+
+/// Whether a librdkafka line of `lines` contains `text`.
+fn librdkafka_says(lines: &[String], text: &str) -> bool {
+    at(lines, "librdkafka").iter().any(|l| l.contains(text))
+}
+
+const HOST_NAME_CHECKED: &str = "Enabled endpoint identification using hostname 127.0.0.1";
+
 #[test]
 fn without_a_trusted_cert_the_system_roots_verify_the_broker_and_refuse_a_private_ca() {
     let builder =
         heroku(ackd(&unique_name("t"), &unique_name("g"))).env_remove("KAFKA_TRUSTED_CERT");
-    assert_auth_failure(builder, "certificate verify failed");
+    let (_, lines) =
+        assert_auth_failure_lines(with_tls_debug(builder), "certificate verify failed");
+    let all = lines.join("\n");
+    // No CA of ackd's: librdkafka's default, the system's roots, with the host name checked.
+    let start = at(&lines, "start")[0];
+    assert!(
+        start.contains("tls=\"ca=system,hostname_check=on,"),
+        "{start}"
+    );
+    assert!(!librdkafka_says(&lines, "CA certificate(s) from"), "{all}");
+    assert!(librdkafka_says(&lines, HOST_NAME_CHECKED), "{all}");
 }
 
 #[test]
 fn the_host_name_check_is_what_a_pinned_ca_turns_off() {
-    // The server certificate is for ec2-1.compute.amazonaws.com: with the check turned
-    // back on over the right CA, the connection to 127.0.0.1 fails.
-    let builder = heroku(ackd(&unique_name("t"), &unique_name("g"))).env(
+    // The server certificate is for ec2-1.compute.amazonaws.com. Over the right CA,
+    // pinned, ackd connects (the check is off)...
+    // The TLS broker first: create_topic would start the shared broker plain.
+    tls();
+    let topic = unique_name("pinned");
+    create_topic(&topic, 1);
+    let pinned = || heroku(ackd(&topic, &unique_name("g")));
+    let connected = pinned().spawn();
+    connected.wait_for_line(|l| field(l, "at").as_deref() == Some("assigned"), WAIT);
+    connected.stop(0, WAIT);
+    // ...and with only the check turned back on, the connection to 127.0.0.1 fails.
+    let builder = pinned().env(
         "ACKD_RDKAFKA_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM",
         "https",
     );
-    assert_auth_failure(builder, "certificate verify failed");
+    let (_, lines) =
+        assert_auth_failure_lines(with_tls_debug(builder), "certificate verify failed");
+    let all = lines.join("\n");
+    assert!(
+        librdkafka_says(&lines, "Loaded 1 CA certificate(s) from string"),
+        "{all}"
+    );
+    assert!(librdkafka_says(&lines, HOST_NAME_CHECKED), "{all}");
 }
 
 #[test]
@@ -351,6 +397,8 @@ fn assert_config_error(builder: AckdBuilder, setting: &str, mentions: &str) {
 #[test]
 fn tls_and_sasl_configuration_errors_name_the_variable_without_its_content() {
     let pki = pki();
+    // Each ends at its configuration: no broker is started for them.
+    let ackd = |topic, group| AckdBuilder::on(&format!("kafka+ssl://{CLOSED_PORT}"), topic, group);
     let base = || heroku(ackd("t", "g"));
     assert_config_error(
         base().env_remove("KAFKA_CLIENT_CERT_KEY"),

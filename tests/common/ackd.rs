@@ -21,6 +21,9 @@ pub fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no VmHWM in {status}"))
 }
 
+/// A bootstrap address where nothing listens (port 1 is privileged, never a test's).
+pub const CLOSED_PORT: &str = "127.0.0.1:1";
+
 /// Builds an `ackd` process (the real binary) against the test broker.
 pub struct AckdBuilder {
     env: Vec<(String, Option<String>)>,
@@ -46,6 +49,13 @@ impl AckdBuilder {
         // group.min.session.timeout.ms in broker.rs).
         .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "1000")
         .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "300")
+    }
+
+    /// Like [`AckdBuilder::new`] for a run that must end at its configuration, before
+    /// connecting: no broker is started for it (`KAFKA_URL` is a closed loopback port, so a
+    /// configuration that is not refused makes ackd wait for a broker, and the test fail).
+    pub fn without_broker(topic: &str, group: &str) -> Self {
+        Self::on(CLOSED_PORT, topic, group)
     }
 
     /// `ACKD_GROUP_PROTOCOL=consumer` (KIP-848): the broker sets the session timeout and
