@@ -339,6 +339,63 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_held_partition_starts_no_call_until_the_hold_lifts() {
+        let clock = Arc::new(CallClock::default());
+        let hold = Arc::new(Hold::default());
+        let (tx, mut rx) = watch::channel(false);
+        let mut rx2 = rx.clone();
+        hold.hold();
+        let polled = std::sync::atomic::AtomicBool::new(false);
+        let call = admitted(
+            async {
+                polled.store(true, Ordering::Release);
+                7
+            },
+            (&clock, &hold),
+            (1, 1, 1),
+            &mut rx,
+        );
+        tokio::pin!(call);
+        assert!(futures::poll!(call.as_mut()).is_pending());
+        assert!(!polled.load(Ordering::Acquire), "not polled while held");
+        assert_eq!(clock.highest_handed(), None, "nothing handed over");
+        hold.lift();
+        assert_eq!(call.await, Some(7));
+        // Held, then stopped: dropped, never polled.
+        hold.hold();
+        let held = admitted(
+            async { unreachable!("started while held") },
+            (&clock, &hold),
+            (2, 2, 1),
+            &mut rx2,
+        );
+        tokio::pin!(held);
+        assert!(futures::poll!(held.as_mut()).is_pending());
+        tx.send(true).unwrap();
+        assert_eq!(held.await, None::<()>);
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_may_not_start_while_its_partition_is_held() {
+        let clock = Arc::new(CallClock::default());
+        let hold = Arc::new(Hold::default());
+        let call = call(&clock, 5);
+        let call = Arc::new(CallStart {
+            hold: Some(hold.clone()),
+            ..Arc::try_unwrap(call).ok().unwrap()
+        });
+        assert!(call.may_start());
+        hold.hold();
+        assert!(!call.may_start(), "the processor leaves it queued");
+        let waiting = call.startable();
+        tokio::pin!(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        hold.lift();
+        waiting.await;
+        assert!(call.may_start());
+    }
+
+    #[tokio::test]
     async fn a_stop_drops_a_queued_call_and_waits_for_a_started_one() {
         let clock = Arc::new(CallClock::default());
         let hold = Arc::new(Hold::default());
