@@ -20,17 +20,26 @@ const WAIT: Duration = Duration::from_secs(90);
 /// Longer than `membership::STALL` (2 s): the woken process holds its partitions.
 const STALL: Duration = Duration::from_millis(2400);
 
-/// An exec handler that holds several requests at once (a thread each) and answers
-/// each after 50-300 ms.
-const OVERLAPPING_HANDLER: &str = r#"import json, random, signal, sys, threading
+/// An exec handler that holds several requests at once (asyncio) and answers each
+/// after 50-300 ms.
+const OVERLAPPING_HANDLER: &str = r#"import asyncio, json, random, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-lock = threading.Lock()
-def reply(msg):
-    with lock:
-        print(json.dumps({"ack": True, "topic": msg["topic"], "partition": msg["partition"], "offset": msg["offset"]}), flush=True)
-for line in sys.stdin:
-    msg = json.loads(line)
-    threading.Timer(random.uniform(0.05, 0.3), reply, (msg,)).start()
+async def handle(msg):
+    await asyncio.sleep(random.uniform(0.05, 0.3))
+    reply = {"ack": True, "topic": msg["topic"], "partition": msg["partition"], "offset": msg["offset"]}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+async def main():
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    tasks = set()
+    while line := await reader.readline():
+        t = asyncio.create_task(handle(json.loads(line)))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+asyncio.run(main())
 "#;
 
 /// `ACKD_ORDERING=key` with calls under way and steady traffic: the read loop selects
@@ -41,8 +50,8 @@ for line in sys.stdin:
 /// the processor, no offset be passed, and the commits reach the log ends.
 #[test]
 fn messages_read_as_the_hold_starts_all_reach_the_processor() {
-    const PARTITIONS: i32 = 4;
-    const STALLS: usize = 5;
+    const PARTITIONS: i32 = 8;
+    const STALLS: usize = 8;
     let started = Instant::now();
     let (topic, group) = fresh_topic("hold_read", PARTITIONS);
     let dir = fresh_dir("hold_read");
@@ -60,14 +69,15 @@ fn messages_read_as_the_hold_starts_all_reach_the_processor() {
         .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "1000")
         .spawn();
     ackd.wait_for_line(|l| at(l, "assigned"), WAIT);
-    // ~40 messages a second.
-    let producer = SteadyProducer::start(&topic, 4, Duration::from_millis(100));
+    // ~40 messages a second over 100 keys.
+    let producer = KeyedProducer::start(&topic, 100);
     for stall in 0..STALLS {
         // Busy again since the last stall: calls under way.
         let n = processed(&ackd.lines()).len();
         wait_until(WAIT, || processed(&ackd.lines()).len() >= n + 40);
         ackd.signal(libc::SIGSTOP);
-        std::thread::sleep(STALL + Duration::from_millis(300 * stall as u64 % 900));
+        // 2.4-3.9 s.
+        std::thread::sleep(STALL + Duration::from_millis(500 * (stall as u64 % 4)));
         ackd.signal(libc::SIGCONT);
         if lost_any(&ackd) {
             break;
@@ -264,4 +274,39 @@ fn calls_waiting_for_a_child_across_a_stall_do_not_start_unflagged() {
         count_at(&a_lines, "membership_in_doubt") >= 1,
         "A said its membership was in doubt"
     );
+}
+
+/// A producer thread that sends 4 messages every 100 ms, their keys cycling through
+/// `keys` keys (a key's messages follow each other in its partition).
+struct KeyedProducer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Delivered>>,
+}
+
+impl KeyedProducer {
+    fn start(topic: &str, keys: usize) -> KeyedProducer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (topic, s) = (topic.to_string(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let (mut delivered, mut n) = (Vec::new(), 0);
+            while !s.load(std::sync::atomic::Ordering::Acquire) {
+                let batch: Vec<(Option<Vec<u8>>, Vec<u8>)> = (n..n + 4)
+                    .map(|i| {
+                        let key = format!("k-{}", i % keys).into_bytes();
+                        (Some(key), format!("message {i}").into_bytes())
+                    })
+                    .collect();
+                n += 4;
+                delivered.extend(produce(&topic, &batch));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            delivered
+        });
+        KeyedProducer { stop, thread }
+    }
+
+    fn finish(self) -> Vec<Delivered> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().expect("producer thread")
+    }
 }
