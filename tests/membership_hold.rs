@@ -2,9 +2,9 @@
 //! binary, where the process is stopped (SIGSTOP) and woken:
 //! - a message the worker takes from its queue as the hold starts is kept, not lost:
 //!   every offset produced reaches the processor, and the commits reach the log ends;
-//! - calls waiting in the processor (for an exec child) when the process stalls past
-//!   its session start only once the membership is confirmed: nothing the new owner
-//!   handled is handled again by the woken member unflagged.
+//! - calls waiting in the processor (for an exec child, an http permit) when the
+//!   process stalls past its session start only once the membership is confirmed:
+//!   nothing the new owner handled is handled again by the woken member unflagged.
 
 mod common;
 
@@ -185,16 +185,82 @@ fn epoch_secs() -> f64 {
 /// group takes the partitions from it.
 #[test]
 fn calls_waiting_for_a_child_across_a_stall_do_not_start_unflagged() {
-    const PARTITIONS: i32 = 10;
-    let started = Instant::now();
-    let (topic, group) = fresh_topic("hold_queued", PARTITIONS);
+    let (topic, group) = fresh_topic("hold_queued", 10);
     let dir = fresh_dir("hold_queued");
     let script = dir.join("handler.py");
     std::fs::write(&script, RECORDING_HANDLER).unwrap();
-    let member = |name: &str| {
+    queued_across_a_stall(&topic, |name| {
         let file = dir.join(name);
         let command = format!("python3 {} {}", script.display(), file.display());
-        let ackd = exec_ackd(&topic, &group, &command)
+        (exec_ackd(&topic, &group, &command), file)
+    });
+}
+
+/// An http endpoint (Python's threading server) that records every request as
+/// [`RECORDING_HANDLER`] does, in the file its second argument names, and answers 200
+/// after 20-200 ms; it listens on the port its first argument names.
+const RECORDING_ENDPOINT: &str = r#"import http.server, json, random, sys, time
+out = open(sys.argv[2], "a")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        msg = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        r = 1 if msg["redelivered"] else 0
+        out.write("%d %d %d %.6f\n" % (msg["partition"], msg["offset"], r, time.time()))
+        out.flush()
+        time.sleep(random.uniform(0.02, 0.2))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+/// The same with the http processor and one request in flight at a time: the calls
+/// wait for the permit.
+#[test]
+fn calls_waiting_for_an_http_permit_across_a_stall_do_not_start_unflagged() {
+    let (topic, group) = fresh_topic("hold_permit", 10);
+    let dir = fresh_dir("hold_permit");
+    let script = dir.join("endpoint.py");
+    std::fs::write(&script, RECORDING_ENDPOINT).unwrap();
+    let mut endpoints = Vec::new();
+    queued_across_a_stall(&topic, |name| {
+        let file = dir.join(name);
+        let port = free_port();
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(&script).arg(port.to_string()).arg(&file);
+        endpoints.push(KillOnDrop(spawn_tied(cmd).expect("python3")));
+        wait_until(WAIT, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        let url = format!("http://127.0.0.1:{port}/");
+        let ackd = http_ackd(&topic, &group, &url).env("ACKD_HTTP_CONCURRENCY", "1");
+        (ackd, file)
+    });
+}
+
+/// Kills the endpoint when the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A stopped past its session while its calls wait in the processor, B takes the
+/// partitions, A wakes: `member(name)` gives an ackd to start, configured for its
+/// processor, and the file its handler records requests in.
+fn queued_across_a_stall(
+    topic: &str,
+    mut member: impl FnMut(&str) -> (AckdBuilder, std::path::PathBuf),
+) {
+    let started = Instant::now();
+    let mut member = |name: &str| {
+        let (ackd, file) = member(name);
+        let ackd = ackd
             .env("ACKD_COMMIT_INTERVAL_MS", "1000")
             .env("ACKD_RDKAFKA_SESSION_TIMEOUT_MS", "6000")
             .env("ACKD_RDKAFKA_HEARTBEAT_INTERVAL_MS", "500")
@@ -202,7 +268,7 @@ fn calls_waiting_for_a_child_across_a_stall_do_not_start_unflagged() {
         (ackd, file)
     };
     // ~10 messages a second: about what one child handles, so calls queue for it.
-    let producer = SteadyProducer::start(&topic, 5, Duration::from_millis(500));
+    let producer = SteadyProducer::start(topic, 5, Duration::from_millis(500));
     let (a, a_file) = member("a");
     a.wait_for_line(|l| at(l, "assigned"), WAIT);
     wait_until(WAIT, || handled(&a_file).len() >= 40);
@@ -233,10 +299,10 @@ fn calls_waiting_for_a_child_across_a_stall_do_not_start_unflagged() {
             .iter()
             .all(|m| a_got.contains_key(m) || b_got.contains_key(m))
     });
-    let a_lines = a.stop_exec_cleanly(WAIT);
-    b.stop_exec_cleanly(WAIT);
+    let a_lines = a.stop(0, WAIT);
+    b.stop(0, WAIT);
     let (a_got, b_got) = (handled(&a_file), handled(&b_file));
-    // Started by A's child after A woke, unflagged, though B had handled it before.
+    // Started by A's processor after A woke, unflagged, though B had handled it before.
     let repeated: Vec<((i32, i64), f64)> = a_got
         .iter()
         .filter(|(m, (flagged, when))| {
@@ -245,7 +311,7 @@ fn calls_waiting_for_a_child_across_a_stall_do_not_start_unflagged() {
         .map(|(m, (_, when))| (*m, when - woke))
         .collect();
     eprintln!(
-        "hold queued: {} messages, A handled {} ({} after waking), B {}, repeated unflagged by A after waking {}, {:.1} s",
+        "hold queued ({topic}): {} messages, A handled {} ({} after waking), B {}, repeated unflagged by A after waking {}, {:.1} s",
         delivered.len(),
         a_got.len(),
         a_got.values().filter(|(_, w)| *w >= woke).count(),
@@ -262,7 +328,7 @@ fn calls_waiting_for_a_child_across_a_stall_do_not_start_unflagged() {
     }
     assert!(
         repeated.is_empty(),
-        "A's child started calls after waking that B had handled, unflagged ((partition, offset), seconds after waking): {repeated:?}"
+        "A's processor started calls after waking that B had handled, unflagged ((partition, offset), seconds after waking): {repeated:?}"
     );
     assert!(
         expected
