@@ -28,6 +28,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::consumer::worker::Hold;
+
 const FRESH: u8 = 0;
 const QUEUED: u8 = 1;
 const STARTED: u8 = 2;
@@ -51,6 +53,9 @@ pub(crate) struct CallStart {
     /// Its messages (a batch's).
     messages: usize,
     clock: Arc<CallClock>,
+    /// Its partition's hold: a call the processor takes starts only while the
+    /// partition may start calls, however long it waited in the processor's queue.
+    hold: Option<Arc<Hold>>,
 }
 
 impl CallStart {
@@ -64,6 +69,20 @@ impl CallStart {
             .compare_exchange(FRESH, QUEUED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
             .then_some(call)
+    }
+
+    /// Whether the call may start now: its partition is not held (the membership is
+    /// not in doubt) and the process did not just wake from a stall (see
+    /// [`Hold::may_start`]). A processor asks before it takes a queued call.
+    pub(crate) fn may_start(&self) -> bool {
+        self.hold.as_ref().is_none_or(|h| h.may_start())
+    }
+
+    /// Resolves once the call may start (see [`CallStart::may_start`]).
+    pub(crate) async fn startable(&self) {
+        if let Some(hold) = &self.hold {
+            hold.startable().await;
+        }
     }
 
     /// The processor takes the call now. False: the worker dropped it meanwhile.
@@ -210,14 +229,23 @@ impl Drop for EndOnDrop<'_> {
     }
 }
 
-/// Runs one attempt of a concurrent call (of `messages` from `offset` to `last`).
-/// `None`: a stop came before the processor took it; it was dropped, unstarted.
+/// Runs one attempt of a concurrent call (of `messages` from `offset` to `last`) of the
+/// partition held by `hold`. `None`: a stop came before the processor took it; it was
+/// dropped, unstarted.
+///
+/// The call starts only while its partition may start calls: it is first polled once
+/// the hold allows it (a retry after its delay, a batch after its gathering may come
+/// after a stall), and a processor that queues it checks again when it takes it
+/// ([`CallStart::may_start`]).
 pub(crate) async fn admitted<F: Future>(
     call: F,
-    clock: &Arc<CallClock>,
+    (clock, hold): (&Arc<CallClock>, &Arc<Hold>),
     (offset, last, messages): (i64, i64, usize),
     stop: &mut watch::Receiver<bool>,
 ) -> Option<F::Output> {
+    if !hold.wait_unless_stopped(stop).await {
+        return None;
+    }
     let start = Arc::new(CallStart {
         state: AtomicU8::new(FRESH),
         started_ms: AtomicU64::new(0),
@@ -225,6 +253,7 @@ pub(crate) async fn admitted<F: Future>(
         last,
         messages,
         clock: clock.clone(),
+        hold: Some(hold.clone()),
     });
     let _end = EndOnDrop(&start);
     let mut call = std::pin::pin!(CALL.scope(start.clone(), call));
@@ -261,6 +290,7 @@ mod tests {
             last: offset,
             messages: 1,
             clock: clock.clone(),
+            hold: None,
         })
     }
 
@@ -309,8 +339,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_held_partition_starts_no_call_until_the_hold_lifts() {
+        let clock = Arc::new(CallClock::default());
+        let hold = Arc::new(Hold::default());
+        let (tx, mut rx) = watch::channel(false);
+        let mut rx2 = rx.clone();
+        hold.hold();
+        let polled = std::sync::atomic::AtomicBool::new(false);
+        let call = admitted(
+            async {
+                polled.store(true, Ordering::Release);
+                7
+            },
+            (&clock, &hold),
+            (1, 1, 1),
+            &mut rx,
+        );
+        tokio::pin!(call);
+        assert!(futures::poll!(call.as_mut()).is_pending());
+        assert!(!polled.load(Ordering::Acquire), "not polled while held");
+        assert_eq!(clock.highest_handed(), None, "nothing handed over");
+        hold.lift();
+        assert_eq!(call.await, Some(7));
+        // Held, then stopped: dropped, never polled.
+        hold.hold();
+        let held = admitted(
+            async { unreachable!("started while held") },
+            (&clock, &hold),
+            (2, 2, 1),
+            &mut rx2,
+        );
+        tokio::pin!(held);
+        assert!(futures::poll!(held.as_mut()).is_pending());
+        tx.send(true).unwrap();
+        assert_eq!(held.await, None::<()>);
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_may_not_start_while_its_partition_is_held() {
+        let clock = Arc::new(CallClock::default());
+        let hold = Arc::new(Hold::default());
+        let call = call(&clock, 5);
+        let call = Arc::new(CallStart {
+            hold: Some(hold.clone()),
+            ..Arc::try_unwrap(call).ok().unwrap()
+        });
+        assert!(call.may_start());
+        hold.hold();
+        assert!(!call.may_start(), "the processor leaves it queued");
+        let waiting = call.startable();
+        tokio::pin!(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        hold.lift();
+        waiting.await;
+        assert!(call.may_start());
+    }
+
+    #[tokio::test]
     async fn a_stop_drops_a_queued_call_and_waits_for_a_started_one() {
         let clock = Arc::new(CallClock::default());
+        let hold = Arc::new(Hold::default());
         let (tx, mut rx) = watch::channel(false);
         // Queued, never taken: the stop drops it.
         let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<Arc<CallStart>>();
@@ -321,8 +409,8 @@ mod tests {
         };
         let mut rx2 = rx.clone();
         let waiting = tokio::spawn({
-            let clock = clock.clone();
-            async move { admitted(queued, &clock, (1, 1, 1), &mut rx2).await }
+            let (clock, hold) = (clock.clone(), hold.clone());
+            async move { admitted(queued, (&clock, &hold), (1, 1, 1), &mut rx2).await }
         });
         let me = taken_rx.await.unwrap();
         tx.send(true).unwrap();
@@ -339,7 +427,7 @@ mod tests {
                 tokio::task::yield_now().await;
                 7
             },
-            &clock,
+            (&clock, &hold),
             (2, 2, 1),
             &mut rx,
         );
@@ -353,7 +441,7 @@ mod tests {
                 tokio::task::yield_now().await;
                 7
             },
-            &clock,
+            (&clock, &hold),
             (3, 3, 1),
             &mut rx,
         );

@@ -175,6 +175,9 @@ impl Http {
         // Retry-After's pause to pass).
         let queued = queued();
         let permit = self.limit.acquire().await;
+        // The wait for a permit may have spanned a stall, or the membership fallen in
+        // doubt meanwhile: nothing starts until the partition may go on.
+        queued.startable().await;
         // Declared after the permit, so dropped before it: the call ends before the
         // permit is free for the next one.
         let Some(_taken) = queued.take() else {

@@ -510,6 +510,20 @@ pub(crate) fn panicked(panic: &Box<dyn std::any::Any + Send>) -> ProcessError {
 pub struct Queued(Option<std::sync::Arc<crate::processors::call_start::CallStart>>);
 
 impl Queued {
+    /// Whether the call may start now: not while the membership is in doubt or the
+    /// process just woke from a stall (its partition may be another's by now). Ask
+    /// before taking it; while false, leave it queued (see [`Queued::startable`]).
+    pub fn may_start(&self) -> bool {
+        self.0.as_ref().is_none_or(|c| c.may_start())
+    }
+
+    /// Resolves once the call may start (at once outside a tracked call).
+    pub async fn startable(&self) {
+        if let Some(call) = &self.0 {
+            call.startable().await;
+        }
+    }
+
     /// The processor takes the call now (a child or a permit is free): from here it
     /// counts as started, and the processor's own timeout should start here too. Keep
     /// the [`Taken`] while the call holds the child or permit, and drop it when the

@@ -211,16 +211,24 @@ impl<P: Processor> Handler<'_, P> {
         (first, last, messages): (i64, i64, usize),
         call: F,
     ) -> Option<F::Output> {
-        let clock = &self.shared.calls;
+        let tracked = (&self.shared.calls, &self.shared.hold);
         let span = (first, last, messages);
         if !self.sequential {
-            return call_start::admitted(call, clock, span, self.stop).await;
+            return call_start::admitted(call, tracked, span, self.stop).await;
         }
         if self.config.processor.calls_may_wait() {
             // A copy: `admitted` marks the stop seen, and the partition's read loop
             // (`Worker::next`) must still see it.
             let mut stop = self.stop.clone();
-            return call_start::admitted(call, clock, span, &mut stop).await;
+            return call_start::admitted(call, tracked, span, &mut stop).await;
+        }
+        // A retry after its delay, a batch after its gathering: the wait may have
+        // spanned a stall, or the membership fallen in doubt meanwhile.
+        if !self.shared.hold.may_start() {
+            let mut stop = self.stop.clone();
+            if !self.shared.hold.wait_unless_stopped(&mut stop).await {
+                return None;
+            }
         }
         self.shared.only_call_begins(last);
         let outcome = call.await;

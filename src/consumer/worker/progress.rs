@@ -285,17 +285,25 @@ pub(super) struct GapLines {
     /// Gaps, and offsets in them, since the last line that had no line of their own.
     unlogged: u64,
     unlogged_skipped: u64,
+    /// The offsets those gaps lie between: the first one's first missing offset, the
+    /// last one's next message.
+    unlogged_span: Option<(i64, i64)>,
 }
+
+/// What an `at=offset_gap` line says of its gaps.
+const GAP_MSG: &str = "no message at these offsets reached ackd: the committed offset passes them. Compaction, transaction markers and aborted transactions (read_committed) leave such gaps, so do retention and an offset reset; any other cause is a defect of ackd (a message skipped): report it with these offsets";
 
 impl GapLines {
     /// Offsets `from..to` hold no message that reached ackd, and no fetch error came
     /// before them: compaction, transaction markers and aborted transactions
     /// (`isolation.level=read_committed`) leave such gaps as a matter of course;
     /// retention passing the position, an offset reset (`ACKD_START_FROM`) or a
-    /// truncated log leave them too. Every gap is counted (`count#offsets.skipped`);
-    /// one of a single offset (a transaction's marker) is a debug line; a longer one is
-    /// an info line, at most one per partition every [`GAP_LINE_EVERY`], which counts
-    /// the gaps since the previous line that had none.
+    /// truncated log leave them too. ackd cannot tell those from a message it skipped
+    /// itself, which would be a defect: every gap is counted (`count#offsets.skipped`)
+    /// and named by a warning. A busy transactional topic leaves a gap per transaction,
+    /// so a partition writes at most one line every [`GAP_LINE_EVERY`]: the gaps in
+    /// between are named by the next line (`earlier_from`, `earlier_to`), or at the
+    /// worker's end ([`GapLines::flush`]).
     /// `metrics` and `(topic, partition)`: the partition's.
     pub(super) fn gap(
         &mut self,
@@ -307,17 +315,18 @@ impl GapLines {
         let skipped = (to - from) as u64;
         metrics.offsets_skipped(skipped);
         let now = Instant::now();
-        let quiet = skipped == 1
-            || self
-                .last_line
-                .is_some_and(|t| now.duration_since(t) < GAP_LINE_EVERY);
-        if quiet {
+        if self
+            .last_line
+            .is_some_and(|t| now.duration_since(t) < GAP_LINE_EVERY)
+        {
             self.unlogged += 1;
             self.unlogged_skipped += skipped;
+            self.unlogged_span = Some(self.unlogged_span.map_or((from, to), |(f, _)| (f, to)));
             tracing::debug!(at = "offset_gap", topic, partition, from, to, skipped);
             return;
         }
-        tracing::info!(
+        let (earlier_from, earlier_to) = self.unlogged_span.unzip();
+        tracing::warn!(
             at = "offset_gap",
             topic,
             partition,
@@ -326,13 +335,33 @@ impl GapLines {
             skipped,
             earlier_gaps = self.unlogged,
             earlier_skipped = self.unlogged_skipped,
-            "no message at these offsets reached ackd (compacted, transaction markers, aborted transactions, deleted by retention, or passed by an offset reset): the committed offset passes them; none was a message that failed"
+            earlier_from,
+            earlier_to,
+            "{GAP_MSG}"
         );
         *self = GapLines {
             last_line: Some(now),
-            unlogged: 0,
-            unlogged_skipped: 0,
+            ..GapLines::default()
         };
+    }
+
+    /// The worker ends: the gaps no line named yet get one (`from` the first's first
+    /// missing offset, `to` the last's next message, `gaps` how many).
+    pub(super) fn flush(&mut self, (topic, partition): (&str, i32)) {
+        let Some((from, to)) = self.unlogged_span.take() else {
+            return;
+        };
+        tracing::warn!(
+            at = "offset_gap",
+            topic,
+            partition,
+            from,
+            to,
+            skipped = self.unlogged_skipped,
+            gaps = self.unlogged,
+            "{GAP_MSG}"
+        );
+        *self = GapLines::default();
     }
 }
 
@@ -643,25 +672,27 @@ mod tests {
     }
 
     #[test]
-    fn gaps_are_counted_and_single_offsets_are_quiet() {
+    fn every_gap_is_named_at_a_bounded_rate() {
         let shared = WorkerShared::new();
         let mut p = progress(&shared, OnFailure::Halt);
         // The first message's distance from the committed offset: counted, no gap line
         // (at=offset_reset says it).
         assert_eq!(p.dispatch(2), Ok(()));
-        // Transaction markers: one offset each.
-        assert_eq!(p.dispatch(4), Ok(()));
-        assert_eq!(p.dispatch(6), Ok(()));
         assert!(p.gaps.last_line.is_none());
-        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (2, 2));
-        // A longer gap is a line, which counts the quiet ones before it.
-        assert_eq!(p.dispatch(20), Ok(()));
+        // A single offset (a transaction's marker, or a message skipped): a line.
+        assert_eq!(p.dispatch(4), Ok(()));
         assert!(p.gaps.last_line.is_some());
+        // The next ones within GAP_LINE_EVERY wait for the next line, which names
+        // where they lie.
+        assert_eq!(p.dispatch(6), Ok(()));
+        assert_eq!(p.dispatch(20), Ok(()));
+        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (2, 14));
+        assert_eq!(p.gaps.unlogged_span, Some((5, 20)));
+        assert_eq!(counted(&shared), (2 + 1 + 1 + 13, 0));
+        // The worker's end names them.
+        p.gaps.flush(("t", 0));
+        assert_eq!(p.gaps.unlogged_span, None);
         assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (0, 0));
-        // The next within GAP_LINE_EVERY waits for the next line.
-        assert_eq!(p.dispatch(30), Ok(()));
-        assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (1, 9));
-        assert_eq!(counted(&shared), (2 + 1 + 1 + 13 + 9, 0));
     }
 }
 

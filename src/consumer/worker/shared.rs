@@ -51,8 +51,9 @@ pub struct WorkerShared {
     /// The concurrent calls the processor took, oldest first (concurrent ordering, or
     /// partition ordering with a processor whose calls may wait: see `admits_calls`).
     pub(super) calls: Arc<call_start::CallClock>,
-    /// Held while the group membership is in doubt: nothing new starts.
-    pub hold: Hold,
+    /// Held while the group membership is in doubt: nothing new starts. Shared with
+    /// the calls the processor queues (`call_start`): they wait for it too.
+    pub hold: Arc<Hold>,
     /// Partition ordering with a processor whose calls may wait for capacity
     /// (`Processor::calls_may_wait`): its call is tracked in `calls`, like a concurrent
     /// one. Set once, when the worker starts.
@@ -103,7 +104,7 @@ impl WorkerShared {
             handed_over: AtomicUsize::new(0),
             waiting: AtomicUsize::new(usize::MAX),
             calls: Arc::default(),
-            hold: Hold::default(),
+            hold: Arc::default(),
             admits_calls: AtomicBool::new(false),
             dispatch: DispatchLimit::default(),
             inherited_through: AtomicI64::new(NONE),

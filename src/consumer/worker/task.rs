@@ -19,7 +19,7 @@ use tokio::sync::{watch, Notify};
 
 use super::handler::{BatchEnd, Handled, Handler};
 use super::progress::Progress;
-use super::shared::{DispatchLimit, LimitPolicy, SetOnDrop, WorkerShared, NONE};
+use super::shared::{DispatchLimit, Hold, LimitPolicy, SetOnDrop, WorkerShared, NONE};
 use crate::consumer::copier::{epoch_ms, tier_delivery, Copier};
 use crate::consumer::handover::{resumed, Flagging, Resume, Skip};
 use crate::consumer::partition_queue::{Messages, PartitionQueue};
@@ -358,6 +358,7 @@ async fn consume<C, P>(
             Step::Stop => {
                 let skipped = worker.progress.skip.total_skipped();
                 worker.flagging.finish(skipped, &topic, partition);
+                worker.progress.gaps.flush((&topic, partition));
                 return;
             }
         };
@@ -529,18 +530,8 @@ impl<'a, P: Processor> Worker<'a, P> {
         } else {
             // Waiting lets the other tasks run.
             self.ready = 0;
-            let next = tokio::select! {
-                biased;
-                _ = self.stop.changed() => None,
-                next = self.messages.next() => next,
-            };
-            // The wait may have spanned a stall of the process (the message is what
-            // woke it): checked again, the message stays unstarted until the
-            // partition may go on.
-            if next.is_some() && !self.shared.hold.wait_unless_stopped(&mut self.stop).await {
-                return None;
-            }
-            next
+            let hold = &self.shared.hold;
+            Some(wait_next(&mut self.messages, &mut self.held, hold, &mut self.stop).await?)
         };
         let offset = match &next {
             Some(Ok(m)) => m.offset(),
@@ -844,6 +835,37 @@ where
     After::More
 }
 
+/// Waits for the queue's next item (`None`: told to stop, or the queue is gone), then
+/// for the hold: the wait may have spanned a stall of the process (the item is what
+/// woke it), so the item stays unstarted until the partition may go on.
+///
+/// Cancel safe: the concurrent loop's `select!` drops this future whenever a call ends
+/// or a batch's wait is over. The item is in `held` (where [`Worker::next`] looks
+/// first) before the hold is awaited, so a dropped wait loses nothing.
+async fn wait_next<T, S>(
+    stream: &mut S,
+    held: &mut Option<T>,
+    hold: &Hold,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<T>
+where
+    S: futures::Stream<Item = T> + Unpin,
+{
+    let next = tokio::select! {
+        biased;
+        _ = stop.changed() => return None,
+        next = stream.next() => next?,
+    };
+    if !hold.may_start() {
+        *held = Some(next);
+        if !hold.wait_unless_stopped(stop).await {
+            return None;
+        }
+        return held.take();
+    }
+    Some(next)
+}
+
 /// Whether a fetch error is the partition's end (said only with `ACKD_STOP_AT_END`).
 pub(super) fn is_end(error: &KafkaError) -> bool {
     matches!(error, KafkaError::PartitionEOF(_))
@@ -883,3 +905,47 @@ fn delay_log(message: &FetchedMessage<'_>, wait: Duration, topic: &str, delay_ms
 /// How far ahead of this host's clock a timestamp may be before a wait for it is
 /// warned of: producers' clocks differ by a little.
 const FUTURE_TIMESTAMP_MS: u64 = 60_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read loop of `ACKD_ORDERING=key`/`none` selects between the queue and the
+    /// calls under way: a call that ends drops the read's future wherever it waits. A
+    /// message taken from the queue and then held (a stall, a doubt) must survive that.
+    #[tokio::test]
+    async fn a_message_taken_then_held_survives_the_wait_being_dropped() {
+        let hold = Hold::default();
+        let (tx, mut queue) = futures::channel::mpsc::unbounded::<i64>();
+        let (stop_tx, mut stop) = watch::channel(false);
+        let mut held = None;
+        {
+            let wait = wait_next(&mut queue, &mut held, &hold, &mut stop);
+            tokio::pin!(wait);
+            assert!(
+                futures::poll!(wait.as_mut()).is_pending(),
+                "the queue is empty"
+            );
+            // The process stalls, the membership is in doubt; then the message arrives.
+            hold.hold();
+            tx.unbounded_send(7).unwrap();
+            assert!(
+                futures::poll!(wait.as_mut()).is_pending(),
+                "the message waits for the hold"
+            );
+            // Dropped here, as the select drops it when a call ends.
+        }
+        // `Worker::next` takes it from there first.
+        assert_eq!(held.take(), Some(7), "the message taken is kept, not lost");
+        hold.lift();
+        tx.unbounded_send(8).unwrap();
+        let next = wait_next(&mut queue, &mut held, &hold, &mut stop).await;
+        assert_eq!(next, Some(8));
+        // A stop during the hold leaves the message unstarted.
+        hold.hold();
+        tx.unbounded_send(9).unwrap();
+        let waiting = wait_next(&mut queue, &mut held, &hold, &mut stop);
+        stop_tx.send(true).unwrap();
+        assert_eq!(waiting.await, None);
+    }
+}

@@ -120,14 +120,24 @@ impl Dispatch {
         }
     }
 
-    /// Hands `job` out once a child has room. False: a stop began first. A job its
-    /// worker dropped while it waited (a stop or a revoke) is dropped, never handed out.
+    /// Hands `job` out once a child has room and its partition may start calls (not
+    /// while the membership is in doubt, or just after a stall: its partition may be
+    /// another's). False: a stop began first. A job its worker dropped while it waited
+    /// (a stop or a revoke) is dropped, never handed out.
     async fn hand_when_room(
         &self,
         mut job: Job,
         stop: &mut watch::Receiver<Option<Instant>>,
     ) -> bool {
         loop {
+            if !job.queued.may_start() {
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(Option::is_some) => return false,
+                    _ = job.reply.closed() => return true,
+                    _ = job.queued.startable() => continue,
+                }
+            }
             let notified = self.room.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();

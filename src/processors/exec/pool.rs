@@ -90,6 +90,7 @@ async fn slot(
                     inbox: &mut inbox,
                     dispatch: &shared.dispatch,
                     stop: &mut stop,
+                    handed_back: &shared.handed_back,
                 };
                 let (ended, answered) = service.run().await;
                 shared.dispatch.set_serving(id, false);

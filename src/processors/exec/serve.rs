@@ -42,6 +42,9 @@ pub(super) struct Service<'a> {
     pub(super) inbox: &'a mut mpsc::UnboundedReceiver<Job>,
     pub(super) dispatch: &'a Dispatch,
     pub(super) stop: &'a mut watch::Receiver<Option<Instant>>,
+    /// Where a request goes back to the dispatch when its partition may not start
+    /// calls as it arrives (a stall between the dispatch and the child).
+    pub(super) handed_back: &'a mpsc::UnboundedSender<Job>,
 }
 
 impl Service<'_> {
@@ -125,6 +128,12 @@ impl Service<'_> {
     /// or a revoke began, or a drain ran out of time: the partition may be someone
     /// else's now). `Err`: the child cannot be written to.
     fn give(&mut self, job: Job, held: &mut HeldRequests) -> Result<(), String> {
+        if !job.queued.may_start() && !job.reply.is_closed() {
+            // Not taken: the dispatch waits for the partition, then hands it out again.
+            self.dispatch.release(self.running.id);
+            let _ = self.handed_back.send(job);
+            return Ok(());
+        }
         let Job {
             line,
             sent,
