@@ -593,6 +593,16 @@ pub fn emit_lag(topic: &str, partition: i32, lag: i64, seconds: Option<f64>, sou
     );
 }
 
+/// The lag lines chosen by [`LagLines::select`], each with its lag in seconds from
+/// `lags` (every partition whose lag is known, in partition order).
+pub fn emit_lags(lines: &[(TopicPartition, i64)], lags: &[(TopicPartition, Lag)], source: &str) {
+    for (tp, lag) in lines {
+        let i = lags.binary_search_by(|(t, _)| t.cmp(tp));
+        let seconds = i.ok().and_then(|i| lags[i].1.seconds);
+        emit_lag(&tp.0, tp.1, *lag, seconds, source);
+    }
+}
+
 /// The most lag lines one summary writes: what a log drain receives stays bounded
 /// whatever the partitions (the summary's `lag.total` and the health endpoint's
 /// `/metrics` still cover every partition).

@@ -121,6 +121,15 @@ impl<'q> FetchedMessage<'q> {
             .then(|| unsafe { std::slice::from_raw_parts(raw.payload.cast::<u8>(), raw.len) })
     }
 
+    /// The timestamp in ms since the epoch, whichever its type, if it has one: one call
+    /// into librdkafka (the lag in seconds reads it for every message).
+    #[inline]
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        // SAFETY: a live message; librdkafka takes a null type pointer.
+        let ms = unsafe { rdsys::rd_kafka_message_timestamp(self.ptr(), std::ptr::null_mut()) };
+        (ms != -1).then_some(ms)
+    }
+
     pub fn timestamp(&self) -> Timestamp {
         let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
         // SAFETY: a live message and a valid out-pointer.

@@ -19,7 +19,6 @@ use super::GroupContext;
 use crate::consumer::membership;
 use crate::output::health::Busy;
 use crate::output::metrics;
-use crate::output::TopicPartition;
 use crate::processors::processor::Processor;
 
 impl<P: Processor> ClientContext for GroupContext<P> {
@@ -142,8 +141,9 @@ impl<P: Processor> GroupContext<P> {
             if let Some(w) = p.worker.shared.waiting() {
                 *waiting.get_or_insert(0) += w;
             }
-            // The timestamp read before the offset: a message acknowledged in between
-            // makes the age a little too high, never one of a message not read.
+            // The timestamp is read before the offset: a message acknowledged between
+            // the two reads gives an earlier message's age (a little high), never a
+            // later one's.
             let oldest_ms = p.worker.shared.oldest_timestamp_ms();
             if let Some(lag) = metrics::lag(p.high_watermark, p.next_to_process()) {
                 *lag_total.get_or_insert(0) += lag;
@@ -181,23 +181,14 @@ impl<P: Processor> GroupContext<P> {
                 "partition stopped on a processor failure; nothing past this offset is processed or committed"
             );
         }
-        // `lags` is in partition order (the owned map's), and the lines are among them.
-        let seconds_of = |tp: &TopicPartition| {
-            let i = lags.binary_search_by(|(t, _)| t.cmp(tp)).ok()?;
-            seconds[i]
-        };
-        for (tp, lag) in &lag_lines {
-            let (topic, partition) = tp;
-            metrics::emit_lag(topic, *partition, *lag, seconds_of(tp), &self.source);
-        }
+        let lags: Vec<_> = (lags.into_iter().zip(seconds))
+            .map(|((tp, messages), seconds)| (tp, metrics::Lag { messages, seconds }))
+            .collect();
+        metrics::emit_lags(&lag_lines, &lags, &self.source);
         if lag_omitted > 0 {
             metrics::emit_lag_omitted(lag_omitted, &self.source);
         }
-        let lags = lags.into_iter().zip(seconds);
-        self.health.set_lags(
-            lags.map(|((tp, messages), seconds)| (tp, metrics::Lag { messages, seconds }))
-                .collect(),
-        );
+        self.health.set_lags(lags);
     }
 }
 

@@ -70,8 +70,8 @@ pub(super) struct Progress<'a> {
     pub(super) gaps: GapLines,
     /// Offsets the previous owner acknowledged above its commit: not processed again.
     pub(super) skip: Skip,
-    /// The timestamps of the messages read and not yet passed by the committable
-    /// offset, by offset, ascending: the first is the oldest not processed.
+    /// The timestamps of the messages handed out behind an older one not yet
+    /// acknowledged, by offset, ascending (only with concurrent ordering).
     pub(super) stamps: VecDeque<(i64, i64)>,
 }
 
@@ -203,21 +203,27 @@ impl Progress<'_> {
         }
     }
 
-    /// Notes the timestamp of the message at `offset`, just read; published when it is
-    /// the oldest not processed (in order, always: the one before was acknowledged).
+    /// Notes the timestamp of the message at `offset`, about to be handed out. With
+    /// nothing else outstanding (always, in order) it is the oldest not processed:
+    /// published at once, and not kept (the hot path: one store). Otherwise kept for
+    /// when the ones before it are acknowledged.
     #[inline]
     fn stamp(&mut self, offset: i64, timestamp_ms: Option<i64>) {
         let ts = timestamp_ms.unwrap_or(super::shared::NONE);
-        if self.stamps.is_empty() {
+        if self.tracker.outstanding() == 0 {
             self.shared.oldest_timestamp_ms.store(ts, Ordering::Relaxed);
+        } else {
+            self.stamps.push_back((offset, ts));
         }
-        self.stamps.push_back((offset, ts));
     }
 
-    /// The committable offset moved to `committable`: the oldest message not processed
-    /// is now the first read at or above it, if one was.
+    /// The committable offset is `committable`: the oldest message not processed is now
+    /// the first kept at or above it, if one was.
     #[inline]
     fn passed(&mut self, committable: i64) {
+        if self.stamps.is_empty() {
+            return;
+        }
         while self.stamps.front().is_some_and(|(o, _)| *o < committable) {
             self.stamps.pop_front();
         }

@@ -600,10 +600,7 @@ impl<'a, P: Processor> Worker<'a, P> {
     /// One message to the processor (`Processor::process`).
     pub(super) async fn single(&mut self, message: FetchedMessage<'a>) -> Step {
         let offset = message.offset();
-        if let Err(at) = self
-            .progress
-            .dispatch(offset, message.timestamp().to_millis())
-        {
+        if let Err(at) = self.progress.dispatch(offset, message.timestamp_ms()) {
             // Never commit past a message we could not account for.
             return Step::Halt(at);
         }
