@@ -65,6 +65,7 @@ impl<'q> FetchedMessage<'q> {
     /// # Safety
     /// `message` is a live message that nothing else owns, of a consumer that outlives
     /// `'q`.
+    #[inline]
     pub(crate) unsafe fn take(message: NonNull<rdsys::rd_kafka_message_t>) -> Fetched<'q> {
         let fetched = FetchedMessage {
             message,
