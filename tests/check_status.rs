@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, topics::*,
-    wait::*,
+    accounting::*, ackd::*, broker::*, lines::*, offsets::*, produce::*, spawn::*, stamped::*,
+    topics::*, wait::*,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -534,5 +534,64 @@ fn status_on_a_terminal_escapes_control_characters_of_a_member() {
     assert!(
         table.contains(r"evil\u{001b}]0;owned\u{0007}\u{001b}[2J"),
         "{table:?}"
+    );
+}
+
+/// The lag in seconds from the committed offsets: how old the first message not
+/// committed is, by its timestamp (each message an hour older than the next, so that
+/// the neighbour of the right one is an hour off), 0 when caught up, and 0, not less,
+/// for a timestamp ahead of this host's clock.
+#[test]
+fn status_shows_the_age_of_the_first_message_not_committed() {
+    const HOUR: i64 = 3_600_000;
+    let (topic, group) = fresh_topic("st-secs", 3);
+    let now = epoch_ms();
+    let old: Vec<i64> = (0..5).map(|i| now - (10 - i) * HOUR).collect();
+    produce_at(&topic, 0, &old);
+    produce_at(&topic, 1, &old[..3]);
+    // Half an hour ahead: within the broker's log.message.timestamp.after.max.ms.
+    produce_at(&topic, 2, &[now + HOUR / 2, now + HOUR / 2 + 1]);
+    let bootstrap = broker().bootstrap();
+    commit_raw_metadata_on(&bootstrap, &group, &topic, 0, 2, b"");
+    commit_raw_metadata_on(&bootstrap, &group, &topic, 1, 3, b"");
+
+    let before = epoch_ms();
+    let (code, lines, took) = run(AckdBuilder::new(&topic, &group), "status");
+    let after = epoch_ms();
+    let all = lines.join("\n");
+    assert_eq!(code, 0, "{all}");
+    eprintln!("status in {took:?}:\n{all}");
+    let seconds = |p: i32| -> f64 {
+        let line = lines
+            .iter()
+            .find(|l| at(l, "status") && field(l, "partition") == Some(p.to_string()))
+            .unwrap_or_else(|| panic!("no line for partition {p}: {all}"));
+        field(line, "lag_seconds")
+            .unwrap_or_else(|| panic!("no lag_seconds: {line}"))
+            .parse()
+            .unwrap()
+    };
+    // Partition 0: committed at 2, the truth is its message's age while status ran.
+    let (low, high) = (
+        (before - old[2]) as f64 / 1e3,
+        (after - old[2]) as f64 / 1e3,
+    );
+    let p0 = seconds(0);
+    assert!(
+        p0 >= low - 1.0 && p0 <= high + 1.0,
+        "partition 0: {p0} s, the truth between {low} and {high}: {all}"
+    );
+    assert_eq!(seconds(1), 0.0, "caught up: {all}");
+    assert_eq!(seconds(2), 0.0, "a timestamp from the future: {all}");
+    let total = lines.iter().find(|l| at(l, "status_total")).unwrap();
+    assert_eq!(
+        field(total, "lag_seconds_max").map(|v| v.parse::<f64>().unwrap()),
+        Some(p0),
+        "{total}"
+    );
+    // Status committed nothing, and read where the group had not committed.
+    assert_eq!(
+        committed(&group, &topic, 3),
+        BTreeMap::from([(0, Some(2)), (1, Some(3)), (2, None)])
     );
 }

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, topics::*, wait::*};
+use common::{ackd::*, lines::*, offsets::*, produce::*, spawn::*, stamped::*, topics::*, wait::*};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -777,4 +777,58 @@ fn partitions_waiting_for_one_exec_child_are_live_while_every_call_ends_in_time(
     let committed = committed(&group, &topic, 16);
     assert!(committed.values().all(|c| *c == Some(2)), "{committed:?}");
     eprintln!("health partition backlog: live_polls={polls} not_live=0");
+}
+
+/// The lag in seconds, on the summary lines and on `/metrics`: a backlog whose messages
+/// have known timestamps (an hour old, 100 ms apart), processed slowly one at a time:
+/// every line is within a second of the age of the message it names as the next to
+/// process, every scrape reports what a summary said, and both say 0 once caught up.
+#[test]
+fn lag_in_seconds_is_the_age_of_the_next_message_to_process() {
+    let (topic, group) = fresh_topic("lag-secs", 1);
+    let start = epoch_ms() - 3_600_000;
+    let stamps: Vec<i64> = (0..30).map(|i| start + i * 100).collect();
+    produce_at(&topic, 0, &stamps);
+    let port = free_port();
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "150")
+        .env("ACKD_METRICS_INTERVAL_MS", "200")
+        .env("ACKD_HEALTH_PORT", port.to_string())
+        .env("ACKD_HEALTH_ADDR", "127.0.0.1")
+        .spawn();
+    ackd.wait_for_line(|l| at(l, "health_listening"), WAIT);
+    // Scraped while the backlog lasts: (messages, seconds) of the partition.
+    let mut scraped = Vec::new();
+    wait_until(WAIT, || {
+        let m = scrape(port);
+        let of = |name: &str| m.iter().find(|s| s.name == name).map(|s| s.value);
+        if let (Some(lag), Some(seconds)) = (of("ackd_lag"), of("ackd_lag_seconds")) {
+            scraped.push((lag, seconds));
+        }
+        scraped.last() == Some(&(0.0, 0.0))
+    });
+    let lines = ackd.timed_lines();
+    let checked = assert_lag_seconds(&lines, &stamps);
+    let behind: Vec<_> = scraped.iter().filter(|(lag, _)| *lag > 0.0).collect();
+    eprintln!(
+        "lag seconds: {checked} lines checked, {} scrapes behind, first {:?}",
+        behind.len(),
+        behind.first()
+    );
+    assert!(checked >= 5, "too few lines with a lag to check");
+    assert!(!behind.is_empty(), "no scrape while behind: {scraped:?}");
+    // Each scrape reports a summary's figures (checked above against the truth).
+    let said: Vec<(f64, f64)> = lines
+        .iter()
+        .filter(|(_, l)| at(l, "lag"))
+        .filter_map(|(_, l)| {
+            let num = |k: &str| field(l, k)?.parse::<f64>().ok();
+            Some((num("sample#ackd.lag")?, num("sample#ackd.lag.seconds")?))
+        })
+        .collect();
+    for s in &behind {
+        assert!(said.contains(s), "{s:?} is no summary's: {said:?}");
+    }
+    ackd.stop(0, WAIT);
 }

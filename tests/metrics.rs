@@ -331,3 +331,35 @@ fn lag_lines_per_summary_are_bounded_and_none_at_rest() {
     assert_eq!(lag.len(), partitions as usize, "{lag:?}");
     assert!(lag.values().all(|v| v == "0"), "{lag:?}");
 }
+
+/// The lag in seconds with `ACKD_ORDERING=none`: several calls at once, messages read
+/// far ahead of them, and acknowledged out of order; the age reported is the oldest
+/// message's not processed (the committed offset's), not the newest one's read, within
+/// a second (messages 100 ms apart: a message read 10 ahead would be a second off).
+#[test]
+fn lag_in_seconds_with_concurrent_calls_is_the_oldest_message_s() {
+    let (topic, group) = fresh_topic("lag-secs-none", 1);
+    let start = common::stamped::epoch_ms() - 3_600_000;
+    let stamps: Vec<i64> = (0..60).map(|i| start + i * 100).collect();
+    common::stamped::produce_at(&topic, 0, &stamps);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "slow")
+        .env("ACKD_TEST_DELAY_MS", "150")
+        .env("ACKD_ORDERING", "none")
+        .env("ACKD_CONCURRENCY", "3")
+        .env("ACKD_METRICS_INTERVAL_MS", "200")
+        .spawn();
+    ackd.wait_for_line(
+        |l| {
+            at(l, "summary")
+                && field(l, "sample#ackd.lag.total").as_deref() == Some("0")
+                && field(l, "sample#ackd.lag.seconds.max").as_deref() == Some("0.0")
+        },
+        WAIT,
+    );
+    let checked = common::stamped::assert_lag_seconds(&ackd.timed_lines(), &stamps);
+    eprintln!("lag seconds, ordering none: {checked} lines checked");
+    assert!(checked >= 5, "too few lines with a lag to check");
+    let lines = ackd.stop(0, WAIT);
+    assert_all_lines_are_logfmt(&lines);
+}

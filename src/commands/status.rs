@@ -1,15 +1,18 @@
 //! `ackd status`: where the group is, per partition of the configured topics: the
-//! committed offset, the log end (high watermark), the lag between them, and the member
+//! committed offset, the log end (high watermark), the lag between them, how old the
+//! first message not committed is (read at the committed offset), and the member
 //! holding the partition (from the group's description). What `kafka-consumer-groups
 //! --describe` shows, in ackd's vocabulary: logfmt lines (`at=status ...`, then one
 //! `at=status_total`) when stdout is no terminal, a table when it is. Never joins the
 //! group, never commits.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::time::Instant;
 
 use rdkafka::consumer::Consumer;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::consumer::handover::{committed_with_metadata, ReadMetadata};
 use crate::exit;
@@ -19,7 +22,7 @@ use super::connect::{connect, create, partitions, Probe, TopicPartitions, Unreac
 use super::describe::{describe_group, GroupDescription};
 
 /// One partition's line.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub topic: String,
     pub partition: i32,
@@ -30,6 +33,9 @@ pub struct Row {
     /// Messages the group has yet to process: end - committed; without a commit, what
     /// ackd would read under ACKD_START_FROM (earliest: the whole retained log, latest: 0).
     pub lag: i64,
+    /// The lag in seconds: how old (this host's clock minus its timestamp) the first
+    /// message not committed is, 0 without lag; `None` when it could not be read.
+    pub lag_seconds: Option<f64>,
     /// `p=H` of the last commit's metadata (`ackd/3:o=O;p=H;l=L;…`, beside its own
     /// offset): the highest offset the committing process had processed.
     pub processed: Option<i64>,
@@ -70,22 +76,67 @@ fn gather(settings: &Settings) -> Result<(GroupDescription, Vec<Row>), i32> {
         describe_group(&probe, &settings.group_id).map_err(|e| unavailable("the group", e))?;
     let committed = committed_offsets(&probe, &topics)?;
     let mut rows = Vec::new();
+    // Where each partition's first message not committed is (for its lag in seconds).
+    let mut firsts = TopicPartitionList::new();
     // Metadata read as bytes: another client's need not be UTF-8.
     for ((topic, partition), offset, read) in committed_with_metadata(&committed) {
         let (low, end) = probe
             .fetch_watermarks(&topic, partition, REQUEST)
             .map_err(|e| unavailable("the log ends", e))?;
-        rows.push(row(
+        let row = row(
             settings,
             &group,
             (topic.to_string(), partition),
             offset,
             read,
             (low, end),
-        ));
+        );
+        if row.lag > 0 {
+            // The committed offset, not below the log's start (retention may have
+            // passed it); without a commit, the log's start (ACKD_START_FROM=earliest).
+            let from = row.committed.map_or(low, |c| c.max(low));
+            let _ = firsts.add_partition_offset(&topic, partition, Offset::Offset(from));
+        }
+        rows.push(row);
     }
     rows.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let ages = first_message_ages(&probe, &firsts);
+    for r in &mut rows {
+        r.lag_seconds = if r.lag == 0 {
+            Some(0.0)
+        } else {
+            ages.get(&(r.topic.clone(), r.partition)).copied().flatten()
+        };
+    }
     Ok((group, rows))
+}
+
+/// How old the first message at or after each offset of `firsts` is (its timestamp
+/// against this host's clock when it arrived, never negative), read by assigning the
+/// client there: never a commit, never a group join. Those that did not arrive within
+/// one request's timeout (an open transaction under read_committed) are left out.
+fn first_message_ages(
+    probe: &Probe,
+    firsts: &TopicPartitionList,
+) -> HashMap<(String, i32), Option<f64>> {
+    let mut ages = HashMap::new();
+    if firsts.count() == 0 || probe.assign(firsts).is_err() {
+        return ages;
+    }
+    let deadline = Instant::now() + REQUEST;
+    while ages.len() < firsts.count() && Instant::now() < deadline {
+        let Some(Ok(m)) = probe.poll(std::time::Duration::from_millis(100)) else {
+            continue;
+        };
+        let now = crate::consumer::copier::epoch_ms();
+        // A message without a timestamp (an old format) has no age.
+        let age = m.timestamp().to_millis();
+        let age = age.map(|ts| now.saturating_sub(ts).max(0) as f64 / 1000.0);
+        ages.entry((m.topic().to_string(), m.partition()))
+            .or_insert(age);
+    }
+    let _ = probe.unassign();
+    ages
 }
 
 /// The brokers answer and accept ackd's credentials; `Err` is the exit code.
@@ -166,6 +217,7 @@ fn row(
         committed,
         end,
         lag,
+        lag_seconds: None,
         acked_above: committed
             .zip(previous.as_ref())
             .map(|(c, p)| crate::consumer::handover::count_offsets(&p.acked_above(c)))
@@ -186,6 +238,11 @@ fn shown(v: Option<i64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
+/// A lag in seconds as the table shows it: to the tenth, `-` when unknown.
+fn seconds(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |s| format!("{s:.1}"))
+}
+
 fn log_lines(settings: &Settings, group: &GroupDescription, rows: &[Row]) {
     for r in rows {
         let (member, client_id, host) = match &r.member {
@@ -199,6 +256,7 @@ fn log_lines(settings: &Settings, group: &GroupDescription, rows: &[Row]) {
             committed = shown(r.committed),
             end = r.end,
             lag = r.lag,
+            lag_seconds = r.lag_seconds,
             member,
             client_id,
             host,
@@ -213,7 +271,8 @@ fn log_lines(settings: &Settings, group: &GroupDescription, rows: &[Row]) {
         state = group.state.as_str(),
         members = group.members.len(),
         partitions = rows.len(),
-        lag = rows.iter().map(|r| r.lag).sum::<i64>()
+        lag = rows.iter().map(|r| r.lag).sum::<i64>(),
+        lag_seconds_max = rows.iter().filter_map(|r| r.lag_seconds).reduce(f64::max)
     );
 }
 
@@ -239,12 +298,13 @@ pub fn table(settings: &Settings, group: &GroupDescription, rows: &[Row]) -> Str
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "group {}  state {}  members {}  partitions {}  lag {}\n",
+        "group {}  state {}  members {}  partitions {}  lag {}  lag-seconds {}\n",
         terminal_safe(&settings.group_id),
         terminal_safe(&group.state),
         group.members.len(),
         rows.len(),
-        rows.iter().map(|r| r.lag).sum::<i64>()
+        rows.iter().map(|r| r.lag).sum::<i64>(),
+        seconds(rows.iter().filter_map(|r| r.lag_seconds).reduce(f64::max)),
     );
     let mut cells = vec![[
         "TOPIC",
@@ -255,6 +315,7 @@ pub fn table(settings: &Settings, group: &GroupDescription, rows: &[Row]) -> Str
         "MEMBER",
         "HOST",
         "CLIENT-ID",
+        "LAG-SECONDS",
     ]
     .map(String::from)];
     for r in rows {
@@ -271,9 +332,10 @@ pub fn table(settings: &Settings, group: &GroupDescription, rows: &[Row]) -> Str
             terminal_safe(&m),
             terminal_safe(&h),
             terminal_safe(&c),
+            seconds(r.lag_seconds),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..9)
         .map(|i| {
             cells
                 .iter()
@@ -320,6 +382,7 @@ mod tests {
             committed: Some(1),
             end: 2,
             lag: 1,
+            lag_seconds: Some(2.5),
             processed: None,
             dispatch_limit: None,
             acked_above: None,

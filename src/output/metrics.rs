@@ -544,7 +544,7 @@ pub fn emit_summary(
     partitions: usize,
     in_flight: InFlight,
     halted: usize,
-    lag_total: Option<i64>,
+    (lag_total, lag_seconds_max): (Option<i64>, Option<f64>),
     last: bool,
 ) {
     commits.take_into(interval);
@@ -572,6 +572,7 @@ pub fn emit_summary(
         "sample#partitions" = partitions as u64,
         "sample#partitions.halted" = halted as u64,
         "sample#lag.total" = lag_total.map(|l| l.max(0) as u64),
+        "sample#lag.seconds.max" = lag_seconds_max,
         source,
         interval_ms,
         last
@@ -579,15 +580,27 @@ pub fn emit_summary(
     *interval = Interval::default();
 }
 
-/// One partition's lag: messages in the log after the next one to process.
-pub fn emit_lag(topic: &str, partition: i32, lag: i64, source: &str) {
+/// One partition's lag: messages in the log after the next one to process, and that
+/// message's age in seconds ([`lag_seconds`]; left out while unknown).
+pub fn emit_lag(topic: &str, partition: i32, lag: i64, seconds: Option<f64>, source: &str) {
     tracing::info!(
         at = "lag",
         "sample#lag" = lag.max(0) as u64,
+        "sample#lag.seconds" = seconds,
         source,
         topic,
         partition
     );
+}
+
+/// The lag lines chosen by [`LagLines::select`], each with its lag in seconds from
+/// `lags` (every partition whose lag is known, in partition order).
+pub fn emit_lags(lines: &[(TopicPartition, i64)], lags: &[(TopicPartition, Lag)], source: &str) {
+    for (tp, lag) in lines {
+        let i = lags.binary_search_by(|(t, _)| t.cmp(tp));
+        let seconds = i.ok().and_then(|i| lags[i].1.seconds);
+        emit_lag(&tp.0, tp.1, *lag, seconds, source);
+    }
 }
 
 /// The most lag lines one summary writes: what a log drain receives stays bounded
@@ -655,6 +668,27 @@ pub fn lag(high_watermark: i64, next_to_process: Option<i64>) -> Option<i64> {
     next_to_process.map(|n| (high_watermark - n).max(0))
 }
 
+/// One partition's lag, as a summary computed it: in messages, and in seconds
+/// ([`lag_seconds`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lag {
+    pub messages: i64,
+    pub seconds: Option<f64>,
+}
+
+/// The lag in seconds of a partition `lag` messages behind (see [`lag`]): 0 when it is
+/// caught up, else how old (by `now_ms`, this host's clock) the oldest message read and
+/// not yet processed is, from its timestamp `oldest_ms` (CreateTime or LogAppendTime, as
+/// the topic keeps them); between two messages, the one last processed (the next one
+/// is not read yet). Never negative: a timestamp ahead of this host's clock gives 0.
+/// `None` while it cannot be known (nothing read yet, or a message without a timestamp).
+pub fn lag_seconds(lag: i64, oldest_ms: Option<i64>, now_ms: i64) -> Option<f64> {
+    if lag <= 0 {
+        return Some(0.0);
+    }
+    oldest_ms.map(|ts| now_ms.saturating_sub(ts).max(0) as f64 / 1000.0)
+}
+
 /// The `source=` of process-wide lines: `ACKD_METRIC_SOURCE`, else Heroku's `DYNO`, else
 /// the host name.
 pub fn process_source(configured: Option<&str>) -> String {
@@ -689,6 +723,19 @@ mod tests {
         assert_eq!(lag(90, Some(100)), Some(0));
         assert_eq!(lag(-1, Some(3)), None);
         assert_eq!(lag(10, None), None);
+    }
+
+    #[test]
+    fn lag_in_seconds_is_the_age_of_the_oldest_message_and_never_negative() {
+        assert_eq!(lag_seconds(0, Some(1_000), 9_000), Some(0.0), "caught up");
+        assert_eq!(lag_seconds(0, None, 9_000), Some(0.0));
+        assert_eq!(lag_seconds(3, Some(1_000), 13_345), Some(12.345));
+        assert_eq!(
+            lag_seconds(3, Some(20_000), 13_345),
+            Some(0.0),
+            "a timestamp ahead of this host's clock"
+        );
+        assert_eq!(lag_seconds(3, None, 13_345), None, "unknown");
     }
 
     #[test]

@@ -65,6 +65,7 @@ impl<'q> FetchedMessage<'q> {
     /// # Safety
     /// `message` is a live message that nothing else owns, of a consumer that outlives
     /// `'q`.
+    #[inline]
     pub(crate) unsafe fn take(message: NonNull<rdsys::rd_kafka_message_t>) -> Fetched<'q> {
         let fetched = FetchedMessage {
             message,
@@ -119,6 +120,15 @@ impl<'q> FetchedMessage<'q> {
         // SAFETY: as for `key`: `len` bytes at `payload`, NULL for a null value.
         (!raw.payload.is_null())
             .then(|| unsafe { std::slice::from_raw_parts(raw.payload.cast::<u8>(), raw.len) })
+    }
+
+    /// The timestamp in ms since the epoch, whichever its type, if it has one: one call
+    /// into librdkafka (the lag in seconds reads it for every message).
+    #[inline]
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        // SAFETY: a live message; librdkafka takes a null type pointer.
+        let ms = unsafe { rdsys::rd_kafka_message_timestamp(self.ptr(), std::ptr::null_mut()) };
+        (ms != -1).then_some(ms)
     }
 
     pub fn timestamp(&self) -> Timestamp {

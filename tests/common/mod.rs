@@ -33,6 +33,8 @@ pub mod produce;
 pub mod proxy;
 /// Spawning children tied to the test process, free ports, the log directory.
 pub mod spawn;
+/// Messages with known timestamps and the lag in seconds reported for them.
+pub mod stamped;
 /// Unique names and topics.
 pub mod topics;
 /// Polling a condition until it holds ([`wait::wait_until`]).

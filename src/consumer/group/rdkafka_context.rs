@@ -129,6 +129,8 @@ impl<P: Processor> GroupContext<P> {
         let mut waiting = None;
         let mut lag_total = None;
         let mut lags = Vec::new();
+        let mut seconds = Vec::new();
+        let now_ms = crate::consumer::copier::epoch_ms();
         let mut halted = Vec::new();
         for (tp, p) in &group.owned {
             p.worker.shared.metrics.take_into(&mut interval);
@@ -139,9 +141,14 @@ impl<P: Processor> GroupContext<P> {
             if let Some(w) = p.worker.shared.waiting() {
                 *waiting.get_or_insert(0) += w;
             }
+            // The timestamp is read before the offset: a message acknowledged between
+            // the two reads gives an earlier message's age (a little high), never a
+            // later one's.
+            let oldest_ms = p.worker.shared.oldest_timestamp_ms();
             if let Some(lag) = metrics::lag(p.high_watermark, p.next_to_process()) {
                 *lag_total.get_or_insert(0) += lag;
                 lags.push((tp.clone(), lag));
+                seconds.push(metrics::lag_seconds(lag, oldest_ms, now_ms));
             }
         }
         let partitions = group.owned.len();
@@ -158,7 +165,10 @@ impl<P: Processor> GroupContext<P> {
                 waiting,
             },
             halted.len(),
-            lag_total,
+            (
+                lag_total,
+                seconds.iter().flatten().copied().reduce(f64::max),
+            ),
             last,
         );
         // Repeated every interval: a stopped partition must not look like a quiet one.
@@ -171,9 +181,10 @@ impl<P: Processor> GroupContext<P> {
                 "partition stopped on a processor failure; nothing past this offset is processed or committed"
             );
         }
-        for ((topic, partition), lag) in &lag_lines {
-            metrics::emit_lag(topic, *partition, *lag, &self.source);
-        }
+        let lags: Vec<_> = (lags.into_iter().zip(seconds))
+            .map(|((tp, messages), seconds)| (tp, metrics::Lag { messages, seconds }))
+            .collect();
+        metrics::emit_lags(&lag_lines, &lags, &self.source);
         if lag_omitted > 0 {
             metrics::emit_lag_omitted(lag_omitted, &self.source);
         }

@@ -321,7 +321,7 @@ impl<'q, P: Processor> Worker<'q, P> {
     ) -> Result<bool, i64> {
         let offset = m.offset();
         self.note_first(offset);
-        self.progress.dispatch(offset)?;
+        self.progress.dispatch(offset, m.timestamp_ms())?;
         if self.progress.skip_acknowledged(&m, self.topic) {
             return Ok(false);
         }

@@ -70,6 +70,9 @@ pub(super) struct Progress<'a> {
     pub(super) gaps: GapLines,
     /// Offsets the previous owner acknowledged above its commit: not processed again.
     pub(super) skip: Skip,
+    /// The timestamps of the messages handed out behind an older one not yet
+    /// acknowledged, by offset, ascending (only with concurrent ordering).
+    pub(super) stamps: VecDeque<(i64, i64)>,
 }
 
 impl<'a> Progress<'a> {
@@ -95,6 +98,7 @@ impl<'a> Progress<'a> {
             fetch_error: None,
             gaps: GapLines::default(),
             skip: Skip::new(acked),
+            stamps: VecDeque::new(),
         }
     }
 }
@@ -109,10 +113,11 @@ impl Progress<'_> {
             .or(self.resume_from)
     }
 
-    /// `offset` goes to the processor. `Err(at)` (logged): it may not, and the
-    /// partition must not be committed past `at`.
+    /// `offset`, of timestamp `timestamp_ms`, goes to the processor. `Err(at)`
+    /// (logged): it may not, and the partition must not be committed past `at`.
     #[inline]
-    pub(super) fn dispatch(&mut self, offset: i64) -> Result<(), i64> {
+    pub(super) fn dispatch(&mut self, offset: i64, timestamp_ms: Option<i64>) -> Result<(), i64> {
+        self.stamp(offset, timestamp_ms);
         let after_error = self.fetch_error.take();
         if let Some(from) = self.expected().filter(|&e| offset > e) {
             match after_error {
@@ -187,11 +192,45 @@ impl Progress<'_> {
             highest.store(offset, Ordering::Release);
         }
         match self.tracker.ack(offset) {
-            Ok(Some(next)) => self.shared.committable.store(next, Ordering::Release),
+            Ok(Some(next)) => {
+                self.shared.committable.store(next, Ordering::Release);
+                self.passed(next);
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::error!(at = "tracker_error", topic = self.topic, partition = self.partition, offset, error = %e)
             }
+        }
+    }
+
+    /// Notes the timestamp of the message at `offset`, about to be handed out. With
+    /// nothing else outstanding (always, in order) it is the oldest not processed:
+    /// published at once, and not kept (the hot path: one store). Otherwise kept for
+    /// when the ones before it are acknowledged.
+    #[inline]
+    fn stamp(&mut self, offset: i64, timestamp_ms: Option<i64>) {
+        let ts = timestamp_ms.unwrap_or(super::shared::NONE);
+        if self.tracker.outstanding() == 0 {
+            self.shared.oldest_timestamp_ms.store(ts, Ordering::Relaxed);
+        } else {
+            self.stamps.push_back((offset, ts));
+        }
+    }
+
+    /// The committable offset is `committable`: the oldest message not processed is now
+    /// the first kept at or above it, if one was.
+    #[inline]
+    fn passed(&mut self, committable: i64) {
+        if self.stamps.is_empty() {
+            return;
+        }
+        while self.stamps.front().is_some_and(|(o, _)| *o < committable) {
+            self.stamps.pop_front();
+        }
+        if let Some((_, ts)) = self.stamps.front() {
+            self.shared
+                .oldest_timestamp_ms
+                .store(*ts, Ordering::Relaxed);
         }
     }
 
@@ -549,7 +588,37 @@ mod tests {
             fetch_error: None,
             gaps: GapLines::default(),
             skip: Skip::default(),
+            stamps: VecDeque::new(),
         }
+    }
+
+    /// The timestamp published is the oldest message's not acknowledged, whatever order
+    /// the acks come in; once all are, the last one's stays.
+    #[test]
+    fn the_oldest_message_not_acknowledged_gives_the_timestamp() {
+        let shared = WorkerShared::new();
+        let mut p = progress(&shared, OnFailure::Halt);
+        let ack = |p: &mut Progress<'_>, o| p.ack(&Message::new("t", 0, o, None, None, None), true);
+        assert_eq!(shared.oldest_timestamp_ms(), None);
+        for (o, ts) in [(0, 1_000), (1, 1_100), (2, 1_200), (4, 1_400)] {
+            assert_eq!(p.dispatch(o, Some(ts)), Ok(()));
+        }
+        assert_eq!(shared.oldest_timestamp_ms(), Some(1_000));
+        ack(&mut p, 1);
+        assert_eq!(shared.oldest_timestamp_ms(), Some(1_000), "0 is still out");
+        ack(&mut p, 0);
+        assert_eq!(shared.oldest_timestamp_ms(), Some(1_200));
+        ack(&mut p, 2);
+        assert_eq!(shared.oldest_timestamp_ms(), Some(1_400), "past the gap");
+        ack(&mut p, 4);
+        assert_eq!(shared.oldest_timestamp_ms(), Some(1_400));
+        assert!(p.stamps.is_empty());
+        // In order, one at a time: each message's own, on reading it.
+        assert_eq!(p.dispatch(5, Some(1_500)), Ok(()));
+        assert_eq!(shared.oldest_timestamp_ms(), Some(1_500));
+        ack(&mut p, 5);
+        assert_eq!(p.dispatch(6, None), Ok(()));
+        assert_eq!(shared.oldest_timestamp_ms(), None, "no timestamp: unknown");
     }
 
     /// Offsets passed and messages skipped, as counted since the last call.
@@ -621,21 +690,29 @@ mod tests {
     fn offsets_missing_after_a_fetch_error_halt_the_partition_unless_skip() {
         let shared = WorkerShared::new();
         let mut p = progress(&shared, OnFailure::Halt);
-        assert_eq!(p.dispatch(0), Ok(()));
-        assert_eq!(p.dispatch(1), Ok(()));
+        assert_eq!(p.dispatch(0, None), Ok(()));
+        assert_eq!(p.dispatch(1, None), Ok(()));
         assert_eq!(p.fetch_failed(transient()), Ok(()));
-        assert_eq!(p.dispatch(5), Err(2), "halted at the first unread offset");
+        assert_eq!(
+            p.dispatch(5, None),
+            Err(2),
+            "halted at the first unread offset"
+        );
 
         let shared = WorkerShared::new();
         let mut p = progress(&shared, OnFailure::DeadLetter);
         assert_eq!(p.fetch_failed(transient()), Ok(()));
-        assert_eq!(p.dispatch(3), Err(0), "unread from the committed offset");
+        assert_eq!(
+            p.dispatch(3, None),
+            Err(0),
+            "unread from the committed offset"
+        );
 
         let shared = WorkerShared::new();
         let mut p = progress(&shared, OnFailure::Skip);
-        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.dispatch(0, None), Ok(()));
         assert_eq!(p.fetch_failed(transient()), Ok(()));
-        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(p.dispatch(4, None), Ok(()));
         assert_eq!(counted(&shared), (3, 1), "3 offsets passed, as one skip");
     }
 
@@ -643,11 +720,11 @@ mod tests {
     fn a_fetch_error_with_nothing_missing_after_it_is_forgotten() {
         let shared = WorkerShared::new();
         let mut p = progress(&shared, OnFailure::Halt);
-        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.dispatch(0, None), Ok(()));
         assert_eq!(p.fetch_failed(transient()), Ok(()));
-        assert_eq!(p.dispatch(1), Ok(()));
+        assert_eq!(p.dispatch(1, None), Ok(()));
         // A later gap is an ordinary one.
-        assert_eq!(p.dispatch(9), Ok(()));
+        assert_eq!(p.dispatch(9, None), Ok(()));
         assert_eq!(counted(&shared), (7, 0));
     }
 
@@ -656,16 +733,16 @@ mod tests {
         for policy in [OnFailure::Halt, OnFailure::Skip, OnFailure::DeadLetter] {
             let shared = WorkerShared::new();
             let mut p = progress(&shared, policy);
-            assert_eq!(p.dispatch(0), Ok(()));
+            assert_eq!(p.dispatch(0, None), Ok(()));
             let crc = KafkaError::MessageConsumption(RDKafkaErrorCode::BadMessage);
             assert_eq!(p.fetch_failed(crc), Err(1), "{policy:?}");
         }
         let shared = WorkerShared::new();
         let mut p = progress(&shared, OnFailure::Halt);
         assert_eq!(p.fetch_failed(KafkaError::PartitionEOF(0)), Ok(()));
-        assert_eq!(p.dispatch(0), Ok(()));
+        assert_eq!(p.dispatch(0, None), Ok(()));
         assert_eq!(
-            p.dispatch(3),
+            p.dispatch(3, None),
             Ok(()),
             "the end of the log is no fetch error"
         );
@@ -677,15 +754,15 @@ mod tests {
         let mut p = progress(&shared, OnFailure::Halt);
         // The first message's distance from the committed offset: counted, no gap line
         // (at=offset_reset says it).
-        assert_eq!(p.dispatch(2), Ok(()));
+        assert_eq!(p.dispatch(2, None), Ok(()));
         assert!(p.gaps.last_line.is_none());
         // A single offset (a transaction's marker, or a message skipped): a line.
-        assert_eq!(p.dispatch(4), Ok(()));
+        assert_eq!(p.dispatch(4, None), Ok(()));
         assert!(p.gaps.last_line.is_some());
         // The next ones within GAP_LINE_EVERY wait for the next line, which names
         // where they lie.
-        assert_eq!(p.dispatch(6), Ok(()));
-        assert_eq!(p.dispatch(20), Ok(()));
+        assert_eq!(p.dispatch(6, None), Ok(()));
+        assert_eq!(p.dispatch(20, None), Ok(()));
         assert_eq!((p.gaps.unlogged, p.gaps.unlogged_skipped), (2, 14));
         assert_eq!(p.gaps.unlogged_span, Some((5, 20)));
         assert_eq!(counted(&shared), (2 + 1 + 1 + 13, 0));

@@ -25,6 +25,10 @@ pub struct WorkerShared {
     pub(super) committable: AtomicI64,
     /// The offset being processed right now, or -1.
     pub(super) in_flight: AtomicI64,
+    /// The timestamp (ms since the epoch) of the oldest message read and not yet
+    /// acknowledged; once all are, of the last one acknowledged; -1 before the first, or
+    /// when that message has none. For the lag in seconds: one relaxed store a message.
+    pub(super) oldest_timestamp_ms: AtomicI64,
     /// The highest offset acknowledged (for commit metadata), or -1.
     pub(super) highest_acked: AtomicI64,
     /// The first offset this worker received, or -1.
@@ -93,6 +97,7 @@ impl WorkerShared {
         WorkerShared {
             committable: AtomicI64::new(NONE),
             in_flight: AtomicI64::new(NONE),
+            oldest_timestamp_ms: AtomicI64::new(NONE),
             highest_acked: AtomicI64::new(NONE),
             first_offset: AtomicI64::new(NONE),
             halted_at: AtomicI64::new(NONE),
@@ -171,6 +176,12 @@ impl WorkerShared {
             let handed = self.handed_over.load(Ordering::Relaxed);
             unhanded + handed.saturating_sub(self.calls.running_messages())
         })
+    }
+
+    /// The timestamp of the oldest message the worker read and has not acknowledged
+    /// (between two messages, of the last one acknowledged), in ms since the epoch.
+    pub fn oldest_timestamp_ms(&self) -> Option<i64> {
+        some(self.oldest_timestamp_ms.load(Ordering::Relaxed))
     }
 
     pub fn first_offset(&self) -> Option<i64> {

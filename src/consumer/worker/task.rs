@@ -591,7 +591,7 @@ impl<'a, P: Processor> Worker<'a, P> {
     /// One message to the processor (`Processor::process`).
     pub(super) async fn single(&mut self, message: FetchedMessage<'a>) -> Step {
         let offset = message.offset();
-        if let Err(at) = self.progress.dispatch(offset) {
+        if let Err(at) = self.progress.dispatch(offset, message.timestamp_ms()) {
             // Never commit past a message we could not account for.
             return Step::Halt(at);
         }
@@ -714,7 +714,7 @@ impl<'a, P: Processor> Worker<'a, P> {
     /// for): `Some((index, at))`, the partition halts at `at`.
     fn dispatch_batch(&mut self, views: &[Message<'_>]) -> Option<(usize, i64)> {
         for (i, v) in views.iter().enumerate() {
-            if let Err(at) = self.progress.dispatch(v.offset()) {
+            if let Err(at) = self.progress.dispatch(v.offset(), v.timestamp_ms()) {
                 return Some((i, at));
             }
         }

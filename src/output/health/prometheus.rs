@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
-use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, BUCKET_BOUNDS_MICROS};
+use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, Lag, BUCKET_BOUNDS_MICROS};
 use crate::output::TopicPartition;
 
 /// What one scrape reports: totals since start, and the state of the partitions owned.
@@ -16,7 +16,7 @@ pub(super) struct Scrape<'a> {
     pub(super) partitions: u64,
     pub(super) halted: u64,
     /// Of the partitions owned, as of the last summary.
-    pub(super) lags: Vec<(TopicPartition, i64)>,
+    pub(super) lags: Vec<(TopicPartition, Lag)>,
 }
 
 /// The `/metrics` page of `scrape`, every name under `prefix` (a Prometheus name):
@@ -128,8 +128,8 @@ fn gauges(out: &mut String, p: &str, scrape: &Scrape<'_>) {
     }
 }
 
-/// Each partition's lag, labelled with its topic and number.
-fn lags(out: &mut String, p: &str, lags: &[(TopicPartition, i64)]) {
+/// Each partition's lag, in messages and in seconds, labelled with its topic and number.
+fn lags(out: &mut String, p: &str, lags: &[(TopicPartition, Lag)]) {
     let _ = writeln!(
         out,
         "# HELP {p}_lag Messages after the next one to process, per partition, as of the last summary."
@@ -140,7 +140,20 @@ fn lags(out: &mut String, p: &str, lags: &[(TopicPartition, i64)]) {
             out,
             "{p}_lag{{topic=\"{}\",partition=\"{partition}\"}} {}",
             label_value(topic),
-            (*lag).max(0)
+            lag.messages.max(0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP {p}_lag_seconds Age of the oldest message not yet processed (now minus its timestamp; 0 when caught up), per partition, as of the last summary."
+    );
+    let _ = writeln!(out, "# TYPE {p}_lag_seconds gauge");
+    for ((topic, partition), lag) in lags {
+        let Some(seconds) = lag.seconds else { continue };
+        let _ = writeln!(
+            out,
+            "{p}_lag_seconds{{topic=\"{}\",partition=\"{partition}\"}} {seconds}",
+            label_value(topic),
         );
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::output::health::now_ms;
-use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, PartitionMetrics};
+use crate::output::metrics::{BucketCounts, CommitMetrics, Counts, Lag, PartitionMetrics};
 use crate::output::TopicPartition;
 
 use super::prometheus::{page, prometheus_name, Scrape};
@@ -99,7 +99,7 @@ impl Registry {
 pub struct Health {
     pub(super) registry: Mutex<Registry>,
     /// Each partition's lag as the last summary computed it (`at=lag`).
-    pub(super) lags: Mutex<Vec<(TopicPartition, i64)>>,
+    pub(super) lags: Mutex<Vec<(TopicPartition, Lag)>>,
     pub(super) phase: AtomicU8,
     /// The group gave this member an assignment (perhaps an empty one): it is in the group.
     pub(super) joined: AtomicBool,
@@ -163,7 +163,7 @@ impl Health {
         }
     }
 
-    pub fn set_lags(&self, lags: Vec<(TopicPartition, i64)>) {
+    pub fn set_lags(&self, lags: Vec<(TopicPartition, Lag)>) {
         *self.lags.lock().unwrap_or_else(|e| e.into_inner()) = lags;
     }
 
@@ -222,7 +222,7 @@ impl Health {
             in_flight += s.in_flight_count() as u64;
             halted += u64::from(s.halted());
         }
-        let lags: Vec<(TopicPartition, i64)> = self
+        let lags: Vec<(TopicPartition, Lag)> = self
             .lags
             .lock()
             .unwrap_or_else(|e| e.into_inner())
