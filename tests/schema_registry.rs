@@ -55,14 +55,15 @@ fn avro(topic: &str, url: &str, schema: &str, records: &[(Option<&str>, Value)])
     produce_with_serializer(&broker().bootstrap(), url, topic, "avro", schema, records)
 }
 
-/// An exec handler that writes every request line to `requests` and acks it.
+/// An exec handler that writes every request line (a message, or a batch) to `requests`
+/// and acks it.
 fn recording_handler(dir: &std::path::Path) -> String {
     let path = dir.join("handler.py");
     let requests = dir.join("requests");
     std::fs::write(
         &path,
         format!(
-            "import json, sys\nout = open({:?}, 'a')\nfor line in sys.stdin:\n    out.write(line); out.flush()\n    m = json.loads(line)\n    print(json.dumps({{'ack': True, 'offset': m['offset']}}), flush=True)\n",
+            "import json, sys\nout = open({:?}, 'a')\nfor line in sys.stdin:\n    out.write(line); out.flush()\n    m = json.loads(line)\n    if isinstance(m, list):\n        reply = {{'ack': True, 'first': m[0]['offset'], 'last': m[-1]['offset']}}\n    else:\n        reply = {{'ack': True, 'offset': m['offset']}}\n    print(json.dumps(reply), flush=True)\n",
             requests.to_str().unwrap()
         ),
     )
@@ -112,6 +113,43 @@ fn an_avro_record_reaches_the_exec_handler_as_json() {
     assert!(raw.starts_with("AAAAA"), "the wire format's header: {raw}");
     assert!(got[0].get("value_base64").is_none(), "{}", got[0]);
     assert_committed(&group, &topic, 0, Some(2));
+}
+
+#[test]
+fn json_schema_values_come_through_in_batches() {
+    let (topic, group) = fresh_topic("sr-json", 1);
+    let schema =
+        r#"{"type":"object","properties":{"sku":{"type":"string"},"qty":{"type":"integer"}}}"#;
+    let records: Vec<(Option<&str>, Value)> = (0..3)
+        .map(|i| (Some("k"), json!({"sku": format!("s-{i}"), "qty": i})))
+        .collect();
+    let ids = produce_with_serializer(
+        &broker().bootstrap(),
+        &registry().url(),
+        &topic,
+        "json-schema",
+        schema,
+        &records,
+    );
+    let dir = fresh_dir("sr-json");
+    let ackd = exec_ackd(&topic, &group, &recording_handler(&dir))
+        .env("ACKD_VALUE_FORMAT", "json-schema")
+        .env("ACKD_SCHEMA_REGISTRY_URL", registry().url())
+        .env("ACKD_BATCH_MAX_MESSAGES", "10")
+        .env("ACKD_BATCH_MAX_WAIT_MS", "1000")
+        .spawn();
+    ackd.wait_for_line(|l| is_processed_at(l, 2), WAIT);
+    ackd.stop(0, WAIT);
+    let values: Vec<Value> = requests(&dir)
+        .into_iter()
+        .flat_map(|r| r.as_array().cloned().expect("a batch"))
+        .collect();
+    assert_eq!(values.len(), 3, "{values:?}");
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(v["value"], records[i].1, "{v}");
+        assert_eq!(v["schema_id"], json!(ids[0]), "{v}");
+    }
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 #[test]
