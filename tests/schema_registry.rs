@@ -153,6 +153,37 @@ fn json_schema_values_come_through_in_batches() {
 }
 
 #[test]
+fn a_protobuf_message_of_the_second_type_reaches_the_handler_as_canonical_json() {
+    let (topic, group) = fresh_topic("sr-proto", 1);
+    let spec = json!({"name": "shop/order.proto", "package": "shop", "use": "Payment", "messages": [
+        {"name": "Order", "fields": [["id", 1, "int64"]]},
+        {"name": "Payment", "fields": [["order_id", 1, "int64"], ["paid", 2, "bool"], ["note", 3, "string"]]}]});
+    let ids = produce_with_serializer(
+        &broker().bootstrap(),
+        &registry().url(),
+        &topic,
+        "protobuf",
+        &spec.to_string(),
+        &[(None, json!({"order_id": 42, "paid": true, "note": "ok"}))],
+    );
+    let dir = fresh_dir("sr-proto");
+    let ackd = exec_ackd(&topic, &group, &recording_handler(&dir))
+        .env("ACKD_VALUE_FORMAT", "protobuf")
+        .env("ACKD_SCHEMA_REGISTRY_URL", registry().url())
+        .spawn();
+    ackd.wait_for_line(|l| is_processed_at(l, 0), WAIT);
+    ackd.stop(0, WAIT);
+    let got = requests(&dir);
+    // Payment, the file's second message (index list [1]); proto3 JSON: camelCase names,
+    // a 64-bit integer as a string.
+    assert_eq!(
+        got[0]["value"],
+        json!({"orderId": "42", "paid": true, "note": "ok"})
+    );
+    assert_eq!(got[0]["schema_id"], json!(ids[0]));
+}
+
+#[test]
 fn undecodable_messages_take_the_failure_policy_and_the_rest_flows() {
     let topic = unique_name("sr-bad");
     let dlq = unique_name("sr-dlq");

@@ -5,6 +5,7 @@
 //! raw (the default) it calls the processor and does nothing else.
 
 mod avro;
+mod protobuf;
 mod registry;
 
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
-use crate::settings::{Format, SchemaKind, SchemaSettings, SettingError};
+use crate::settings::{Format, SchemaSettings, SettingError};
 
 use registry::{Parsed, Registry};
 
@@ -97,14 +98,8 @@ impl Decoder {
             Parsed::Avro(avro) => avro.decode(payload).map_err(bad)?,
             Parsed::Json => serde_json::from_slice(payload)
                 .map_err(|e| bad(format!("the payload is not JSON: {e}")))?,
-            Parsed::Unsupported => {
-                return Err(bad(format!(
-                    "{} schemas are not decoded by this build of ackd",
-                    schema.kind.registry_name()
-                )))
-            }
+            Parsed::Protobuf(proto) => proto.decode(payload).map_err(bad)?,
         };
-        debug_assert!(schema.kind != SchemaKind::Protobuf);
         Ok(Some(DecodedPart {
             schema_id: id,
             json,

@@ -12,6 +12,7 @@ use crate::processors::processor::ProcessError;
 use crate::settings::{RegistryTls, SchemaKind, SchemaSettings, SettingError};
 
 use super::avro::AvroSchema;
+use super::protobuf::ProtoSchema;
 
 /// Schemas kept at most: ids are few (one per schema version), but unbounded memory
 /// must not depend on what producers write.
@@ -33,8 +34,7 @@ pub(crate) enum Parsed {
     Avro(Box<AvroSchema>),
     /// JSON Schema: the payload is JSON already.
     Json,
-    /// A type this build does not decode (Protobuf): the message fails permanently.
-    Unsupported,
+    Protobuf(Box<ProtoSchema>),
 }
 
 pub(crate) struct Registry {
@@ -131,26 +131,36 @@ impl Registry {
                 )))
             }
         };
+        let mut references = Vec::new();
+        if kind != SchemaKind::JsonSchema {
+            self.references(body, 0, &mut references).await?;
+        }
         let parsed = match kind {
             SchemaKind::Avro => {
-                let mut references = Vec::new();
-                self.references(body, 0, &mut references).await?;
-                Parsed::Avro(Box::new(AvroSchema::parse(text, &references).map_err(
-                    |e| Failure::Permanent(format!("its Avro schema does not parse: {e}")),
-                )?))
+                let texts: Vec<String> = references.into_iter().map(|(_, t)| t).collect();
+                let avro = AvroSchema::parse(text, &texts).map_err(|e| {
+                    Failure::Permanent(format!("its Avro schema does not parse: {e}"))
+                })?;
+                Parsed::Avro(Box::new(avro))
             }
             SchemaKind::JsonSchema => Parsed::Json,
-            SchemaKind::Protobuf => Parsed::Unsupported,
+            SchemaKind::Protobuf => {
+                let proto = ProtoSchema::parse(text, &references).map_err(|e| {
+                    Failure::Permanent(format!("its Protobuf schema does not compile: {e}"))
+                })?;
+                Parsed::Protobuf(Box::new(proto))
+            }
         };
         Ok(Schema { kind, parsed })
     }
 
-    /// The texts of the schemas `body` references, each after its own references.
+    /// The schemas `body` references (the name it imports each by, and its text), each
+    /// after its own references.
     async fn references(
         &self,
         body: &Value,
         depth: usize,
-        out: &mut Vec<String>,
+        out: &mut Vec<(String, String)>,
     ) -> Result<(), Failure> {
         let Some(refs) = body["references"].as_array().filter(|r| !r.is_empty()) else {
             return Ok(());
@@ -168,9 +178,10 @@ impl Registry {
             let path = format!("subjects/{}/versions/{version}", encode_segment(subject));
             let referenced = self.get(&path).await?;
             Box::pin(self.references(&referenced, depth + 1, out)).await?;
+            let name = r["name"].as_str().unwrap_or(subject).to_string();
             if let Some(text) = referenced["schema"].as_str() {
-                if !out.iter().any(|t| t == text) {
-                    out.push(text.to_string());
+                if !out.iter().any(|(n, _)| *n == name) {
+                    out.push((name, text.to_string()));
                 }
             }
         }
