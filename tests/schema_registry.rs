@@ -377,6 +377,29 @@ fn a_401_from_the_registry_says_so_and_holds_without_showing_the_secret() {
 }
 
 #[test]
+fn the_registry_unreachable_at_start_holds_the_partition_naming_the_id() {
+    let (topic, group) = fresh_topic("sr-down", 1);
+    let nothing = common::spawn::free_port();
+    produce(&topic, &[(None, vec![0, 0, 0, 0, 3, 2])]);
+    let ackd = AckdBuilder::new(&topic, &group)
+        .env("ACKD_PROCESSOR", "log")
+        .env("ACKD_VALUE_FORMAT", "avro")
+        .env(
+            "ACKD_SCHEMA_REGISTRY_URL",
+            format!("http://127.0.0.1:{nothing}, http://127.0.0.1:{nothing}/second"),
+        )
+        .env("ACKD_RETRY_INITIAL_MS", "100")
+        .env("ACKD_RETRY_MAX_ATTEMPTS", "1000")
+        .spawn();
+    let retry = ackd.wait_for_line(|l| at_offset(l, "retry", 0), WAIT);
+    let lines = ackd.stop(0, WAIT);
+    let error = field(&retry, "error").unwrap_or_default();
+    assert!(error.starts_with("retryable: schema id 3:"), "{retry}");
+    assert!(error.contains("unreachable"), "{retry}");
+    assert!(processed(&lines).is_empty(), "held: {lines:#?}");
+}
+
+#[test]
 fn a_bad_format_or_a_missing_url_exits_78_naming_the_setting() {
     for (env, setting) in [
         (vec![("ACKD_VALUE_FORMAT", "avro2")], "ACKD_VALUE_FORMAT"),
