@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use crate::processors::processor::Processor;
+use crate::processors::schema_registry::{Decoder, Decoding};
 use crate::settings::SettingError;
 use crate::settings::Settings;
 use crate::{cli, commands, consumer, exit, output, settings};
@@ -25,7 +26,7 @@ pub(crate) fn main_with<P: Processor>(
     if command == cli::Command::Check || command == cli::Command::Status {
         run_command(&command, settings, make, guard, exit_wait);
     }
-    let code = match settings.and_then(|s| make(&s).map(|p| (s, p))) {
+    let code = match settings.and_then(|s| with_decoding(&s, make).map(|p| (s, p))) {
         Ok((settings, processor)) => consumer::daemon::run(settings, processor),
         Err(e) => {
             settings::report_setting_error(&e);
@@ -43,6 +44,16 @@ fn exit_wait(settings: &Result<Settings, SettingError>) -> std::time::Duration {
     settings
         .as_ref()
         .map_or(output::lines::STALL, |s| s.shutdown_timeout)
+}
+
+/// The processor `make` builds, its messages decoded as `ACKD_VALUE_FORMAT` and
+/// `ACKD_KEY_FORMAT` say (raw by default: then it is called as it is).
+fn with_decoding<P: Processor>(
+    settings: &Settings,
+    make: impl FnOnce(&Settings) -> Result<P, SettingError>,
+) -> Result<Decoding<P>, SettingError> {
+    let decoder = Decoder::from_settings(settings)?;
+    Ok(Decoding::new(make(settings)?, decoder))
 }
 
 /// The command the arguments name (`Run`, `Check` or `Status`); `Err`: the process's

@@ -36,8 +36,8 @@ pub mod settings;
 use std::process::ExitCode;
 
 pub use processors::processor::{
-    queued, BatchError, FailureKind, Header, Message, OwnedMessage, ProcessError, Processor,
-    Queued, Taken,
+    queued, BatchError, Decoded, DecodedPart, FailureKind, Header, Message, OwnedMessage,
+    ProcessError, Processor, Queued, Taken,
 };
 pub use settings::SettingError;
 pub use settings::Settings;

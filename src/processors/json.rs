@@ -5,11 +5,14 @@
 //! where a key, value or header value that is not UTF-8 comes as `key_base64`,
 //! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null;
 //! `redelivered` and `attempt` are [`Message::redelivered`] and [`Message::attempt`].
+//! A key or value decoded from the Schema Registry wire format (docs/schemas.md) comes as
+//! its JSON under `key`/`value`, with `key_schema_id`/`schema_id`, and its raw bytes as
+//! `key_raw_base64`/`value_raw_base64` with `ACKD_SCHEMA_RAW_BYTES`.
 
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
-use crate::processors::processor::Message;
+use crate::processors::processor::{DecodedPart, Message};
 
 /// The message as one JSON object (no trailing newline).
 pub fn encode(m: &Message<'_>) -> Vec<u8> {
@@ -18,8 +21,30 @@ pub fn encode(m: &Message<'_>) -> Vec<u8> {
     o.insert("partition".into(), m.partition().into());
     o.insert("offset".into(), m.offset().into());
     o.insert("timestamp_ms".into(), m.timestamp_ms().into());
-    put_bytes(&mut o, "key", m.key());
-    put_bytes(&mut o, "value", m.payload());
+    match m.decoded() {
+        None => {
+            put_bytes(&mut o, "key", m.key());
+            put_bytes(&mut o, "value", m.payload());
+        }
+        Some(d) => {
+            put_decoded(
+                &mut o,
+                "key",
+                "key_schema_id",
+                d.key.as_ref(),
+                m.key(),
+                d.raw_bytes,
+            );
+            put_decoded(
+                &mut o,
+                "value",
+                "schema_id",
+                d.value.as_ref(),
+                m.payload(),
+                d.raw_bytes,
+            );
+        }
+    }
     o.insert("headers".into(), headers(m));
     o.insert("redelivered".into(), m.redelivered().into());
     o.insert("attempt".into(), m.attempt().into());
@@ -51,6 +76,27 @@ pub fn headers(m: &Message<'_>) -> Value {
         })
         .collect();
     headers.into()
+}
+
+/// `name`: the decoded JSON and `id_name` its schema id (with the raw bytes as
+/// `name_raw_base64` when asked), or, not decoded, the bytes as [`put_bytes`] puts them.
+fn put_decoded(
+    o: &mut Map<String, Value>,
+    name: &str,
+    id_name: &str,
+    part: Option<&DecodedPart>,
+    bytes: Option<&[u8]>,
+    raw_bytes: bool,
+) {
+    let Some(part) = part else {
+        return put_bytes(o, name, bytes);
+    };
+    o.insert(name.into(), part.json.clone());
+    o.insert(id_name.into(), part.schema_id.into());
+    if raw_bytes {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or_default());
+        o.insert(format!("{name}_raw_base64"), b64.into());
+    }
 }
 
 /// `name`: the text, or null; bytes that are not UTF-8 go under `name_base64` instead.
@@ -86,6 +132,26 @@ mod tests {
         let mut o = Map::new();
         put_bytes(&mut o, "value", None);
         assert_eq!(Value::Object(o), json!({"value":null}));
+    }
+
+    #[test]
+    fn a_decoded_value_comes_as_its_json_with_its_schema_id() {
+        let decoded = crate::processors::processor::Decoded {
+            key: None,
+            value: Some(DecodedPart {
+                schema_id: 7,
+                json: json!({"id": 1, "name": "a"}),
+            }),
+            raw_bytes: true,
+        };
+        let raw = [0, 0, 0, 0, 7, 2, 2, b'a'];
+        let m = Message::new("t", 0, 7, Some(b"k"), Some(&raw), None).with_decoded(&decoded);
+        let v: Value = serde_json::from_slice(&encode(&m)).unwrap();
+        assert_eq!(v["value"], json!({"id": 1, "name": "a"}));
+        assert_eq!(v["schema_id"], 7);
+        assert_eq!(v["value_raw_base64"], "AAAAAAcCAmE=");
+        assert_eq!(v["key"], "k", "a raw key stays as it was");
+        assert!(v.get("key_schema_id").is_none());
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod http;
 pub mod json;
 pub mod processor;
 pub(crate) mod request_limit;
+pub mod schema_registry;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -20,6 +20,8 @@ use rdkafka::bindings as rdsys;
 use rdkafka::error::{IsError, KafkaError};
 use rdkafka::Timestamp;
 
+pub use crate::processors::schema_registry::{Decoded, DecodedPart};
+
 /// One Kafka message, borrowed for the duration of [`Processor::process`].
 #[derive(Clone, Copy)]
 pub struct Message<'a> {
@@ -36,6 +38,9 @@ pub struct Message<'a> {
     pub(crate) redelivered: bool,
     /// See [`Message::attempt`].
     pub(crate) attempt: u32,
+    /// See [`Message::decoded`], for a message without `kafka` (one from `kafka` keeps
+    /// it there).
+    pub(crate) decoded: Option<&'a Decoded>,
 }
 
 /// What a partition's queue hands out: a message, or a fetch error. The error is boxed
@@ -176,6 +181,8 @@ impl std::fmt::Debug for FetchedMessage<'_> {
 pub(crate) struct Kafka<'a> {
     message: &'a FetchedMessage<'a>,
     headers: OnceLock<Vec<RawHeader<'a>>>,
+    /// Set once by Schema Registry decoding; boxed, so that a raw message pays a pointer.
+    decoded: OnceLock<Box<Decoded>>,
 }
 
 /// A header as librdkafka holds it: its name as text, its value (`None`: null).
@@ -187,6 +194,7 @@ impl<'a> Kafka<'a> {
         Kafka {
             message,
             headers: OnceLock::new(),
+            decoded: OnceLock::new(),
         }
     }
 
@@ -263,6 +271,7 @@ impl<'a> Message<'a> {
             kafka: None,
             redelivered: false,
             attempt: 1,
+            decoded: None,
         }
     }
 
@@ -293,6 +302,7 @@ impl<'a> Message<'a> {
             kafka: Some(kafka),
             redelivered: false,
             attempt: 1,
+            decoded: None,
         }
     }
 
@@ -352,6 +362,60 @@ impl<'a> Message<'a> {
                 name: name.as_ref(),
                 value: *value,
             })
+    }
+
+    /// The key and value as Schema Registry decoding made them (`ACKD_VALUE_FORMAT`,
+    /// `ACKD_KEY_FORMAT`, docs/schemas.md); `None` when neither is decoded.
+    pub fn decoded(&self) -> Option<&'a Decoded> {
+        match self.kafka {
+            Some(k) => k.decoded.get().map(|d| &**d),
+            None => self.decoded,
+        }
+    }
+    /// The value decoded to JSON, when `ACKD_VALUE_FORMAT` decodes it (not for a null
+    /// value): read it instead of parsing [`Message::payload`].
+    pub fn decoded_value(&self) -> Option<&'a serde_json::Value> {
+        self.decoded()?.value.as_ref().map(|p| &p.json)
+    }
+    /// The key decoded to JSON, when `ACKD_KEY_FORMAT` decodes it.
+    pub fn decoded_key(&self) -> Option<&'a serde_json::Value> {
+        self.decoded()?.key.as_ref().map(|p| &p.json)
+    }
+    /// The same message with `decoded` on it; for tests of processors.
+    pub fn with_decoded(mut self, decoded: &'a Decoded) -> Self {
+        self.decoded = Some(decoded);
+        self
+    }
+    /// Puts `decoded` on a message from librdkafka, where it lives as long as the
+    /// message; `Err` gives it back for a message built by hand (see [`Message::rebuilt`]).
+    pub(crate) fn attach_decoded(&self, decoded: Decoded) -> Result<(), Decoded> {
+        match self.kafka {
+            Some(k) => {
+                // Set at most once per fetched message: a retry finds it set.
+                let _ = k.decoded.set(Box::new(decoded));
+                Ok(())
+            }
+            None => Err(decoded),
+        }
+    }
+    /// A copy for a shorter lifetime, without librdkafka's view: whole only for a message
+    /// built by hand (one from librdkafka would lose its headers and timestamp).
+    pub(crate) fn rebuilt<'b>(&self) -> Message<'b>
+    where
+        'a: 'b,
+    {
+        Message {
+            topic: self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key,
+            payload: self.payload,
+            timestamp_ms: self.timestamp_ms(),
+            kafka: None,
+            redelivered: self.redelivered,
+            attempt: self.attempt,
+            decoded: self.decoded,
+        }
     }
 
     /// A copy that outlives the call, for processors that batch or hand messages on.

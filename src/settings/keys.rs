@@ -260,6 +260,36 @@ pub(super) const KEYS: &[Key] = &[
         help: "http: how long one request may take",
     },
     Key {
+        key: "value_format",
+        required: None,
+        help: "raw | schema-registry | avro | protobuf | json-schema: how values are read (decoded to JSON with the registry's schema)",
+    },
+    Key {
+        key: "key_format",
+        required: None,
+        help: "raw | schema-registry | avro | protobuf | json-schema: how keys are read",
+    },
+    Key {
+        key: "schema_registry_url",
+        required: None,
+        help: "required with a format other than raw: the Schema Registry's http(s) URL(s), comma-separated, [user:password@] allowed",
+    },
+    Key {
+        key: "schema_registry_user",
+        required: None,
+        help: "the registry's basic-auth user (Confluent Cloud: the API key); never shown",
+    },
+    Key {
+        key: "schema_registry_password",
+        required: None,
+        help: "the registry's basic-auth password (Confluent Cloud: the API secret); never shown",
+    },
+    Key {
+        key: "schema_raw_bytes",
+        required: None,
+        help: "true: decoded keys and values come with their raw bytes too (value_raw_base64)",
+    },
+    Key {
         key: "wait_for_topics",
         required: None,
         help: "true: wait for topics that do not exist yet; false: exit 78 naming them",

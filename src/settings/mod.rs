@@ -51,6 +51,7 @@ pub use validate::processing::{
     MAX_CONCURRENCY, MAX_PENDING,
 };
 pub use validate::retry_topics::{NextTier, RetryTiers};
+pub use validate::schemas::{Format, RegistryTls, RegistryUrl, SchemaKind, SchemaSettings};
 pub use validate::telemetry::{HealthSettings, LoggingSettings, LOG_LEVELS};
 
 use raw::RawSettings;
@@ -111,6 +112,8 @@ pub struct Settings {
     /// `ACKD_MEMORY_MB`: the memory budget of the process, divided among the
     /// partitions of the topics (src/consumer/memory.rs).
     pub memory: MemorySetting,
+    /// Schema Registry decoding of keys and values; `None` when both are raw.
+    pub schemas: Option<SchemaSettings>,
     /// Per-message delay of the testkit's `slow` processor (fixed, or a random range).
     #[cfg(feature = "testkit")]
     pub test_delay: crate::settings::test_delay::Delay,
@@ -184,6 +187,9 @@ impl Settings {
         if let Some(http) = &self.http {
             values.extend(http.headers.iter().map(|(_, v)| v.expose().to_string()));
             values.extend(http.url.0.password().map(str::to_string));
+        }
+        if let Some(schemas) = &self.schemas {
+            values.extend(schemas.never_shown());
         }
         values
     }

@@ -9,8 +9,8 @@ use crate::settings::security;
 use super::keys::env_name;
 use super::raw::RawSettings;
 
-/// The variables that carry one of ackd's credentials (KAFKA_URL and ACKD_HTTP_URL only
-/// with `user:password@`), besides `ACKD_RDKAFKA_<NAME>` of a secret property: an exec
+/// The variables that carry one of ackd's credentials (KAFKA_URL, ACKD_HTTP_URL and
+/// ACKD_SCHEMA_REGISTRY_URL only with `user:password@`), besides `ACKD_RDKAFKA_<NAME>` of a secret property: an exec
 /// child gets none of them unless `ACKD_EXEC_PASS_SECRETS` names it.
 pub const SECRET_VARIABLES: &[&str] = &[
     "KAFKA_URL",
@@ -19,6 +19,9 @@ pub const SECRET_VARIABLES: &[&str] = &[
     security::SASL_PASSWORD,
     "ACKD_HTTP_HEADERS",
     "ACKD_HTTP_URL",
+    "ACKD_SCHEMA_REGISTRY_URL",
+    "ACKD_SCHEMA_REGISTRY_USER",
+    "ACKD_SCHEMA_REGISTRY_PASSWORD",
 ];
 
 /// Whether the variable `name` = `value` carries one of ackd's credentials (see
@@ -29,7 +32,7 @@ pub fn is_secret_variable(name: &str, value: &str) -> bool {
         return rdkafka_env::property_from_env(suffix).is_ok_and(|p| is_secret_property(&p));
     }
     match variable_name(name).as_str() {
-        "KAFKA_URL" | "ACKD_HTTP_URL" => value.contains('@'),
+        "KAFKA_URL" | "ACKD_HTTP_URL" | "ACKD_SCHEMA_REGISTRY_URL" => value.contains('@'),
         name => SECRET_VARIABLES.contains(&name),
     }
 }
@@ -110,7 +113,7 @@ pub fn never_shown_in_vars(vars: impl IntoIterator<Item = (String, String)>) -> 
 /// whole value.
 fn secrets_of_variable(name: &str, value: &str) -> Vec<String> {
     match name {
-        "KAFKA_URL" => kafka_url::user_info_texts(value),
+        "KAFKA_URL" | "ACKD_SCHEMA_REGISTRY_URL" => kafka_url::user_info_texts(value),
         "ACKD_HTTP_URL" => match reqwest::Url::parse(value.trim()) {
             Ok(url) => url
                 .password()

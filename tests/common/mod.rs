@@ -31,6 +31,8 @@ pub mod produce;
 /// A TCP proxy between one client and the broker that can cut, heal, reset and delay
 /// ([`proxy::Proxy`]).
 pub mod proxy;
+/// The test Schema Registry (Apicurio) and the registry-aware producer.
+pub mod registry;
 /// Spawning children tied to the test process, free ports, the log directory.
 pub mod spawn;
 /// Messages with known timestamps and the lag in seconds reported for them.

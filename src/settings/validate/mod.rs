@@ -13,6 +13,7 @@ pub(super) mod memory_budget;
 pub(super) mod processing;
 mod required;
 pub(super) mod retry_topics;
+pub(super) mod schemas;
 pub(super) mod telemetry;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ use group::GroupSettings;
 use http_endpoint::HttpSettings;
 use kafka::Connection;
 use memory_budget::MemorySetting;
+use schemas::SchemaSettings;
 use telemetry::{HealthSettings, LoggingSettings};
 
 /// The settings the raw layer makes, or the first setting that is wrong.
@@ -58,6 +60,7 @@ pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
     let wait_for_topics = raw.boolean("wait_for_topics")?;
     let health = HealthSettings::parse(raw)?;
     let memory = MemorySetting::parse(raw)?;
+    let schemas = SchemaSettings::parse(raw, connection.tls.as_ref())?;
     let settings = Settings {
         brokers: connection.brokers,
         topics: connection.topics,
@@ -81,6 +84,7 @@ pub(super) fn validate(raw: &RawSettings) -> Result<Settings, SettingError> {
         http,
         health,
         memory,
+        schemas,
         #[cfg(feature = "testkit")]
         test_delay: test_delay(raw)?,
     };
