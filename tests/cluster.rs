@@ -89,11 +89,7 @@ fn stop_and_tally(
     assert!(t.lost.is_empty(), "lost {}: {:?}", t.lost.len(), t.lost);
     let per_member: Vec<Vec<String>> = members.iter().map(|m| m.lines()).collect();
     let refused = refused_ranges(&per_member);
-    let unexplained: Vec<_> = t
-        .duplicated
-        .iter()
-        .filter(|(p, o)| !refused.iter().any(|r| r.0 == *p && (r.1..r.2).contains(o)))
-        .collect();
+    let unexplained = unexplained_repeats(&t.duplicated, &refused);
     assert!(
         unexplained.is_empty(),
         "processed twice with no refused commit that can explain them: {unexplained:?} (refused, as partition and [from, to): {refused:?})"
@@ -130,7 +126,17 @@ fn refused_ranges(per_member: &[Vec<String>]) -> Vec<(i32, i64, i64)> {
     ranges
 }
 
-/// A repeat below the group's commit when the refusal came is not the refusal's doing.
+/// The repeats (partition, offset) that no refused range of [`refused_ranges`] holds.
+fn unexplained_repeats(duplicated: &[(i32, i64)], refused: &[(i32, i64, i64)]) -> Vec<(i32, i64)> {
+    duplicated
+        .iter()
+        .filter(|(p, o)| !refused.iter().any(|r| r.0 == *p && (r.1..r.2).contains(o)))
+        .copied()
+        .collect()
+}
+
+/// A repeat below the group's commit when the refusal came is not the refusal's doing,
+/// nor one at or above the refused offset, nor one on another partition.
 #[test]
 fn a_refused_commit_explains_only_the_offsets_above_the_commit_before_it() {
     let lines: Vec<String> = [
@@ -141,9 +147,12 @@ fn a_refused_commit_explains_only_the_offsets_above_the_commit_before_it() {
     ]
     .map(String::from)
     .to_vec();
+    let refused = refused_ranges(&[lines]);
+    assert_eq!(refused, vec![(0, 10, 20), (1, i64::MIN, 5)]);
+    let repeats = [(0, 3), (0, 9), (0, 10), (0, 19), (0, 20), (1, 4), (2, 1)];
     assert_eq!(
-        refused_ranges(&[lines]),
-        vec![(0, 10, 20), (1, i64::MIN, 5)]
+        unexplained_repeats(&repeats, &refused),
+        vec![(0, 3), (0, 9), (0, 20), (2, 1)]
     );
 }
 

@@ -657,12 +657,14 @@ fn a_second_crash_keeps_the_window_the_crashed_owner_before_it_left() {
 /// The window's size at a steady rate (docs/guarantees.md, "Redelivery after a crash,
 /// known in advance"): each commit proposes the highest offset read plus about two
 /// commit intervals of messages at the partition's rate, at least 1,000. At ~50 messages/s
-/// per partition and 500 ms commits that is the minimum, 1,000 (two intervals are ~50):
+/// per partition and 500 ms commits that is the minimum, 1,000 (two intervals are ~50;
+/// measured: 1,001 each time):
 /// after each of 3 SIGKILLs (each run ~2.5 s past its start), the next owner's
 /// `redelivery_at_most` is at least that minimum (the last commit's limit is a window past
 /// what was read then, which is at least the commit), and at most what the killed run had
 /// read above the commit (its highest processed offset + 1 - the resume offset) plus twice
-/// the minimum (a commit asked for early doubles the window: room for "about").
+/// the minimum (a new owner that reads the backlog of its restart faster than that asks
+/// for a commit early, which doubles the window: room for "about").
 #[test]
 fn at_a_steady_rate_the_stated_window_is_about_two_commit_intervals_at_least_1000() {
     const MIN: i64 = 1000;
@@ -712,6 +714,52 @@ fn at_a_steady_rate_the_stated_window_is_about_two_commit_intervals_at_least_100
         report.join(", ")
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The window follows the rate: a backlog read at full speed states a window well
+/// beyond the 1,000 floor that the steady 50 messages/s above stays at. ackd A, with
+/// 20 s commits, is assigned an empty partition (so it inherits no window from the log)
+/// and processes one message, then reads 4,000 produced at once: two intervals of
+/// messages are over 2,000 at any rate above 50 messages/s (a debug build on a loaded
+/// machine reads some hundreds a second), and a worker that reads past the
+/// middle of its window asks for a commit at once, which sizes the next window by that
+/// rate. SIGKILLed once it has processed 2,000 (past its first limit, 1,000: a later
+/// commit was accepted), B's `redelivery_at_most` is over 2,000: more than twice the
+/// floor, and than the low rate's window with its slack.
+#[test]
+fn read_at_full_speed_the_stated_window_grows_beyond_the_floor() {
+    const MIN: i64 = 1000;
+    let (topic, group) = fresh_topic("window-rate", 1);
+    let spawn = || {
+        AckdBuilder::new(&topic, &group)
+            .env("ACKD_COMMIT_INTERVAL_MS", "20000")
+            .spawn()
+    };
+    let a = spawn();
+    a.wait_for_line(|l| at(l, "assigned"), WAIT);
+    produce_numbered(&topic, 1);
+    a.wait_for_line(is_processed, WAIT);
+    produce_numbered(&topic, 4000);
+    a.wait_for_count(is_processed, 2000, WAIT);
+    a.sigkill();
+    a.assert_exit(128 + libc::SIGKILL, WAIT);
+    let b = spawn();
+    b.wait_for_line(|l| at(l, "assigned"), WAIT);
+    let stated = stated(&b.lines());
+    b.stop(0, WAIT);
+    let [s] = &stated[..] else {
+        panic!("one partition, one at=assigned: {stated:?}");
+    };
+    let n = s.at_most.unwrap_or_else(|| panic!("no count: {}", s.line));
+    eprintln!(
+        "window after reading a backlog at full speed, 20 s commits: stated {n}: {}",
+        s.line
+    );
+    assert!(
+        n > 2 * MIN,
+        "read at full speed, the window stayed near the floor {MIN}: {}",
+        s.line
+    );
 }
 
 /// The highest offset of each partition among `deliveries`.

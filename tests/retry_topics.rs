@@ -261,7 +261,10 @@ fn the_tiers_hold_with_key_ordering_and_with_batches() {
 /// 16 messages on 2 partitions, 6 failing once (processed in tier 1) and 2 always
 /// (dead-lettered after tier 2). A SIGTERM while copies wait in tier 1, then a SIGKILL
 /// while they wait in tier 2, then a run to the end: every message processed or
-/// dead-lettered, each repeat flagged, everything committed.
+/// dead-lettered, each repeat flagged, everything committed. The killed run gets 4 more
+/// messages and commits nothing past where it resumed (a 60 s interval, and too few
+/// messages to ask for a dispatch limit): they come again in the last run, so the
+/// check that repeats are flagged has repeats to check.
 #[test]
 fn sigterm_and_sigkill_while_copies_wait_lose_nothing() {
     let (topic, tiers, dlq, group) = topics("retry-stop", 2);
@@ -299,9 +302,19 @@ fn sigterm_and_sigkill_while_copies_wait_lose_nothing() {
     assert_committed(&group, &topic, 0, Some(8));
     assert_committed(&group, &topic, 1, Some(8));
 
-    let second = retrying_ackd(&topic, &group, &dlq).spawn();
+    let more: Vec<Record<'_>> = (0..4).map(|i| (i % 2, None, &b"ok"[..], &[][..])).collect();
+    let repeated = produce_records(&topic, &more);
+    let second = retrying_ackd(&topic, &group, &dlq)
+        .env("ACKD_COMMIT_INTERVAL_MS", "60000")
+        .spawn();
     second.wait_for_line(
         |l| at(l, "retry_topic") && field(l, "retry_topic").as_deref() == Some(tiers[1].as_str()),
+        WAIT,
+    );
+    // The source was committed through the first 16: only these 4 are processed.
+    second.wait_for_count(
+        |l| is_processed(l) && place(l).0 == topic,
+        repeated.len(),
         WAIT,
     );
     second.sigkill();
@@ -359,7 +372,7 @@ fn sigterm_and_sigkill_while_copies_wait_lose_nothing() {
             }
         }
     }
-    let all: BTreeSet<(i32, i64)> = sent.iter().copied().collect();
+    let all: BTreeSet<(i32, i64)> = sent.iter().chain(&repeated).copied().collect();
     assert_eq!(
         done.keys().copied().collect::<BTreeSet<_>>(),
         all,
@@ -379,6 +392,13 @@ fn sigterm_and_sigkill_while_copies_wait_lose_nothing() {
                 .push(field(l, "redelivered").as_deref() == Some("true"));
             m
         });
+    for r in &repeated {
+        assert!(
+            flagged_repeats.get(r).is_some_and(|f| f.len() >= 2),
+            "{r:?}, processed by the killed run before any commit, did not come again: {:?}",
+            flagged_repeats
+        );
+    }
     for (at_, flags) in flagged_repeats {
         assert!(
             flags.iter().skip(1).all(|f| *f),

@@ -422,6 +422,9 @@ pub struct DispatchLimit {
     read: AtomicI64,
     /// The worker waits at the limit, or passed `ask_from`: a commit is due now.
     wanted: AtomicBool,
+    /// How many times `wanted` was raised: a proposal grows the window for an ask once,
+    /// though the ask stays wanted until a commit is accepted.
+    asks: AtomicU64,
     raised: Notify,
     sizing: Mutex<Sizing>,
     /// Set when the worker starts ([`DispatchLimit::configure`]).
@@ -436,6 +439,8 @@ struct Sizing {
     window: i64,
     /// When the last proposal was made, and the offset read then.
     at: Option<(Instant, i64)>,
+    /// `asks` at the last proposal.
+    asks_seen: u64,
 }
 
 impl Default for DispatchLimit {
@@ -445,11 +450,13 @@ impl Default for DispatchLimit {
             ask_from: AtomicI64::new(NONE),
             read: AtomicI64::new(NONE),
             wanted: AtomicBool::new(false),
+            asks: AtomicU64::new(0),
             raised: Notify::new(),
             sizing: Mutex::new(Sizing {
                 proposed: NONE,
                 window: 0,
                 at: None,
+                asks_seen: 0,
             }),
             policy: OnceLock::new(),
         }
@@ -491,6 +498,7 @@ impl DispatchLimit {
     /// Asks the supervisor for a commit, unless one is asked for already.
     fn ask(&self) {
         if !self.wanted.swap(true, Ordering::AcqRel) {
+            self.asks.fetch_add(1, Ordering::AcqRel);
             self.policy().commit_wanted.notify_one();
         }
     }
@@ -525,8 +533,11 @@ impl DispatchLimit {
         let policy = self.policy();
         let now = Instant::now();
         let read = self.read.load(Ordering::Relaxed).max(floor);
-        let early = self.wanted();
         let mut s = self.sizing.lock().unwrap_or_else(|e| e.into_inner());
+        // Asked since the last proposal: a commit still on its way carries an older ask.
+        let asks = self.asks.load(Ordering::Acquire);
+        let early = asks != s.asks_seen;
+        s.asks_seen = asks;
         s.window = next_window(s.window, s.at, (now, read), early, policy);
         s.at = Some((now, read));
         s.proposed = s.proposed.max(read.saturating_add(s.window));
@@ -574,8 +585,8 @@ impl DispatchLimit {
 
 /// The next window: about two commit intervals of messages at the rate read since the
 /// last proposal (measured over at least [`RATE_SAMPLE`]), between the policy's bounds;
-/// doubled (at least) when the worker asked early, which says the window was too small
-/// for the rate.
+/// doubled (at least) when the worker asked early since the last proposal, which says
+/// the window was too small for the rate.
 fn next_window(
     window: i64,
     last: Option<(Instant, i64)>,
@@ -763,6 +774,22 @@ mod dispatch_limit_tests {
         let a = l.propose(500);
         assert_eq!(a, 1_500);
         assert!(l.propose(0) >= a);
+    }
+
+    #[test]
+    fn one_ask_grows_the_window_once_however_many_commits_carry_it() {
+        // The first commit's answer is not back when the supervisor builds the next
+        // (commits are sent in order, several in flight): the worker's one ask must not
+        // double the window again, nor a backlog-free partition hold 2,000.
+        let l = limit(100_000);
+        assert!(!l.permits(0));
+        assert_eq!(l.propose(0), 1_000);
+        assert!(l.wanted(), "not accepted yet: still wanted");
+        assert_eq!(l.propose(0), 1_000, "the same ask: the same window");
+        l.accept(1_000);
+        assert!(l.permits(500) && l.wanted(), "a new ask, past the middle");
+        assert_eq!(l.propose(0), 2_500, "it doubles the window once");
+        assert_eq!(l.propose(0), 2_500);
     }
 
     #[test]
