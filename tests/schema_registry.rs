@@ -82,6 +82,13 @@ fn requests(dir: &std::path::Path) -> Vec<Value> {
 #[test]
 fn an_avro_record_reaches_the_exec_handler_as_json() {
     let (topic, group) = fresh_topic("sr-avro", 1);
+    // The same schema under a subject listed before the topic's own: the registry gives
+    // the id both, and the topic's `<topic>-value` is the one named.
+    registry().call(
+        "POST",
+        "subjects/0-shared-value/versions",
+        &json!({ "schema": ORDER_SCHEMA }),
+    );
     let ids = avro(
         &topic,
         &registry().url(),
@@ -105,8 +112,12 @@ fn an_avro_record_reaches_the_exec_handler_as_json() {
     assert_eq!(got[0]["value"], decoded_order(1, Some("gift")));
     assert_eq!(got[1]["value"], decoded_order(2, None));
     assert_eq!(got[0]["schema_id"], json!(ids[0]));
+    let subject = format!("{topic}-value");
+    assert_eq!(got[0]["subject"], json!(subject), "{}", got[0]);
+    assert_eq!(got[1]["subject"], json!(subject), "{}", got[1]);
     assert_eq!(got[0]["key"], "k-1", "a raw key stays as it was");
     assert!(got[0].get("key_schema_id").is_none(), "{}", got[0]);
+    assert!(got[0].get("key_subject").is_none(), "{}", got[0]);
     let raw = got[0]["value_raw_base64"]
         .as_str()
         .expect("raw bytes asked for");
