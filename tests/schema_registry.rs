@@ -194,6 +194,77 @@ fn a_protobuf_message_of_the_second_type_reaches_the_handler_as_canonical_json()
     assert_eq!(got[0]["schema_id"], json!(ids[0]));
 }
 
+/// Three versions of one subject, each the writer's schema of one message.
+const EVOLVING_V1: &str = r#"{"type":"record","name":"Item","fields":[
+ {"name":"id","type":"long"},{"name":"note","type":["null","string"],"default":null}]}"#;
+/// v1 and a field with a default: compatible (BACKWARD).
+const EVOLVING_V2: &str = r#"{"type":"record","name":"Item","fields":[
+ {"name":"id","type":"long"},{"name":"note","type":["null","string"],"default":null},
+ {"name":"extra","type":"int","default":0}]}"#;
+/// `id` a string, `note` gone, a field without a default: incompatible.
+const EVOLVING_V3: &str = r#"{"type":"record","name":"Item","fields":[
+ {"name":"id","type":"string"},{"name":"label","type":"string"}]}"#;
+
+#[test]
+fn a_changed_schema_compatible_or_not_decodes_each_message_with_its_writers_schema() {
+    let (topic, group) = fresh_topic("sr-evolve", 1);
+    let r = registry();
+    let subject = format!("{topic}-value");
+    let config = format!("config/{subject}");
+    r.call("PUT", &config, &json!({"compatibility": "BACKWARD"}));
+    let v1 = avro(
+        &topic,
+        &r.url(),
+        EVOLVING_V1,
+        &[(None, json!({"id": 1, "note": "one"}))],
+    );
+    let v2_record = json!({"id": 2, "note": null, "extra": 7});
+    let v2 = avro(&topic, &r.url(), EVOLVING_V2, &[(None, v2_record.clone())]);
+    // The registry refuses v3 under BACKWARD: it is incompatible indeed.
+    let refused = common::registry::http_request(
+        r.port(),
+        "POST",
+        &format!("/apis/ccompat/v7/subjects/{subject}/versions"),
+        &json!({ "schema": EVOLVING_V3 }).to_string(),
+    );
+    assert_eq!(refused.as_ref().map(|(s, _)| *s), Some(409), "{refused:?}");
+    r.call("PUT", &config, &json!({"compatibility": "NONE"}));
+    let v3_record = json!({"id": "three", "label": "third"});
+    let v3 = avro(&topic, &r.url(), EVOLVING_V3, &[(None, v3_record.clone())]);
+    let ids = [v1[0], v2[0], v3[0]];
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "{ids:?}"
+    );
+    let dir = fresh_dir("sr-evolve");
+    let ackd = exec_ackd(&topic, &group, &recording_handler(&dir))
+        .env("ACKD_VALUE_FORMAT", "avro")
+        .env("ACKD_SCHEMA_REGISTRY_URL", r.url())
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed_at(l, 2) || at_offset(l, "skipped", 2),
+        WAIT,
+    );
+    let lines = ackd.stop(0, WAIT);
+    assert_eq!(count_at(&lines, "skipped"), 0, "{lines:#?}");
+    let got = requests(&dir);
+    let values: Vec<&Value> = got.iter().map(|m| &m["value"]).collect();
+    // Each as its own schema says: v1 without `extra`, v2 with it, v3 with its own fields.
+    assert_eq!(
+        values,
+        [&json!({"id": 1, "note": "one"}), &v2_record, &v3_record],
+        "{got:#?}"
+    );
+    let named: Vec<(&Value, &Value)> = got
+        .iter()
+        .map(|m| (&m["schema_id"], &m["subject"]))
+        .collect();
+    let want: Vec<(Value, Value)> = ids.iter().map(|id| (json!(id), json!(subject))).collect();
+    assert_eq!(named, want.iter().map(|(a, b)| (a, b)).collect::<Vec<_>>());
+    assert_committed(&group, &topic, 0, Some(3));
+}
+
 #[test]
 fn undecodable_messages_take_the_failure_policy_and_the_rest_flows() {
     let topic = unique_name("sr-bad");
