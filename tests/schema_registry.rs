@@ -458,6 +458,67 @@ fn a_401_from_the_registry_says_so_and_holds_without_showing_the_secret() {
     );
 }
 
+/// A registry that answers each request's path with `answer`'s status and JSON body.
+fn scripted_registry(answer: fn(&str) -> (u16, String)) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let path = line.split(' ').nth(1).unwrap_or_default().to_string();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let (status, body) = answer(&path);
+            let mut s = stream;
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn a_subject_the_registry_cannot_tell_is_left_out_and_the_message_goes_through() {
+    let (topic, group) = fresh_topic("sr-nosubject", 1);
+    let port = scripted_registry(|path| match path {
+        "/schemas/ids/9" => (
+            200,
+            json!({"schemaType": "JSON", "schema": "{}"}).to_string(),
+        ),
+        _ => (500, r#"{"error_code":50001}"#.into()),
+    });
+    produce(
+        &topic,
+        &[(None, [&[0u8, 0, 0, 0, 9][..], br#"{"a":1}"#].concat())],
+    );
+    let dir = fresh_dir("sr-nosubject");
+    let ackd = exec_ackd(&topic, &group, &recording_handler(&dir))
+        .env("ACKD_VALUE_FORMAT", "json-schema")
+        .env(
+            "ACKD_SCHEMA_REGISTRY_URL",
+            format!("http://127.0.0.1:{port}"),
+        )
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed_at(l, 0) || at_offset(l, "skipped", 0),
+        WAIT,
+    );
+    let lines = ackd.stop(0, WAIT);
+    assert_eq!(processed(&lines), [(0, 0)], "{lines:#?}");
+    assert_eq!(count_at(&lines, "retry"), 0, "{lines:#?}");
+    let got = requests(&dir);
+    assert_eq!(got[0]["value"], json!({"a": 1}));
+    assert_eq!(got[0]["schema_id"], 9);
+    assert!(got[0].get("subject").is_none(), "{}", got[0]);
+}
+
 #[test]
 fn the_registry_unreachable_at_start_holds_the_partition_naming_the_id() {
     let (topic, group) = fresh_topic("sr-down", 1);
