@@ -82,6 +82,13 @@ fn requests(dir: &std::path::Path) -> Vec<Value> {
 #[test]
 fn an_avro_record_reaches_the_exec_handler_as_json() {
     let (topic, group) = fresh_topic("sr-avro", 1);
+    // The same schema under a subject listed before the topic's own: the registry gives
+    // the id both, and the topic's `<topic>-value` is the one named.
+    registry().call(
+        "POST",
+        "subjects/0-shared-value/versions",
+        &json!({ "schema": ORDER_SCHEMA }),
+    );
     let ids = avro(
         &topic,
         &registry().url(),
@@ -105,8 +112,12 @@ fn an_avro_record_reaches_the_exec_handler_as_json() {
     assert_eq!(got[0]["value"], decoded_order(1, Some("gift")));
     assert_eq!(got[1]["value"], decoded_order(2, None));
     assert_eq!(got[0]["schema_id"], json!(ids[0]));
+    let subject = format!("{topic}-value");
+    assert_eq!(got[0]["subject"], json!(subject), "{}", got[0]);
+    assert_eq!(got[1]["subject"], json!(subject), "{}", got[1]);
     assert_eq!(got[0]["key"], "k-1", "a raw key stays as it was");
     assert!(got[0].get("key_schema_id").is_none(), "{}", got[0]);
+    assert!(got[0].get("key_subject").is_none(), "{}", got[0]);
     let raw = got[0]["value_raw_base64"]
         .as_str()
         .expect("raw bytes asked for");
@@ -181,6 +192,77 @@ fn a_protobuf_message_of_the_second_type_reaches_the_handler_as_canonical_json()
         json!({"orderId": "42", "paid": true, "note": "ok"})
     );
     assert_eq!(got[0]["schema_id"], json!(ids[0]));
+}
+
+/// Three versions of one subject, each the writer's schema of one message.
+const EVOLVING_V1: &str = r#"{"type":"record","name":"Item","fields":[
+ {"name":"id","type":"long"},{"name":"note","type":["null","string"],"default":null}]}"#;
+/// v1 and a field with a default: compatible (BACKWARD).
+const EVOLVING_V2: &str = r#"{"type":"record","name":"Item","fields":[
+ {"name":"id","type":"long"},{"name":"note","type":["null","string"],"default":null},
+ {"name":"extra","type":"int","default":0}]}"#;
+/// `id` a string, `note` gone, a field without a default: incompatible.
+const EVOLVING_V3: &str = r#"{"type":"record","name":"Item","fields":[
+ {"name":"id","type":"string"},{"name":"label","type":"string"}]}"#;
+
+#[test]
+fn a_changed_schema_compatible_or_not_decodes_each_message_with_its_writers_schema() {
+    let (topic, group) = fresh_topic("sr-evolve", 1);
+    let r = registry();
+    let subject = format!("{topic}-value");
+    let config = format!("config/{subject}");
+    r.call("PUT", &config, &json!({"compatibility": "BACKWARD"}));
+    let v1 = avro(
+        &topic,
+        &r.url(),
+        EVOLVING_V1,
+        &[(None, json!({"id": 1, "note": "one"}))],
+    );
+    let v2_record = json!({"id": 2, "note": null, "extra": 7});
+    let v2 = avro(&topic, &r.url(), EVOLVING_V2, &[(None, v2_record.clone())]);
+    // The registry refuses v3 under BACKWARD: it is incompatible indeed.
+    let refused = common::registry::http_request(
+        r.port(),
+        "POST",
+        &format!("/apis/ccompat/v7/subjects/{subject}/versions"),
+        &json!({ "schema": EVOLVING_V3 }).to_string(),
+    );
+    assert_eq!(refused.as_ref().map(|(s, _)| *s), Some(409), "{refused:?}");
+    r.call("PUT", &config, &json!({"compatibility": "NONE"}));
+    let v3_record = json!({"id": "three", "label": "third"});
+    let v3 = avro(&topic, &r.url(), EVOLVING_V3, &[(None, v3_record.clone())]);
+    let ids = [v1[0], v2[0], v3[0]];
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "{ids:?}"
+    );
+    let dir = fresh_dir("sr-evolve");
+    let ackd = exec_ackd(&topic, &group, &recording_handler(&dir))
+        .env("ACKD_VALUE_FORMAT", "avro")
+        .env("ACKD_SCHEMA_REGISTRY_URL", r.url())
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed_at(l, 2) || at_offset(l, "skipped", 2),
+        WAIT,
+    );
+    let lines = ackd.stop(0, WAIT);
+    assert_eq!(count_at(&lines, "skipped"), 0, "{lines:#?}");
+    let got = requests(&dir);
+    let values: Vec<&Value> = got.iter().map(|m| &m["value"]).collect();
+    // Each as its own schema says: v1 without `extra`, v2 with it, v3 with its own fields.
+    assert_eq!(
+        values,
+        [&json!({"id": 1, "note": "one"}), &v2_record, &v3_record],
+        "{got:#?}"
+    );
+    let named: Vec<(&Value, &Value)> = got
+        .iter()
+        .map(|m| (&m["schema_id"], &m["subject"]))
+        .collect();
+    let want: Vec<(Value, Value)> = ids.iter().map(|id| (json!(id), json!(subject))).collect();
+    assert_eq!(named, want.iter().map(|(a, b)| (a, b)).collect::<Vec<_>>());
+    assert_committed(&group, &topic, 0, Some(3));
 }
 
 #[test]
@@ -374,6 +456,67 @@ fn a_401_from_the_registry_says_so_and_holds_without_showing_the_secret() {
         !all.contains("s3cret-hunter2") && !all.contains("APIKEY"),
         "{all}"
     );
+}
+
+/// A registry that answers each request's path with `answer`'s status and JSON body.
+fn scripted_registry(answer: fn(&str) -> (u16, String)) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let path = line.split(' ').nth(1).unwrap_or_default().to_string();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let (status, body) = answer(&path);
+            let mut s = stream;
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn a_subject_the_registry_cannot_tell_is_left_out_and_the_message_goes_through() {
+    let (topic, group) = fresh_topic("sr-nosubject", 1);
+    let port = scripted_registry(|path| match path {
+        "/schemas/ids/9" => (
+            200,
+            json!({"schemaType": "JSON", "schema": "{}"}).to_string(),
+        ),
+        _ => (500, r#"{"error_code":50001}"#.into()),
+    });
+    produce(
+        &topic,
+        &[(None, [&[0u8, 0, 0, 0, 9][..], br#"{"a":1}"#].concat())],
+    );
+    let dir = fresh_dir("sr-nosubject");
+    let ackd = exec_ackd(&topic, &group, &recording_handler(&dir))
+        .env("ACKD_VALUE_FORMAT", "json-schema")
+        .env(
+            "ACKD_SCHEMA_REGISTRY_URL",
+            format!("http://127.0.0.1:{port}"),
+        )
+        .env("ACKD_ON_FAILURE", "skip")
+        .spawn();
+    ackd.wait_for_line(
+        |l| is_processed_at(l, 0) || at_offset(l, "skipped", 0),
+        WAIT,
+    );
+    let lines = ackd.stop(0, WAIT);
+    assert_eq!(processed(&lines), [(0, 0)], "{lines:#?}");
+    assert_eq!(count_at(&lines, "retry"), 0, "{lines:#?}");
+    let got = requests(&dir);
+    assert_eq!(got[0]["value"], json!({"a": 1}));
+    assert_eq!(got[0]["schema_id"], 9);
+    assert!(got[0].get("subject").is_none(), "{}", got[0]);
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! `value_base64` (standard alphabet, padded) instead, and a null one as JSON null;
 //! `redelivered` and `attempt` are [`Message::redelivered`] and [`Message::attempt`].
 //! A key or value decoded from the Schema Registry wire format (docs/schemas.md) comes as
-//! its JSON under `key`/`value`, with `key_schema_id`/`schema_id`, and its raw bytes as
+//! its JSON under `key`/`value`, with `key_schema_id`/`schema_id` and, when the registry
+//! told it, `key_subject`/`subject`, and its raw bytes as
 //! `key_raw_base64`/`value_raw_base64` with `ACKD_SCHEMA_RAW_BYTES`.
 
 use base64::Engine as _;
@@ -27,18 +28,11 @@ pub fn encode(m: &Message<'_>) -> Vec<u8> {
             put_bytes(&mut o, "value", m.payload());
         }
         Some(d) => {
-            put_decoded(
-                &mut o,
-                "key",
-                "key_schema_id",
-                d.key.as_ref(),
-                m.key(),
-                d.raw_bytes,
-            );
+            put_decoded(&mut o, "key", "key_", d.key.as_ref(), m.key(), d.raw_bytes);
             put_decoded(
                 &mut o,
                 "value",
-                "schema_id",
+                "",
                 d.value.as_ref(),
                 m.payload(),
                 d.raw_bytes,
@@ -78,12 +72,13 @@ pub fn headers(m: &Message<'_>) -> Value {
     headers.into()
 }
 
-/// `name`: the decoded JSON and `id_name` its schema id (with the raw bytes as
-/// `name_raw_base64` when asked), or, not decoded, the bytes as [`put_bytes`] puts them.
+/// `name`: the decoded JSON, `{prefix}schema_id` its schema id and `{prefix}subject` its
+/// subject when known (with the raw bytes as `name_raw_base64` when asked), or, not
+/// decoded, the bytes as [`put_bytes`] puts them.
 fn put_decoded(
     o: &mut Map<String, Value>,
     name: &str,
-    id_name: &str,
+    prefix: &str,
     part: Option<&DecodedPart>,
     bytes: Option<&[u8]>,
     raw_bytes: bool,
@@ -92,7 +87,10 @@ fn put_decoded(
         return put_bytes(o, name, bytes);
     };
     o.insert(name.into(), part.json.clone());
-    o.insert(id_name.into(), part.schema_id.into());
+    o.insert(format!("{prefix}schema_id"), part.schema_id.into());
+    if let Some(subject) = &part.subject {
+        o.insert(format!("{prefix}subject"), (**subject).into());
+    }
     if raw_bytes {
         let b64 = base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or_default());
         o.insert(format!("{name}_raw_base64"), b64.into());
@@ -140,6 +138,7 @@ mod tests {
             key: None,
             value: Some(DecodedPart {
                 schema_id: 7,
+                subject: Some("t-value".into()),
                 json: json!({"id": 1, "name": "a"}),
             }),
             raw_bytes: true,
@@ -149,9 +148,32 @@ mod tests {
         let v: Value = serde_json::from_slice(&encode(&m)).unwrap();
         assert_eq!(v["value"], json!({"id": 1, "name": "a"}));
         assert_eq!(v["schema_id"], 7);
+        assert_eq!(v["subject"], "t-value");
         assert_eq!(v["value_raw_base64"], "AAAAAAcCAmE=");
         assert_eq!(v["key"], "k", "a raw key stays as it was");
         assert!(v.get("key_schema_id").is_none());
+        assert!(v.get("key_subject").is_none());
+    }
+
+    #[test]
+    fn a_decoded_key_has_its_own_names_and_an_unknown_subject_is_left_out() {
+        let decoded = crate::processors::processor::Decoded {
+            key: Some(DecodedPart {
+                schema_id: 6,
+                subject: None,
+                json: json!({"k": 1}),
+            }),
+            value: None,
+            raw_bytes: false,
+        };
+        let m =
+            Message::new("t", 0, 7, Some(b"\0\0\0\0\x06\x02"), None, None).with_decoded(&decoded);
+        let v: Value = serde_json::from_slice(&encode(&m)).unwrap();
+        assert_eq!(v["key"], json!({"k": 1}));
+        assert_eq!(v["key_schema_id"], 6);
+        assert!(v.get("key_subject").is_none(), "{v}");
+        assert!(v.get("subject").is_none(), "{v}");
+        assert!(v.get("key_raw_base64").is_none(), "{v}");
     }
 
     #[test]

@@ -168,6 +168,19 @@ impl Registry {
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         http_get(self.port, path)
     }
+
+    /// A request of the Confluent API (`path` under [`Registry::url`]) with a JSON body;
+    /// panics unless it answers 2xx: the body.
+    pub fn call(&self, method: &str, path: &str, body: &serde_json::Value) -> String {
+        let full = format!("/apis/ccompat/v7/{path}");
+        let (status, answer) = http_request(self.port, method, &full, &body.to_string())
+            .unwrap_or_else(|| panic!("{method} {full}: the registry did not answer"));
+        assert!(
+            (200..300).contains(&status),
+            "{method} {full}: {status} {answer}"
+        );
+        answer
+    }
 }
 
 impl Drop for Registry {
@@ -181,11 +194,19 @@ impl Drop for Registry {
 
 /// A plain HTTP/1.1 GET on 127.0.0.1:`port`.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_request(port, "GET", path, "")
+}
+
+/// A plain HTTP/1.1 request on 127.0.0.1:`port` with a JSON `body` (none when empty):
+/// the status and the body; `None` when nothing answers.
+pub fn http_request(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/vnd.schemaregistry.v1+json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .ok()?;
     let mut text = String::new();

@@ -23,6 +23,9 @@ use registry::{Parsed, Registry};
 pub struct DecodedPart {
     /// The schema id of the wire format's header.
     pub schema_id: u32,
+    /// The subject of the schema in the registry (docs/schemas.md says which when it has
+    /// several); `None` when the registry could not tell.
+    pub subject: Option<Arc<str>>,
     /// The payload as JSON (docs/schemas.md states the mapping).
     pub json: Value,
 }
@@ -64,14 +67,17 @@ impl Decoder {
     /// fails permanently; a registry that cannot answer, retryably.
     pub async fn decode(&self, m: &Message<'_>) -> Result<Decoded, ProcessError> {
         Ok(Decoded {
-            key: self.part(m.key(), self.key, "key").await?,
-            value: self.part(m.payload(), self.value, "value").await?,
+            key: self.part(m.topic(), m.key(), self.key, "key").await?,
+            value: self
+                .part(m.topic(), m.payload(), self.value, "value")
+                .await?,
             raw_bytes: self.raw_bytes,
         })
     }
 
     async fn part(
         &self,
+        topic: &str,
         bytes: Option<&[u8]>,
         format: Format,
         which: &str,
@@ -102,6 +108,7 @@ impl Decoder {
         };
         Ok(Some(DecodedPart {
             schema_id: id,
+            subject: schema.subject(topic, which).cloned(),
             json,
         }))
     }

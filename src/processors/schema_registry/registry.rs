@@ -1,6 +1,7 @@
 //! The Schema Registry client: a schema by its id (`GET /schemas/ids/{id}`, references
-//! through `GET /subjects/{subject}/versions/{version}`), cached by id, with a timeout
-//! and a second round over the URLs.
+//! through `GET /subjects/{subject}/versions/{version}`, the subjects that hold it through
+//! `GET /schemas/ids/{id}/versions`), cached by id, with a timeout and a second round over
+//! the URLs.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,25 @@ const MAX_REFERENCE_DEPTH: usize = 16;
 pub(crate) struct Schema {
     pub(crate) kind: SchemaKind,
     pub(crate) parsed: Parsed,
+    /// The subjects the registry lists for the id, in its order; empty when it could not
+    /// tell (the subject is informative: its absence fails nothing).
+    pub(crate) subjects: Vec<Arc<str>>,
+}
+
+impl Schema {
+    /// The subject to name for a `which` (`key` or `value`) of `topic`: the topic's own
+    /// (`<topic>-<which>`, TopicNameStrategy), else one of the topic's
+    /// (`<topic>-<record>`, TopicRecordNameStrategy), else the first listed.
+    pub(crate) fn subject(&self, topic: &str, which: &str) -> Option<&Arc<str>> {
+        fn of_topic<'s>(subject: &'s str, topic: &str) -> Option<&'s str> {
+            subject.strip_prefix(topic)?.strip_prefix('-')
+        }
+        self.subjects
+            .iter()
+            .find(|s| of_topic(s, topic) == Some(which))
+            .or_else(|| self.subjects.iter().find(|s| of_topic(s, topic).is_some()))
+            .or_else(|| self.subjects.first())
+    }
 }
 
 pub(crate) enum Parsed {
@@ -99,7 +119,10 @@ impl Registry {
             Failure::Retry(why) => ProcessError::retryable(format!("schema id {id}: {why}")),
             Failure::Permanent(why) => ProcessError::permanent(format!("schema id {id}: {why}")),
         })?;
-        let schema = Arc::new(schema);
+        let schema = Arc::new(Schema {
+            subjects: self.subjects(id).await,
+            ..schema
+        });
         let mut cache = self.lock();
         if cache.0.len() >= CACHE_MAX {
             if let Some(old) = cache.1.pop_front() {
@@ -151,7 +174,24 @@ impl Registry {
                 Parsed::Protobuf(Box::new(proto))
             }
         };
-        Ok(Schema { kind, parsed })
+        Ok(Schema {
+            kind,
+            parsed,
+            subjects: Vec::new(),
+        })
+    }
+
+    /// The subjects holding schema `id`; none when the registry cannot tell (an older
+    /// one without the endpoint, or a failure): kept so, as the subject only informs.
+    async fn subjects(&self, id: u32) -> Vec<Arc<str>> {
+        let Ok(body) = self.get(&format!("schemas/ids/{id}/versions")).await else {
+            return Vec::new();
+        };
+        body.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["subject"].as_str().map(Arc::from))
+            .collect()
     }
 
     /// The schemas `body` references (the name it imports each by, and its text), each
@@ -294,4 +334,35 @@ fn with_tls(
         builder = builder.identity(identity);
     }
     Ok(builder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(subjects: &[&str]) -> Schema {
+        Schema {
+            kind: SchemaKind::JsonSchema,
+            parsed: Parsed::Json,
+            subjects: subjects.iter().map(|s| Arc::from(*s)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_subject_named_is_the_topics_own_else_one_of_the_topics_else_the_first() {
+        let s = listing(&["a-value", "orders-shop.Order", "orders-key", "orders-value"]);
+        let name = |topic, which| s.subject(topic, which).map(|s| s.to_string());
+        assert_eq!(name("orders", "value").as_deref(), Some("orders-value"));
+        assert_eq!(name("orders", "key").as_deref(), Some("orders-key"));
+        let s = listing(&["a-value", "orders-shop.Order"]);
+        let name = |topic, which| s.subject(topic, which).map(|s| s.to_string());
+        assert_eq!(
+            name("orders", "value").as_deref(),
+            Some("orders-shop.Order")
+        );
+        assert_eq!(name("other", "value").as_deref(), Some("a-value"));
+        // A topic whose name another's begins with is not that one's.
+        assert_eq!(name("order", "value").as_deref(), Some("a-value"));
+        assert_eq!(listing(&[]).subject("orders", "value"), None);
+    }
 }
