@@ -26,15 +26,23 @@ use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
 use tokio::sync::watch;
-
-use crate::consumer::worker::Hold;
 
 const FRESH: u8 = 0;
 const QUEUED: u8 = 1;
 const STARTED: u8 = 2;
 const DROPPED: u8 = 3;
 const ENDED: u8 = 4;
+
+/// What lets a partition start calls: the consumer's membership hold, which holds and
+/// lifts it from above; processors only ask, where they take a queued call.
+pub(crate) trait StartGate: Send + Sync {
+    /// Whether a new call may start now (an atomic load or two).
+    fn may_start(&self) -> bool;
+    /// Resolves once a new call may start.
+    fn startable(&self) -> BoxFuture<'_, ()>;
+}
 
 tokio::task_local! {
     /// The call whose future is being polled (set only while the worker polls one).
@@ -55,7 +63,7 @@ pub(crate) struct CallStart {
     clock: Arc<CallClock>,
     /// Its partition's hold: a call the processor takes starts only while the
     /// partition may start calls, however long it waited in the processor's queue.
-    hold: Option<Arc<Hold>>,
+    hold: Option<Arc<dyn StartGate>>,
 }
 
 impl CallStart {
@@ -73,7 +81,7 @@ impl CallStart {
 
     /// Whether the call may start now: its partition is not held (the membership is
     /// not in doubt) and the process did not just wake from a stall (see
-    /// [`Hold::may_start`]). A processor asks before it takes a queued call.
+    /// [`StartGate`]). A processor asks before it takes a queued call.
     pub(crate) fn may_start(&self) -> bool {
         self.hold.as_ref().is_none_or(|h| h.may_start())
     }
@@ -237,14 +245,18 @@ impl Drop for EndOnDrop<'_> {
 /// the hold allows it (a retry after its delay, a batch after its gathering may come
 /// after a stall), and a processor that queues it checks again when it takes it
 /// ([`CallStart::may_start`]).
-pub(crate) async fn admitted<F: Future>(
+pub(crate) async fn admitted<F: Future, G: StartGate + 'static>(
     call: F,
-    (clock, hold): (&Arc<CallClock>, &Arc<Hold>),
+    (clock, hold): (&Arc<CallClock>, &Arc<G>),
     (offset, last, messages): (i64, i64, usize),
     stop: &mut watch::Receiver<bool>,
 ) -> Option<F::Output> {
-    if !hold.wait_unless_stopped(stop).await {
-        return None;
+    if !hold.may_start() {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return None,
+            _ = hold.startable() => {}
+        }
     }
     let start = Arc::new(CallStart {
         state: AtomicU8::new(FRESH),
@@ -253,7 +265,7 @@ pub(crate) async fn admitted<F: Future>(
         last,
         messages,
         clock: clock.clone(),
-        hold: Some(hold.clone()),
+        hold: Some(hold.clone() as Arc<dyn StartGate>),
     });
     let _end = EndOnDrop(&start);
     let mut call = std::pin::pin!(CALL.scope(start.clone(), call));
@@ -281,6 +293,46 @@ pub(crate) async fn admitted<F: Future>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
+    use tokio::sync::Notify;
+
+    /// A gate held and lifted by hand, as the consumer's hold is.
+    #[derive(Default)]
+    struct Hold {
+        held: AtomicBool,
+        lifted: Notify,
+    }
+
+    impl Hold {
+        fn hold(&self) {
+            self.held.store(true, Ordering::Release);
+        }
+
+        fn lift(&self) {
+            self.held.store(false, Ordering::Release);
+            self.lifted.notify_waiters();
+        }
+    }
+
+    impl StartGate for Hold {
+        fn may_start(&self) -> bool {
+            !self.held.load(Ordering::Acquire)
+        }
+
+        fn startable(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                loop {
+                    let lifted = self.lifted.notified();
+                    tokio::pin!(lifted);
+                    lifted.as_mut().enable();
+                    if self.may_start() {
+                        return;
+                    }
+                    lifted.await;
+                }
+            })
+        }
+    }
 
     fn call(clock: &Arc<CallClock>, offset: i64) -> Arc<CallStart> {
         Arc::new(CallStart {
@@ -381,7 +433,7 @@ mod tests {
         let hold = Arc::new(Hold::default());
         let call = call(&clock, 5);
         let call = Arc::new(CallStart {
-            hold: Some(hold.clone()),
+            hold: Some(hold.clone() as Arc<dyn StartGate>),
             ..Arc::try_unwrap(call).ok().unwrap()
         });
         assert!(call.may_start());

@@ -23,5 +23,5 @@ mod shared;
 mod task;
 
 pub use progress::{OffsetTracker, TrackerError};
-pub use shared::{Hold, LimitPolicy, WorkerShared};
+pub use shared::{LimitPolicy, WorkerShared};
 pub use task::{spawn, Batching, Concurrency, Predecessor, WorkerConfig, WorkerHandle};

@@ -366,6 +366,17 @@ impl Hold {
     }
 }
 
+/// Processors ask the hold where they take a queued call.
+impl call_start::StartGate for Hold {
+    fn may_start(&self) -> bool {
+        Hold::may_start(self)
+    }
+
+    fn startable(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(Hold::startable(self))
+    }
+}
+
 // The dispatch limit (docs/guarantees.md, "Redelivery after a crash"): every commit's
 // metadata records `l=L`, the highest offset this process may hand to a processor
 // before its next commit is accepted, and a worker never starts a message above the
