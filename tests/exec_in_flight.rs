@@ -453,12 +453,15 @@ async def answer(batch):
 }
 
 /// One partition, 100 requests in flight of 10 KiB messages, with a memory budget: ackd's peak RSS stays
-/// under the budget plus tests/memory.rs's baseline plus what `ACKD_MAX_PENDING` lets
+/// under the budget plus a fixed baseline plus what `ACKD_MAX_PENDING` lets
 /// each partition hold outside librdkafka's queue (docs/performance.md), every message once.
 #[test]
 fn a_hundred_in_flight_stay_within_the_memory_budget() {
     const BUDGET_MIB: u64 = 8;
-    const BASELINE_MIB: u64 = 28;
+    /// tests/memory.rs's 28 MiB, and the pages of this debug binary that the Schema
+    /// Registry decoders' crates added: 33.3-33.9 MiB peak without them, 36.3-37.2 with
+    /// (decoding off in both).
+    const BASELINE_MIB: u64 = 31;
     /// ACKD_MAX_PENDING=100 × 10 KiB, for the one partition.
     const PENDING_MIB: u64 = 1;
     let (topic, group) = fresh_topic("inflight-memory", 1);
