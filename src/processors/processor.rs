@@ -20,7 +20,27 @@ use rdkafka::bindings as rdsys;
 use rdkafka::error::{IsError, KafkaError};
 use rdkafka::Timestamp;
 
-pub use crate::processors::schema_registry::{Decoded, DecodedPart};
+/// A key or value decoded from the Schema Registry wire format (docs/schemas.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedPart {
+    /// The schema id of the wire format's header.
+    pub schema_id: u32,
+    /// The subject of the schema in the registry (docs/schemas.md says which when it has
+    /// several); `None` when the registry could not tell.
+    pub subject: Option<std::sync::Arc<str>>,
+    /// The payload as JSON (docs/schemas.md states the mapping).
+    pub json: serde_json::Value,
+}
+
+/// What decoding made of a message: its key and value, each `None` when it was not
+/// decoded (its format is raw, or it is null).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decoded {
+    pub key: Option<DecodedPart>,
+    pub value: Option<DecodedPart>,
+    /// `ACKD_SCHEMA_RAW_BYTES`: the processors' JSON carries the raw bytes too.
+    pub raw_bytes: bool,
+}
 
 /// One Kafka message, borrowed for the duration of [`Processor::process`].
 #[derive(Clone, Copy)]

@@ -11,34 +11,11 @@ mod registry;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::Value;
-
 use crate::processors::processor::{BatchError, Message, ProcessError, Processor};
+pub use crate::processors::processor::{Decoded, DecodedPart};
 use crate::settings::{Format, SchemaSettings, SettingError};
 
 use registry::{Parsed, Registry};
-
-/// A key or value decoded from the wire format.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DecodedPart {
-    /// The schema id of the wire format's header.
-    pub schema_id: u32,
-    /// The subject of the schema in the registry (docs/schemas.md says which when it has
-    /// several); `None` when the registry could not tell.
-    pub subject: Option<Arc<str>>,
-    /// The payload as JSON (docs/schemas.md states the mapping).
-    pub json: Value,
-}
-
-/// What decoding made of a message: its key and value, each `None` when it was not
-/// decoded (its format is raw, or it is null).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Decoded {
-    pub key: Option<DecodedPart>,
-    pub value: Option<DecodedPart>,
-    /// `ACKD_SCHEMA_RAW_BYTES`: the processors' JSON carries the raw bytes too.
-    pub raw_bytes: bool,
-}
 
 /// Decodes keys and values as the settings say.
 pub struct Decoder {
