@@ -22,7 +22,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::spawn::{free_port, log_dir, passthrough_env, read_lossy, spawn_tied};
+use super::spawn::{free_port, installed, log_dir, passthrough_env, read_lossy, spawn_tied};
 use super::topics::unique_name;
 
 /// How long a cluster may take to answer metadata with every node (a cold JVM on 2 busy
@@ -37,24 +37,7 @@ const CLUSTER_ID: &str = "YWNrZC10ZXN0LWNsdXN0ZQ";
 /// `$ACKD_TEST_KAFKA_DIR`, else whatever the script installs (it is a no-op when present).
 pub fn kafka_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if let Some(dir) = std::env::var_os("ACKD_TEST_KAFKA_DIR").filter(|d| !d.is_empty()) {
-            return PathBuf::from(dir);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-kafka");
-        let out = Command::new(&script)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "{} failed with {}",
-            script.display(),
-            out.status
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
+    DIR.get_or_init(|| installed("ACKD_TEST_KAFKA_DIR", "scripts/install-kafka"))
 }
 
 /// How to start a cluster. The default: one node, plaintext.

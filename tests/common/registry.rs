@@ -12,30 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::spawn::{free_port, log_dir, passthrough_env, read_lossy, spawn_tied};
+use super::spawn::{free_port, installed, log_dir, passthrough_env, read_lossy, spawn_tied};
 
 /// A cold Quarkus start on 2 busy cores: 2-6 s idle, much longer under load.
 const START_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// What `script` prints (a path), or `$var` when set.
-fn installed(var: &str, script: &str) -> PathBuf {
-    if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-        return PathBuf::from(v);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
-    let out = Command::new(&script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed with {}",
-        script.display(),
-        out.status
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
 
 /// The directory holding `quarkus-run.jar`: `$ACKD_TEST_REGISTRY_DIR`, else what
 /// `scripts/install-registry` prints.

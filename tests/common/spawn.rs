@@ -6,7 +6,7 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::thread;
@@ -126,4 +126,24 @@ pub fn read_lossy(path: &Path) -> String {
         Ok(_) => String::from_utf8_lossy(&buf).into_owned(),
         Err(e) => format!("<cannot read {}: {e}>", path.display()),
     }
+}
+
+/// What `script` prints (a path), or `$var` when set.
+pub fn installed(var: &str, script: &str) -> PathBuf {
+    if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+        return PathBuf::from(v);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = Command::new(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed with {}",
+        script.display(),
+        out.status
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
